@@ -1,0 +1,626 @@
+//! Reading config files: discovery, schema validation and compilation into [`RateLimitConfig`].
+//!
+//! Validation follows upstream's rules and messages (prefixed here with `file:line:`), and goes on
+//! after an error so that one run reports every problem. Keys upstream accepts anywhere but
+//! ignores where they stand produce warnings, not errors, so upstream's files keep loading.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use prost_types::value::Kind;
+
+use super::yaml::{self, Node, Value};
+use super::{
+    Children, ConfigError, ConfigErrors, Domain, Level, Limit, Origin, Quota, RateLimitConfig,
+    TreeNode, Unit, Wildcard,
+};
+
+/// Loader switches that come from the environment (upstream's variable names in brackets).
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Several files may add descriptors to one domain [`MERGE_DOMAIN_CONFIG`].
+    pub merge_domains: bool,
+    /// Skip files and directories whose name starts with a dot [`RUNTIME_IGNOREDOTFILES`].
+    pub ignore_dotfiles: bool,
+}
+
+/// Every key upstream's loader accepts, at any depth.
+const UPSTREAM_KEYS: &[&str] = &[
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "quota_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+];
+
+/// Keys reserved for sluice's own extensions under `rate_limit`.
+const EXTENSION_KEYS: &[&str] = &["algorithm"];
+
+/// Loads every `*.yaml` file under `dir` (recursively, in path order).
+///
+/// Directories whose name starts with `..` are Kubernetes' ConfigMap internals (`..data`,
+/// `..2024_…`): the same files are visible through the top-level links, so they are always skipped.
+pub fn load_dir(dir: &Path, options: &LoadOptions) -> Result<RateLimitConfig, ConfigErrors> {
+    let mut files = Vec::new();
+    let mut errors = Vec::new();
+    collect_files(dir, options, &mut files, &mut errors);
+    files.sort();
+    let mut sources = Vec::with_capacity(files.len());
+    for file in files {
+        match fs::read_to_string(&file) {
+            Ok(text) => sources.push((file, text)),
+            Err(e) => errors.push(ConfigError {
+                file,
+                line: None,
+                reason: format!("cannot read file: {e}"),
+            }),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ConfigErrors(errors));
+    }
+    load_sources(sources, options)
+}
+
+fn collect_files(
+    dir: &Path,
+    options: &LoadOptions,
+    files: &mut Vec<PathBuf>,
+    errors: &mut Vec<ConfigError>,
+) {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            errors.push(ConfigError {
+                file: dir.to_path_buf(),
+                line: None,
+                reason: format!("cannot read config directory: {e}"),
+            });
+            return;
+        }
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("..") || (options.ignore_dotfiles && name.starts_with('.')) {
+            continue;
+        }
+        let path = entry.path();
+        // `metadata` follows symlinks, as ConfigMap mounts need.
+        match fs::metadata(&path) {
+            Ok(meta) if meta.is_dir() => collect_files(&path, options, files, errors),
+            Ok(_) if name.ends_with(".yaml") => files.push(path),
+            Ok(_) => {}
+            Err(e) => errors.push(ConfigError {
+                file: path,
+                line: None,
+                reason: format!("cannot read file: {e}"),
+            }),
+        }
+    }
+}
+
+/// Validates and compiles config files given as `(path, contents)`.
+pub fn load_sources(
+    sources: Vec<(PathBuf, String)>,
+    options: &LoadOptions,
+) -> Result<RateLimitConfig, ConfigErrors> {
+    let mut errors = Vec::new();
+    let mut warnings = Vec::new();
+    // Domain name → (descriptors in file order, where the domain was first declared).
+    let mut domains: Vec<(String, Vec<DescriptorSpec>)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+
+    for (path, text) in sources {
+        let mut checker = FileChecker {
+            file: Arc::from(path.as_path()),
+            errors: &mut errors,
+            warnings: &mut warnings,
+        };
+        let Some(spec) = checker.file(&text) else {
+            continue;
+        };
+        match index.get(&spec.domain) {
+            Some(&at) if options.merge_domains => domains[at].1.extend(spec.descriptors),
+            Some(_) => checker.error(
+                spec.domain_line,
+                format!("duplicate domain '{}' in config file", spec.domain),
+            ),
+            None => {
+                index.insert(spec.domain.clone(), domains.len());
+                domains.push((spec.domain, spec.descriptors));
+            }
+        }
+    }
+
+    let mut config = RateLimitConfig::default();
+    for (name, descriptors) in domains {
+        let mut domain = Domain::default();
+        domain.root = build_level(&mut domain.nodes, &name, &[], descriptors, &mut errors);
+        config.domains.insert(name.into(), domain);
+    }
+    if errors.is_empty() {
+        config.warnings = warnings;
+        Ok(config)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// What one file declares, after validation.
+struct FileSpec {
+    domain: String,
+    domain_line: usize,
+    descriptors: Vec<DescriptorSpec>,
+}
+
+struct DescriptorSpec {
+    file: Arc<Path>,
+    line: usize,
+    key: String,
+    value: String,
+    limit: Option<LimitSpec>,
+    shadow_mode: bool,
+    quota_mode: bool,
+    share_threshold: bool,
+    metadata: Option<prost_types::Struct>,
+    children: Vec<DescriptorSpec>,
+}
+
+struct LimitSpec {
+    name: String,
+    quota: Quota,
+    replaces: Vec<String>,
+}
+
+/// Turns a validated descriptor list into one level of the lookup tree, checking upstream's
+/// duplicate composite keys (`key_value`, or `key` alone) among siblings.
+fn build_level(
+    nodes: &mut Vec<TreeNode>,
+    parent_path: &str,
+    parent_shared: &[(usize, Box<str>)],
+    specs: Vec<DescriptorSpec>,
+    errors: &mut Vec<ConfigError>,
+) -> Level {
+    let depth = parent_path.matches('.').count();
+    let mut level = Level::default();
+    let mut seen = HashSet::new();
+    for spec in specs {
+        let composite = if spec.value.is_empty() {
+            spec.key.clone()
+        } else {
+            format!("{}_{}", spec.key, spec.value)
+        };
+        let path = format!("{parent_path}.{composite}");
+        if !seen.insert(composite) {
+            errors.push(ConfigError {
+                file: spec.file.to_path_buf(),
+                line: Some(spec.line),
+                reason: format!("duplicate descriptor composite key '{path}'"),
+            });
+            continue;
+        }
+        let wildcard = Wildcard::new(&spec.value);
+        let mut shared = parent_shared.to_vec();
+        if spec.share_threshold {
+            shared.push((depth, spec.value.as_str().into()));
+        }
+        let limit = spec.limit.map(|l| Limit {
+            name: l.name,
+            quota: l.quota,
+            replaces: l.replaces,
+            shadow_mode: spec.shadow_mode,
+            quota_mode: spec.quota_mode,
+            metadata: spec.metadata,
+            shared_values: shared.clone(),
+            path: path.clone(),
+            origin: Some(Origin {
+                file: spec.file.clone(),
+                line: spec.line,
+            }),
+        });
+        let id = nodes.len();
+        nodes.push(TreeNode {
+            limit,
+            children: Level::default(),
+        });
+        nodes[id].children = build_level(nodes, &path, &shared, spec.children, errors);
+
+        let children: &mut Children = level.by_key.entry(spec.key.into()).or_default();
+        match wildcard {
+            _ if spec.value.is_empty() => children.any_value = Some(id),
+            Some(w) => children.wildcards.push((w, id)),
+            None => {
+                children.exact.insert(spec.value.into(), id);
+            }
+        }
+    }
+    level
+}
+
+/// Validates one file's YAML tree, recording errors and warnings against its path.
+struct FileChecker<'a> {
+    file: Arc<Path>,
+    errors: &'a mut Vec<ConfigError>,
+    warnings: &'a mut Vec<ConfigError>,
+}
+
+impl FileChecker<'_> {
+    fn error(&mut self, line: usize, reason: impl Into<String>) {
+        self.errors.push(self.at(line, reason));
+    }
+
+    fn warn(&mut self, line: usize, reason: impl Into<String>) {
+        let warning = self.at(line, reason);
+        self.warnings.push(warning);
+    }
+
+    fn at(&self, line: usize, reason: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: self.file.to_path_buf(),
+            line: Some(line),
+            reason: reason.into(),
+        }
+    }
+
+    fn file(&mut self, text: &str) -> Option<FileSpec> {
+        let doc = match yaml::parse(text) {
+            Ok(Some(doc)) => doc,
+            Ok(None) => {
+                self.error(1, "config file cannot have empty domain");
+                return None;
+            }
+            Err(e) => {
+                self.error(e.line, format!("error loading config file: {}", e.message));
+                return None;
+            }
+        };
+        let before = self.errors.len();
+        let fields = self.mapping(&doc, "config file", &["domain", "descriptors"])?;
+        let domain = match fields.get("domain") {
+            Some(node) => self.string(node, "domain").unwrap_or_default(),
+            None => String::new(),
+        };
+        let domain_line = fields.get("domain").map_or(doc.line, |n| n.line);
+        if domain.is_empty() {
+            self.error(domain_line, "config file cannot have empty domain");
+        }
+        let descriptors = match fields.get("descriptors") {
+            Some(node) => self.descriptor_list(node),
+            None => Vec::new(),
+        };
+        (self.errors.len() == before).then_some(FileSpec {
+            domain,
+            domain_line,
+            descriptors,
+        })
+    }
+
+    fn descriptor_list(&mut self, node: &Node) -> Vec<DescriptorSpec> {
+        if node.is_null() {
+            return Vec::new();
+        }
+        let Value::Sequence(items) = &node.value else {
+            self.error(
+                node.line,
+                format!("descriptors must be a list, found a {}", node.kind()),
+            );
+            return Vec::new();
+        };
+        items.iter().filter_map(|item| self.descriptor(item)).collect()
+    }
+
+    fn descriptor(&mut self, node: &Node) -> Option<DescriptorSpec> {
+        const FIELDS: &[&str] = &[
+            "key",
+            "value",
+            "rate_limit",
+            "descriptors",
+            "shadow_mode",
+            "quota_mode",
+            "detailed_metric",
+            "value_to_metric",
+            "share_threshold",
+            "metadata",
+        ];
+        let fields = self.mapping(node, "descriptor", FIELDS)?;
+        let key = fields
+            .get("key")
+            .and_then(|n| self.string(n, "key"))
+            .unwrap_or_default();
+        if key.is_empty() {
+            self.error(node.line, "descriptor has empty key");
+        }
+        let value = fields
+            .get("value")
+            .and_then(|n| self.string(n, "value"))
+            .unwrap_or_default();
+        let flag = |this: &mut Self, name: &str| {
+            fields
+                .get(name)
+                .and_then(|n| this.boolean(n, name))
+                .unwrap_or(false)
+        };
+        let shadow_mode = flag(self, "shadow_mode");
+        let quota_mode = flag(self, "quota_mode");
+        let share_threshold = flag(self, "share_threshold");
+        // Stats-only switches: validated so typos surface; they do not change decisions.
+        flag(self, "detailed_metric");
+        flag(self, "value_to_metric");
+        if share_threshold && !value.contains('*') {
+            self.error(
+                node.line,
+                format!(
+                    "share_threshold can only be used with wildcard values (containing '*'), \
+                     but found key '{key}'"
+                ),
+            );
+        }
+        let metadata = fields.get("metadata").and_then(|n| self.metadata(n));
+        let limit = match fields.get("rate_limit") {
+            Some(n) if !n.is_null() => self.limit(n),
+            _ => None,
+        };
+        let children = match fields.get("descriptors") {
+            Some(n) => self.descriptor_list(n),
+            None => Vec::new(),
+        };
+        Some(DescriptorSpec {
+            file: self.file.clone(),
+            line: node.line,
+            key,
+            value,
+            limit,
+            shadow_mode,
+            quota_mode,
+            share_threshold,
+            metadata,
+            children,
+        })
+    }
+
+    fn limit(&mut self, node: &Node) -> Option<LimitSpec> {
+        const FIELDS: &[&str] = &["unit", "requests_per_unit", "unlimited", "name", "replaces"];
+        let fields = self.mapping(node, "rate_limit", FIELDS)?;
+        let unlimited = fields
+            .get("unlimited")
+            .and_then(|n| self.boolean(n, "unlimited"))
+            .unwrap_or(false);
+        let name = fields
+            .get("name")
+            .and_then(|n| self.string(n, "name"))
+            .unwrap_or_default();
+        let unit_text = fields
+            .get("unit")
+            .filter(|n| !n.is_null())
+            .and_then(|n| self.string(n, "unit"));
+        let requests_per_unit = fields
+            .get("requests_per_unit")
+            .and_then(|n| self.requests_per_unit(n))
+            .unwrap_or(0);
+
+        let quota = if unlimited {
+            if unit_text.is_some() {
+                self.error(node.line, "should not specify rate limit unit when unlimited");
+            }
+            Quota::Unlimited
+        } else {
+            let text = unit_text.unwrap_or_default();
+            match Unit::parse(&text) {
+                Some(unit) => Quota::PerUnit {
+                    requests_per_unit,
+                    unit,
+                },
+                None => {
+                    let line = fields.get("unit").map_or(node.line, |n| n.line);
+                    self.error(line, format!("invalid rate limit unit '{text}'"));
+                    return None;
+                }
+            }
+        };
+
+        let mut replaces = Vec::new();
+        if let Some(list) = fields.get("replaces").filter(|n| !n.is_null()) {
+            let Value::Sequence(items) = &list.value else {
+                self.error(list.line, "replaces must be a list of {name: ...} maps");
+                return None;
+            };
+            for item in items {
+                let Some(entry) = self.mapping(item, "replaces entry", &["name"]) else {
+                    continue;
+                };
+                let replaced = entry
+                    .get("name")
+                    .and_then(|n| self.string(n, "name"))
+                    .unwrap_or_default();
+                if replaced.is_empty() {
+                    self.error(item.line, "should not have an empty replaces entry");
+                } else if replaced == name {
+                    self.error(item.line, "replaces should not contain name of same descriptor");
+                } else {
+                    replaces.push(replaced);
+                }
+            }
+        }
+        Some(LimitSpec {
+            name,
+            quota,
+            replaces,
+        })
+    }
+
+    /// Checks that `node` is a map with string keys that upstream knows, and returns the entries
+    /// that belong at this place. Keys upstream ignores here are warned about and dropped.
+    fn mapping<'n>(
+        &mut self,
+        node: &'n Node,
+        what: &str,
+        allowed: &[&str],
+    ) -> Option<HashMap<&'n str, &'n Node>> {
+        let Value::Mapping(pairs) = &node.value else {
+            let shown = match &node.value {
+                Value::Scalar { text, .. } => text.clone(),
+                _ => node.kind().to_string(),
+            };
+            if what == "descriptor" || what == "replaces entry" {
+                self.error(
+                    node.line,
+                    format!("config error, yaml file contains list of type other than map: {shown}"),
+                );
+            } else {
+                self.error(node.line, format!("{what} must be a map, found: {shown}"));
+            }
+            return None;
+        };
+        let mut fields = HashMap::with_capacity(pairs.len());
+        for (key, value) in pairs {
+            let Value::Scalar { text, .. } = &key.value else {
+                self.error(
+                    key.line,
+                    format!("config error, key is not of type string: {}", key.kind()),
+                );
+                continue;
+            };
+            if allowed.contains(&text.as_str()) {
+                if fields.insert(text.as_str(), value).is_some() {
+                    self.error(key.line, format!("config error, duplicate key '{text}'"));
+                }
+            } else if EXTENSION_KEYS.contains(&text.as_str()) {
+                self.error(
+                    key.line,
+                    format!(
+                        "config error, '{text}' is a sluice extension that this version does not \
+                         support yet (only upstream's fixed window is available)"
+                    ),
+                );
+            } else if UPSTREAM_KEYS.contains(&text.as_str()) {
+                self.warn(
+                    key.line,
+                    format!("key '{text}' has no effect in a {what}; it is ignored"),
+                );
+            } else {
+                self.error(key.line, format!("config error, unknown key '{text}'"));
+            }
+        }
+        Some(fields)
+    }
+
+    fn string(&mut self, node: &Node, field: &str) -> Option<String> {
+        match &node.value {
+            _ if node.is_null() => Some(String::new()),
+            Value::Scalar { text, .. } => Some(text.clone()),
+            _ => {
+                self.error(
+                    node.line,
+                    format!("{field} must be a string, found a {}", node.kind()),
+                );
+                None
+            }
+        }
+    }
+
+    fn boolean(&mut self, node: &Node, field: &str) -> Option<bool> {
+        if let Value::Scalar { text, plain: true } = &node.value {
+            // YAML 1.1 booleans, as upstream's yaml.v2 reads them.
+            match text.to_ascii_lowercase().as_str() {
+                "true" | "yes" | "on" | "y" => return Some(true),
+                "false" | "no" | "off" | "n" => return Some(false),
+                _ => {}
+            }
+        }
+        self.error(
+            node.line,
+            format!("{field} must be true or false, found: {}", describe(node)),
+        );
+        None
+    }
+
+    fn requests_per_unit(&mut self, node: &Node) -> Option<u32> {
+        if let Value::Scalar { text, plain: true } = &node.value {
+            if let Ok(n) = text.parse::<u64>() {
+                if let Ok(n) = u32::try_from(n) {
+                    return Some(n);
+                }
+            }
+        }
+        self.error(
+            node.line,
+            format!(
+                "requests_per_unit must be a whole number from 0 to {}, found: {}",
+                u32::MAX,
+                describe(node)
+            ),
+        );
+        None
+    }
+
+    fn metadata(&mut self, node: &Node) -> Option<prost_types::Struct> {
+        if node.is_null() {
+            return None;
+        }
+        match to_proto_value(node) {
+            Ok(prost_types::Value {
+                kind: Some(Kind::StructValue(s)),
+            }) => Some(s),
+            Ok(_) => {
+                self.error(node.line, "metadata must be a map");
+                None
+            }
+            Err(line) => {
+                self.error(line, "metadata map keys must be strings");
+                None
+            }
+        }
+    }
+}
+
+fn describe(node: &Node) -> String {
+    match &node.value {
+        Value::Scalar { text, .. } => format!("'{text}'"),
+        _ => format!("a {}", node.kind()),
+    }
+}
+
+/// Converts free-form YAML (descriptor `metadata`) into a protobuf `Value`, typing plain scalars
+/// the way YAML does (null, booleans, numbers, else strings). Errors carry the offending line.
+fn to_proto_value(node: &Node) -> Result<prost_types::Value, usize> {
+    let kind = match &node.value {
+        _ if node.is_null() => Kind::NullValue(0),
+        Value::Scalar { text, plain: false } => Kind::StringValue(text.clone()),
+        Value::Scalar { text, plain: true } => match text.as_str() {
+            "true" | "True" | "TRUE" => Kind::BoolValue(true),
+            "false" | "False" | "FALSE" => Kind::BoolValue(false),
+            _ => match text.parse::<f64>() {
+                Ok(n) if n.is_finite() => Kind::NumberValue(n),
+                _ => Kind::StringValue(text.clone()),
+            },
+        },
+        Value::Sequence(items) => Kind::ListValue(prost_types::ListValue {
+            values: items.iter().map(to_proto_value).collect::<Result<_, _>>()?,
+        }),
+        Value::Mapping(pairs) => {
+            let mut fields = std::collections::BTreeMap::new();
+            for (k, v) in pairs {
+                let Value::Scalar { text, .. } = &k.value else {
+                    return Err(k.line);
+                };
+                fields.insert(text.clone(), to_proto_value(v)?);
+            }
+            Kind::StructValue(prost_types::Struct { fields })
+        }
+    };
+    Ok(prost_types::Value { kind: Some(kind) })
+}

@@ -1,0 +1,296 @@
+//! The rate limit configuration: loading upstream's YAML files and matching descriptors to limits.
+//!
+//! `load` reads and validates the files (every error names file, line and reason) and compiles
+//! them into the lookup structure defined here. A lookup walks one level per request entry with
+//! borrowed `&str` keys into hash maps, so matching allocates nothing. The matching rules are
+//! envoyproxy/ratelimit's: per level an exact value, else the wildcards in file order, else the
+//! key-only default; no backtracking; the limit applies only when the last entry lands on a node
+//! that has one.
+
+mod load;
+mod wildcard;
+pub mod yaml;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use load::{LoadOptions, load_dir, load_sources};
+pub use wildcard::Wildcard;
+
+use crate::proto::{DescriptorEntry, OverrideUnit, ResponseUnit};
+
+/// The unit of a limit. Windows are aligned to the Unix epoch; a month is 30 days and a year 365,
+/// as upstream defines them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    pub fn window_secs(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 604_800,
+            Unit::Month => 2_592_000,
+            Unit::Year => 31_536_000,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
+    /// Parses a config unit name, case-insensitively as upstream does.
+    pub fn parse(name: &str) -> Option<Unit> {
+        Unit::ALL
+            .into_iter()
+            .find(|u| u.name().eq_ignore_ascii_case(name))
+    }
+
+    /// The unit of a limit override sent by Envoy (that enum has no WEEK).
+    pub fn from_override(value: i32) -> Option<Unit> {
+        match OverrideUnit::try_from(value).ok()? {
+            OverrideUnit::Unknown => None,
+            OverrideUnit::Second => Some(Unit::Second),
+            OverrideUnit::Minute => Some(Unit::Minute),
+            OverrideUnit::Hour => Some(Unit::Hour),
+            OverrideUnit::Day => Some(Unit::Day),
+            OverrideUnit::Month => Some(Unit::Month),
+            OverrideUnit::Year => Some(Unit::Year),
+        }
+    }
+
+    pub fn to_response(self) -> ResponseUnit {
+        match self {
+            Unit::Second => ResponseUnit::Second,
+            Unit::Minute => ResponseUnit::Minute,
+            Unit::Hour => ResponseUnit::Hour,
+            Unit::Day => ResponseUnit::Day,
+            Unit::Week => ResponseUnit::Week,
+            Unit::Month => ResponseUnit::Month,
+            Unit::Year => ResponseUnit::Year,
+        }
+    }
+}
+
+/// How many requests a limit admits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quota {
+    /// Never counted, never touches the store.
+    Unlimited,
+    PerUnit { requests_per_unit: u32, unit: Unit },
+}
+
+/// Where a limit was defined, for messages and the config dump.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub file: Arc<Path>,
+    pub line: usize,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.file.display(), self.line)
+    }
+}
+
+/// A limit as the decision path needs it, compiled from one descriptor's `rate_limit`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limit {
+    /// `rate_limit.name`, empty when unnamed; echoed in `current_limit.name`.
+    pub name: String,
+    pub quota: Quota,
+    /// Names of limits this one drops from the same request.
+    pub replaces: Vec<String>,
+    pub shadow_mode: bool,
+    pub quota_mode: bool,
+    /// `metadata` of the descriptor, returned in dynamic metadata when enabled.
+    pub metadata: Option<prost_types::Struct>,
+    /// Entry positions whose counter key uses the wildcard pattern instead of the runtime value
+    /// (`share_threshold`), with that pattern.
+    pub shared_values: Vec<(usize, Box<str>)>,
+    /// `<domain>.<key_value>.<key>…`: upstream's composite path of the descriptor, for the dump.
+    pub path: String,
+    /// `None` for a limit override that came with a request.
+    pub origin: Option<Origin>,
+}
+
+impl Limit {
+    /// A limit chosen by Envoy in the request (`RateLimitDescriptor.limit`): unnamed, never
+    /// shadow or quota, counted per runtime value.
+    pub fn from_override(requests_per_unit: u32, unit: Unit) -> Limit {
+        Limit {
+            name: String::new(),
+            quota: Quota::PerUnit {
+                requests_per_unit,
+                unit,
+            },
+            replaces: Vec::new(),
+            shadow_mode: false,
+            quota_mode: false,
+            metadata: None,
+            shared_values: Vec::new(),
+            path: String::new(),
+            origin: None,
+        }
+    }
+
+    /// The pattern that replaces the runtime value of entry `index` in the counter key, if any.
+    pub fn shared_value(&self, index: usize) -> Option<&str> {
+        self.shared_values
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, p)| &**p)
+    }
+}
+
+/// A whole loaded configuration: every domain of every file.
+#[derive(Debug, Default)]
+pub struct RateLimitConfig {
+    domains: HashMap<Box<str>, Domain>,
+    /// Non-fatal findings (keys upstream accepts but ignores where they stand).
+    pub warnings: Vec<ConfigError>,
+}
+
+impl RateLimitConfig {
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.domains.get(name)
+    }
+
+    pub fn domain_names(&self) -> impl Iterator<Item = &str> {
+        self.domains.keys().map(|d| &**d)
+    }
+
+    /// Every limit, sorted by domain and path (for `check-config` and the config dump).
+    pub fn limits(&self) -> Vec<&Limit> {
+        let mut all: Vec<&Limit> = self
+            .domains
+            .values()
+            .flat_map(|d| d.nodes.iter().filter_map(|n| n.limit.as_ref()))
+            .collect();
+        all.sort_by(|a, b| a.path.cmp(&b.path));
+        all
+    }
+}
+
+/// One domain's descriptor tree. Nodes live in an arena; `root` is the first level.
+#[derive(Debug, Default)]
+pub struct Domain {
+    root: Level,
+    nodes: Vec<TreeNode>,
+}
+
+type NodeId = usize;
+
+#[derive(Debug, Default)]
+struct Level {
+    by_key: HashMap<Box<str>, Children>,
+}
+
+/// The children of one level that share a descriptor key.
+#[derive(Debug, Default)]
+struct Children {
+    exact: HashMap<Box<str>, NodeId>,
+    /// In file order: the first match wins.
+    wildcards: Vec<(Wildcard, NodeId)>,
+    /// The key-only child (no value): the default for any value.
+    any_value: Option<NodeId>,
+}
+
+#[derive(Debug, Default)]
+struct TreeNode {
+    limit: Option<Limit>,
+    children: Level,
+}
+
+impl Domain {
+    /// The limit for a descriptor's entries, or `None` (no limit: the descriptor is answered OK).
+    pub fn find(&self, entries: &[DescriptorEntry]) -> Option<&Limit> {
+        let mut level = &self.root;
+        let mut node = None;
+        for entry in entries {
+            let children = level.by_key.get(entry.key.as_str())?;
+            let id = children
+                .exact
+                .get(entry.value.as_str())
+                .copied()
+                .or_else(|| {
+                    children
+                        .wildcards
+                        .iter()
+                        .find(|(w, _)| w.matches(&entry.value))
+                        .map(|(_, id)| *id)
+                })
+                .or(children.any_value)?;
+            let found = &self.nodes[id];
+            level = &found.children;
+            node = Some(found);
+        }
+        node?.limit.as_ref()
+    }
+}
+
+/// One problem found while loading: the file, the line when known, and the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub line: Option<usize>,
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{}: {}", self.file.display(), line, self.reason),
+            None => write!(f, "{}: {}", self.file.display(), self.reason),
+        }
+    }
+}
+
+/// Every error of a failed load, one per line when displayed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,355 @@
+//! Table-driven tests of loading, validation messages and upstream's matching rules.
+
+use std::path::PathBuf;
+
+use super::*;
+use crate::proto::DescriptorEntry;
+
+fn load(text: &str) -> Result<RateLimitConfig, ConfigErrors> {
+    load_sources(
+        vec![(PathBuf::from("limits.yaml"), text.to_string())],
+        &LoadOptions::default(),
+    )
+}
+
+fn errors_of(text: &str) -> Vec<String> {
+    match load(text) {
+        Ok(_) => panic!("config loaded but should have failed:\n{text}"),
+        Err(e) => e.0.iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn entries(pairs: &[(&str, &str)]) -> Vec<DescriptorEntry> {
+    pairs
+        .iter()
+        .map(|(k, v)| DescriptorEntry {
+            key: k.to_string(),
+            value: v.to_string(),
+        })
+        .collect()
+}
+
+/// The name of the limit a descriptor matches in domain `d`, or `None`.
+fn matched<'c>(config: &'c RateLimitConfig, pairs: &[(&str, &str)]) -> Option<&'c str> {
+    config
+        .domain("d")
+        .unwrap()
+        .find(&entries(pairs))
+        .map(|l| l.name.as_str())
+}
+
+const MATCHING: &str = r#"
+domain: d
+descriptors:
+  - key: key1
+    value: value1
+    rate_limit: {unit: second, requests_per_unit: 1, name: exact1}
+    descriptors:
+      - key: sub
+        rate_limit: {unit: minute, requests_per_unit: 2, name: exact1_sub_any}
+  - key: key1
+    rate_limit: {unit: hour, requests_per_unit: 3, name: key1_any}
+    descriptors:
+      - key: sub
+        value: x
+        rate_limit: {unit: hour, requests_per_unit: 4, name: any_sub_x}
+  - key: key1
+    value: "pre*"
+    rate_limit: {unit: day, requests_per_unit: 5, name: prefix}
+  - key: key1
+    value: "p*"
+    rate_limit: {unit: day, requests_per_unit: 6, name: shorter_prefix_later}
+  - key: key1
+    value: "bar*b"
+    rate_limit: {unit: day, requests_per_unit: 7, name: middle}
+  - key: parent
+    value: only_children
+    descriptors:
+      - key: child
+        rate_limit: {unit: second, requests_per_unit: 8, name: child}
+  - key: empty
+    value: ""
+    rate_limit: {unit: second, requests_per_unit: 9, name: empty_is_key_only}
+  - key: star
+    value: "*"
+    rate_limit: {unit: second, requests_per_unit: 10, name: star}
+"#;
+
+#[test]
+fn matching_follows_upstream_rules() {
+    let config = load(MATCHING).unwrap();
+    let cases: &[(&[(&str, &str)], Option<&str>)] = &[
+        // Exact beats wildcard and key-only.
+        (&[("key1", "value1")], Some("exact1")),
+        // Key-only is the default for any other value.
+        (&[("key1", "other")], Some("key1_any")),
+        // Wildcards in file order: the first match wins even if a later one is "shorter".
+        (&[("key1", "prefix")], Some("prefix")),
+        (&[("key1", "pxx")], Some("shorter_prefix_later")),
+        (&[("key1", "bar123b")], Some("middle")),
+        (&[("key1", "bara")], Some("key1_any")),
+        // Nested: the exact node's subtree is used.
+        (&[("key1", "value1"), ("sub", "anything")], Some("exact1_sub_any")),
+        // No backtracking: value1 matched exactly, its subtree has no `sub=x`… but has key-only
+        // `sub`, so that applies; the key-only sibling's `sub=x` is never considered.
+        (&[("key1", "value1"), ("sub", "x")], Some("exact1_sub_any")),
+        (&[("key1", "other"), ("sub", "x")], Some("any_sub_x")),
+        // Depth must match: a deeper request than the tree gets no limit.
+        (&[("key1", "other"), ("sub", "y")], None),
+        (&[("key1", "value1"), ("sub", "a"), ("deeper", "b")], None),
+        // A request that stops at a node without a limit gets none (no parent fallback).
+        (&[("parent", "only_children")], None),
+        (&[("parent", "only_children"), ("child", "c")], Some("child")),
+        // Unknown key or value: no limit.
+        (&[("nope", "x")], None),
+        (&[("parent", "other")], None),
+        // Empty config value is key-only; empty runtime values match key-only and `*`.
+        (&[("empty", "")], Some("empty_is_key_only")),
+        (&[("empty", "v")], Some("empty_is_key_only")),
+        (&[("star", "")], Some("star")),
+        (&[("star", "s")], Some("star")),
+    ];
+    for (request, want) in cases {
+        assert_eq!(matched(&config, request), *want, "request {request:?}");
+    }
+}
+
+#[test]
+fn key_and_value_are_matched_separately() {
+    // Upstream joins key and value with '_' before the lookup, so key "a" with value "b_c" would
+    // hit a config node with key "a_b" and value "c". Here they never cross.
+    let config = load(
+        "domain: d\ndescriptors:\n  - key: a_b\n    value: c\n    rate_limit: {unit: second, requests_per_unit: 1, name: ab}\n",
+    )
+    .unwrap();
+    assert_eq!(matched(&config, &[("a", "b_c")]), None);
+    assert_eq!(matched(&config, &[("a_b", "c")]), Some("ab"));
+}
+
+#[test]
+fn units_windows_and_parsing() {
+    let windows: Vec<u64> = Unit::ALL.iter().map(|u| u.window_secs()).collect();
+    assert_eq!(windows, [1, 60, 3600, 86400, 604800, 2592000, 31536000]);
+    assert_eq!(Unit::parse("MiNuTe"), Some(Unit::Minute));
+    assert_eq!(Unit::parse("fortnight"), None);
+    assert_eq!(Unit::from_override(1), Some(Unit::Second));
+    assert_eq!(Unit::from_override(6), Some(Unit::Year));
+    assert_eq!(Unit::from_override(0), None);
+    assert_eq!(Unit::from_override(7), None, "the override enum has no WEEK");
+}
+
+#[test]
+fn limit_fields_are_compiled() {
+    let config = load(
+        r#"
+domain: d
+descriptors:
+  - key: files
+    value: "dir/*"
+    share_threshold: true
+    shadow_mode: true
+    quota_mode: yes
+    metadata: {tier: gold, weight: 2, nested: {ok: true}}
+    rate_limit:
+      unit: MINUTE
+      requests_per_unit: 4294967295
+      name: shared
+      replaces: [{name: other}]
+"#,
+    )
+    .unwrap();
+    let limit = config.domain("d").unwrap().find(&entries(&[("files", "dir/a")])).unwrap();
+    assert_eq!(
+        limit.quota,
+        Quota::PerUnit { requests_per_unit: u32::MAX, unit: Unit::Minute }
+    );
+    assert!(limit.shadow_mode && limit.quota_mode);
+    assert_eq!(limit.replaces, vec!["other".to_string()]);
+    assert_eq!(limit.shared_value(0), Some("dir/*"));
+    assert_eq!(limit.path, "d.files_dir/*");
+    assert_eq!(limit.origin.as_ref().unwrap().line, 4);
+    let meta = limit.metadata.as_ref().unwrap();
+    assert_eq!(meta.fields.len(), 3);
+}
+
+#[test]
+fn share_threshold_on_an_ancestor_applies_to_the_leaf() {
+    let config = load(
+        r#"
+domain: d
+descriptors:
+  - key: tenant
+    value: "team-*"
+    share_threshold: true
+    descriptors:
+      - key: path
+        rate_limit: {unit: second, requests_per_unit: 1}
+"#,
+    )
+    .unwrap();
+    let limit = config
+        .domain("d")
+        .unwrap()
+        .find(&entries(&[("tenant", "team-a"), ("path", "/x")]))
+        .unwrap();
+    assert_eq!(limit.shared_value(0), Some("team-*"));
+    assert_eq!(limit.shared_value(1), None);
+}
+
+#[test]
+fn errors_name_line_and_reason() {
+    let cases: &[(&str, &str)] = &[
+        ("descriptors: []\n", "limits.yaml:1: config file cannot have empty domain"),
+        ("domain: \"\"\n", "limits.yaml:1: config file cannot have empty domain"),
+        ("", "limits.yaml:1: config file cannot have empty domain"),
+        (
+            "domain: d\ndescriptors:\n  - value: v\n",
+            "limits.yaml:3: descriptor has empty key",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n",
+            "limits.yaml:5: invalid rate limit unit 'fortnight'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      requests_per_unit: 5\n",
+            // A block map's line is its first entry's.
+            "limits.yaml:5: invalid rate limit unit ''",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}\n",
+            "limits.yaml:4: should not specify rate limit unit when unlimited",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      replaces:\n        - name: \"\"\n",
+            "limits.yaml:7: should not have an empty replaces entry",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      name: me\n      replaces: [{name: me}]\n",
+            "limits.yaml:7: replaces should not contain name of same descriptor",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n",
+            "limits.yaml:3: share_threshold can only be used with wildcard values (containing '*'), but found key 'k'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    colour: blue\n",
+            "limits.yaml:4: config error, unknown key 'colour'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      algorithm: token_bucket\n",
+            "limits.yaml:6: config error, 'algorithm' is a sluice extension that this version does not support yet (only upstream's fixed window is available)",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 4294967296\n",
+            "limits.yaml:6: requests_per_unit must be a whole number from 0 to 4294967295, found: '4294967296'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: -1\n",
+            "limits.yaml:6: requests_per_unit must be a whole number from 0 to 4294967295, found: '-1'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - just a string\n",
+            "limits.yaml:3: config error, yaml file contains list of type other than map: just a string",
+        ),
+        (
+            "domain: d\n[a]: b\n",
+            "limits.yaml:2: config error, key is not of type string: list",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n",
+            "limits.yaml:5: duplicate descriptor composite key 'd.k_v'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a_b\n  - key: a\n    value: b\n",
+            "limits.yaml:4: duplicate descriptor composite key 'd.a_b'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n",
+            "limits.yaml:4: shadow_mode must be true or false, found: 'maybe'",
+        ),
+    ];
+    for (text, want) in cases {
+        let got = errors_of(text);
+        assert!(
+            got.iter().any(|e| e == want),
+            "config:\n{text}\nwant: {want}\ngot:  {got:#?}"
+        );
+    }
+}
+
+#[test]
+fn syntax_errors_carry_the_line() {
+    let got = errors_of("domain: d\ndescriptors:\n  - key: k\n    value: [unclosed\n");
+    assert_eq!(got.len(), 1);
+    assert!(got[0].starts_with("limits.yaml:"), "{got:?}");
+    assert!(got[0].contains("error loading config file"), "{got:?}");
+}
+
+#[test]
+fn every_error_is_reported_in_one_run() {
+    let got = errors_of(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: nope}\n  - key: b\n    bogus: 1\n",
+    );
+    assert_eq!(got.len(), 2, "{got:#?}");
+}
+
+#[test]
+fn misplaced_upstream_keys_warn_but_load() {
+    let config = load(
+        "domain: d\ndescriptors:\n  - key: k\n    unit: second\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    assert_eq!(config.warnings.len(), 1);
+    assert_eq!(config.warnings[0].line, Some(4));
+}
+
+#[test]
+fn duplicate_domains_and_merging() {
+    let a = (PathBuf::from("a.yaml"), "domain: d\ndescriptors:\n  - key: x\n    rate_limit: {unit: second, requests_per_unit: 1, name: x}\n".to_string());
+    let b = (PathBuf::from("b.yaml"), "domain: d\ndescriptors:\n  - key: y\n    rate_limit: {unit: second, requests_per_unit: 1, name: y}\n".to_string());
+    let err = load_sources(vec![a.clone(), b.clone()], &LoadOptions::default()).unwrap_err();
+    assert_eq!(err.to_string(), "b.yaml:1: duplicate domain 'd' in config file");
+
+    let merged = LoadOptions {
+        merge_domains: true,
+        ..LoadOptions::default()
+    };
+    let config = load_sources(vec![a.clone(), b], &merged).unwrap();
+    assert_eq!(matched(&config, &[("x", "1")]), Some("x"));
+    assert_eq!(matched(&config, &[("y", "1")]), Some("y"));
+
+    // Merging still refuses the same descriptor twice.
+    let err = load_sources(vec![a.clone(), (PathBuf::from("c.yaml"), a.1.clone())], &merged)
+        .unwrap_err();
+    assert_eq!(err.to_string(), "c.yaml:3: duplicate descriptor composite key 'd.x'");
+}
+
+#[test]
+fn loads_a_directory_recursively_and_skips_configmap_internals() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |rel: &str, text: &str| {
+        let path = dir.path().join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write("a.yaml", "domain: a\n");
+    write("nested/b.yaml", "domain: b\n");
+    write("notes.txt", "not yaml");
+    write("..data/a.yaml", "domain: a\n");
+    write(".hidden.yaml", "domain: hidden\n");
+
+    let config = load_dir(dir.path(), &LoadOptions::default()).unwrap();
+    let mut names: Vec<&str> = config.domain_names().collect();
+    names.sort();
+    assert_eq!(names, ["a", "b", "hidden"]);
+
+    let options = LoadOptions {
+        ignore_dotfiles: true,
+        ..LoadOptions::default()
+    };
+    let config = load_dir(dir.path(), &options).unwrap();
+    assert!(config.domain("hidden").is_none());
+
+    let missing = load_dir(&dir.path().join("missing"), &options).unwrap_err();
+    assert!(missing.to_string().contains("cannot read config directory"), "{missing}");
+}
