@@ -1,0 +1,34 @@
+-- Fixed window: one integer counter per window, named with the window start by the caller, so the
+-- keys are the same as envoyproxy/ratelimit's (INCRBY + EXPIRE).
+--
+-- The expiry is set in the same atomic step as the increment, so no counter is ever left without
+-- a TTL, and only when the key is new (or was left without a TTL by another writer), so a hot key
+-- does not replicate an EXPIRE per hit. The reset is measured on Redis's clock against the end of
+-- the window the key names, clamped to [1 ms, window].
+--
+-- Arguments: hits (decimal string, 0 = look without counting), limit, window_ms, window_end_ms,
+-- ttl_ms (window plus expiry jitter). Returns admitted (0/1), remaining, reset_ms, count.
+local function fixed_window(key, now_ms, hits, limit, window_ms, window_end_ms, ttl_ms)
+  local count
+  if hits == '0' then
+    count = tonumber(redis.call('GET', key) or '0') or 0
+  else
+    -- hits stays a string: INCRBY takes it verbatim, with no float formatting on the way.
+    count = redis.call('INCRBY', key, hits)
+    if count == tonumber(hits) or redis.call('PTTL', key) < 0 then
+      redis.call('PEXPIRE', key, ttl_ms)
+    end
+  end
+  limit = tonumber(limit)
+  window_ms = tonumber(window_ms)
+  local reset_ms = tonumber(window_end_ms) - now_ms
+  if reset_ms < 1 then reset_ms = 1 end
+  if reset_ms > window_ms then reset_ms = window_ms end
+  local admitted = 0
+  local remaining = 0
+  if count <= limit then
+    admitted = 1
+    remaining = limit - count
+  end
+  return admitted, remaining, reset_ms, count
+end

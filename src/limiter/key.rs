@@ -1,0 +1,244 @@
+//! Counter keys: the one place that decides what a counter is called in a store.
+//!
+//! # Format
+//!
+//! A fixed-window counter is named exactly as envoyproxy/ratelimit names it, so that both services
+//! can share one Redis while a fleet migrates:
+//!
+//! ```text
+//! <CACHE_KEY_PREFIX><domain>_<key1>_<value1>_<key2>_<value2>_…_<window start, unix seconds>
+//! ```
+//!
+//! with the runtime values, except that an entry matched by a `share_threshold` wildcard uses the
+//! pattern (`files_files/*_`), so every value it matches shares one counter.
+//!
+//! # Escaping: where we differ from upstream, on purpose
+//!
+//! Upstream's format is ambiguous: `_` separates parts and may also appear inside them, so the
+//! descriptor `(a, "x_b_y")` and the descriptor `(a, "x"), (b, "y")` both become `d_a_x_b_y_<ws>`
+//! and share one counter: a client that controls a value can spend someone else's budget. Values
+//! are the attacker-controlled part (keys and the domain come from the operator's Envoy and config),
+//! so values are percent-escaped: `%`, `_`, `{`, `}` and `*` become `%25`, `%5F`, `%7B`, `%7D` and
+//! `%2A`. After escaping a value is a single `_`-free token, so with the key sequence fixed by the
+//! matched config path, different values can no longer produce the same key; `*` is escaped so a
+//! runtime value can never equal a `share_threshold` pattern. Keys and the domain are escaped for
+//! `%`, `{` and `}` only (not `_`, which upstream's own key names such as `generic_key` contain).
+//!
+//! Values without those characters (the vast majority: IPs, header values, paths) give keys
+//! identical to upstream's. The cost: during a migration, a value that contains one of them is
+//! counted separately by the two services.
+//!
+//! # Redis Cluster slot
+//!
+//! No escaped part contains `{` or `}`, and the prefix may not contain them either (checked by
+//! [`KeyBuilder::new`]), so a fixed-window key has no hash tag: Redis hashes the whole key, which
+//! spreads descriptors and windows over all slots. A decision touches exactly one key per
+//! descriptor, so it is always single-slot; a value cannot choose which part of a key is hashed.
+
+use std::fmt::Write;
+
+use crate::config::Limit;
+use crate::proto::DescriptorEntry;
+
+/// Characters that make a descriptor value ambiguous or steer a Redis Cluster hash tag.
+fn reserved_in_value(b: u8) -> bool {
+    matches!(b, b'%' | b'_' | b'{' | b'}' | b'*')
+}
+
+/// Characters of a domain or descriptor key that could steer a hash tag (or clash with escaping).
+fn reserved_in_name(b: u8) -> bool {
+    matches!(b, b'%' | b'{' | b'}')
+}
+
+/// Rejected at start-up: a prefix with braces would put every key on one Redis Cluster slot.
+#[derive(Debug, thiserror::Error)]
+#[error("CACHE_KEY_PREFIX must not contain '{{' or '}}' (it would pin every key to one Redis Cluster slot): {0:?}")]
+pub struct PrefixError(String);
+
+/// Builds counter keys under a fixed prefix.
+#[derive(Debug, Clone, Default)]
+pub struct KeyBuilder {
+    prefix: String,
+}
+
+impl KeyBuilder {
+    pub fn new(prefix: &str) -> Result<Self, PrefixError> {
+        if prefix.contains(['{', '}']) {
+            return Err(PrefixError(prefix.to_string()));
+        }
+        Ok(Self {
+            prefix: prefix.to_string(),
+        })
+    }
+
+    /// The key of the fixed-window counter of `entries` under `limit` for the window that starts
+    /// at `window_start` (unix seconds).
+    pub fn fixed_window(
+        &self,
+        domain: &str,
+        entries: &[DescriptorEntry],
+        limit: &Limit,
+        window_start: u64,
+    ) -> String {
+        let size = self.prefix.len()
+            + domain.len()
+            + entries
+                .iter()
+                .map(|e| e.key.len() + e.value.len() + 2)
+                .sum::<usize>()
+            + 12;
+        let mut key = String::with_capacity(size);
+        key.push_str(&self.prefix);
+        escape_into(&mut key, domain, reserved_in_name);
+        key.push('_');
+        for (index, entry) in entries.iter().enumerate() {
+            escape_into(&mut key, &entry.key, reserved_in_name);
+            key.push('_');
+            match limit.shared_value(index) {
+                // The pattern comes from the config, not the request: it is kept as written,
+                // which is what makes it distinct from every (escaped) runtime value.
+                Some(pattern) => key.push_str(pattern),
+                None => escape_into(&mut key, &entry.value, reserved_in_value),
+            }
+            key.push('_');
+        }
+        write!(key, "{window_start}").expect("writing to a String cannot fail");
+        key
+    }
+}
+
+fn escape_into(out: &mut String, text: &str, reserved: fn(u8) -> bool) {
+    let mut rest = text;
+    while let Some(at) = rest.bytes().position(reserved) {
+        out.push_str(&rest[..at]);
+        write!(out, "%{:02X}", rest.as_bytes()[at]).expect("writing to a String cannot fail");
+        // Reserved characters are ASCII, so `at + 1` is a char boundary.
+        rest = &rest[at + 1..];
+    }
+    out.push_str(rest);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::config::{Limit, Unit};
+
+    fn e(pairs: &[(&str, &str)]) -> Vec<DescriptorEntry> {
+        pairs
+            .iter()
+            .map(|(k, v)| DescriptorEntry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect()
+    }
+
+    fn limit() -> Limit {
+        Limit::from_override(10, Unit::Minute)
+    }
+
+    #[test]
+    fn ordinary_values_give_upstream_keys() {
+        let keys = KeyBuilder::new("").unwrap();
+        // Upstream's own examples (test/redis/fixed_cache_impl_test.go).
+        assert_eq!(
+            keys.fixed_window("domain", &e(&[("key", "value")]), &limit(), 1234),
+            "domain_key_value_1234"
+        );
+        assert_eq!(
+            keys.fixed_window(
+                "domain",
+                &e(&[("key2", "value2"), ("subkey2", "subvalue2")]),
+                &limit(),
+                1200
+            ),
+            "domain_key2_value2_subkey2_subvalue2_1200"
+        );
+        let prefixed = KeyBuilder::new("prefix:").unwrap();
+        assert_eq!(
+            prefixed.fixed_window("d", &e(&[("remote_address", "10.0.0.1")]), &limit(), 60),
+            "prefix:d_remote_address_10.0.0.1_60"
+        );
+        // Empty runtime value, as upstream writes it.
+        assert_eq!(keys.fixed_window("d", &e(&[("k", "")]), &limit(), 5), "d_k__5");
+    }
+
+    #[test]
+    fn share_threshold_uses_the_pattern() {
+        let keys = KeyBuilder::new("").unwrap();
+        let mut shared = limit();
+        shared.shared_values = vec![(0, "files/*".into())];
+        assert_eq!(
+            keys.fixed_window("share-threshold-test", &e(&[("files", "files/a")]), &shared, 60),
+            "share-threshold-test_files_files/*_60"
+        );
+        // A runtime value that spells the pattern does not land on the shared counter.
+        assert_ne!(
+            keys.fixed_window("share-threshold-test", &e(&[("files", "files/*")]), &limit(), 60),
+            "share-threshold-test_files_files/*_60"
+        );
+    }
+
+    #[test]
+    fn hostile_values_are_escaped() {
+        let keys = KeyBuilder::new("").unwrap();
+        assert_eq!(
+            keys.fixed_window("d", &e(&[("k", "a_b{c}*%")]), &limit(), 1),
+            "d_k_a%5Fb%7Bc%7D%2A%25_1"
+        );
+        assert_eq!(
+            keys.fixed_window("d{x}", &e(&[("k{", "v")]), &limit(), 1),
+            "d%7Bx%7D_k%7B_v_1"
+        );
+        assert!(KeyBuilder::new("a{b}").is_err());
+    }
+
+    #[test]
+    fn upstream_collisions_are_separated() {
+        let keys = KeyBuilder::new("").unwrap();
+        let pairs: &[(&[(&str, &str)], &[(&str, &str)])] = &[
+            // One entry whose value spells a second entry, vs two entries.
+            (&[("a", "x_b_y")], &[("a", "x"), ("b", "y")]),
+            // Underscores moved between two values.
+            (&[("a", "x_b"), ("c", "y")], &[("a", "x"), ("c", "b_c_y")]),
+            // A value that spells the window start.
+            (&[("a", "x_60")], &[("a", "x")]),
+            // Percent signs cannot forge an escape.
+            (&[("a", "%5F")], &[("a", "_")]),
+        ];
+        for (left, right) in pairs {
+            let l = keys.fixed_window("d", &e(left), &limit(), 60);
+            let r = keys.fixed_window("d", &e(right), &limit(), 60);
+            assert_ne!(l, r, "{left:?} vs {right:?}");
+        }
+    }
+
+    #[test]
+    fn distinct_values_under_one_key_path_never_share_a_key() {
+        // Exhaustive over a small alphabet that includes every separator and escape character.
+        let alphabet = ['a', '_', '%', '5', 'F', '{', '}', '*', ':'];
+        let mut values = vec![String::new()];
+        for _ in 0..3 {
+            let mut next = Vec::new();
+            for v in &values {
+                for c in alphabet {
+                    next.push(format!("{v}{c}"));
+                }
+            }
+            values.extend(next);
+        }
+        values.sort();
+        values.dedup();
+        let keys = KeyBuilder::new("").unwrap();
+        let mut seen = HashSet::new();
+        for first in values.iter().step_by(7) {
+            for second in &values {
+                let key = keys.fixed_window("d", &e(&[("a", first), ("b", second)]), &limit(), 60);
+                assert!(!key[..key.len() - 2].contains('{'), "brace in {key}");
+                assert!(seen.insert(key.clone()), "collision on {key}");
+            }
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! The decision path: from a `RateLimitRequest` to a `RateLimitResponse`.
+//!
+//! In order: check the request against the input limits, find the domain, match each descriptor
+//! to a limit (or take Envoy's override), drop limits named by another's `replaces`, answer
+//! `unlimited` ones directly, turn the rest into [`Check`]s with their counter keys, ask the store
+//! once for all of them, and build the statuses and the overall code with upstream's rules for
+//! per-rule shadow mode, quota mode and global shadow mode. Response headers and dynamic metadata
+//! are added when enabled. The protocol adapters in `server` only translate errors and transports.
+
+pub mod key;
+mod response;
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+use tracing::Instrument;
+
+pub use key::{KeyBuilder, PrefixError};
+pub use response::HeaderNames;
+
+use crate::clock::Clock;
+use crate::config::{Limit, Quota, RateLimitConfig, Unit};
+use crate::proto::{Code, DescriptorStatus, RateLimitDescriptor, RateLimitRequest, RateLimitResponse};
+use crate::store::{Algorithm, Check, Store, StoreError};
+
+/// Remaining count reported for `unlimited` descriptors, as upstream does.
+pub const UNLIMITED_REMAINING: u32 = u32::MAX;
+
+/// A cost larger than any `requests_per_unit` can admit. Larger costs are counted as this, which
+/// keeps every counter far from Redis's 64-bit `INCRBY` overflow without changing any answer.
+pub const MAX_HITS: u64 = u32::MAX as u64 + 1;
+
+/// Size limits a request must respect before any matching or store work.
+#[derive(Debug, Clone)]
+pub struct InputLimits {
+    pub max_descriptors: usize,
+    pub max_entries: usize,
+    pub max_domain_bytes: usize,
+    pub max_key_bytes: usize,
+    pub max_value_bytes: usize,
+}
+
+impl Default for InputLimits {
+    fn default() -> Self {
+        Self {
+            max_descriptors: 64,
+            max_entries: 16,
+            max_domain_bytes: 256,
+            max_key_bytes: 256,
+            max_value_bytes: 4096,
+        }
+    }
+}
+
+/// Service-wide switches (upstream's environment variables).
+#[derive(Debug, Clone, Default)]
+pub struct LimiterOptions {
+    /// `SHADOW_MODE`: an overall OVER_LIMIT is answered OK (statuses keep showing it).
+    pub shadow_mode: bool,
+    /// `QUOTA_MODE`: every limit behaves as if it had `quota_mode: true`.
+    pub quota_mode: bool,
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED` with the header names.
+    pub response_headers: Option<HeaderNames>,
+    /// `RESPONSE_DYNAMIC_METADATA`.
+    pub dynamic_metadata: bool,
+    pub input_limits: InputLimits,
+}
+
+/// Why a request got no decision. Each maps to one gRPC status (see `server::grpc`).
+#[derive(Debug, thiserror::Error)]
+pub enum LimitError {
+    /// The request itself is wrong; retrying it cannot help.
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("no rate limit configuration loaded")]
+    NoConfig,
+    /// The store could not decide.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The decision engine shared by every protocol adapter.
+#[derive(Debug)]
+pub struct RateLimiter {
+    config: ArcSwapOption<RateLimitConfig>,
+    store: Arc<dyn Store>,
+    keys: KeyBuilder,
+    clock: Arc<dyn Clock>,
+    options: LimiterOptions,
+}
+
+/// What became of one request descriptor before the store call.
+enum Plan<'c> {
+    NoLimit,
+    Unlimited,
+    /// Counted: the limit and the index of its check.
+    Counted(Cow<'c, Limit>, usize),
+}
+
+impl RateLimiter {
+    pub fn new(
+        store: Arc<dyn Store>,
+        keys: KeyBuilder,
+        clock: Arc<dyn Clock>,
+        options: LimiterOptions,
+    ) -> Self {
+        Self {
+            config: ArcSwapOption::empty(),
+            store,
+            keys,
+            clock,
+            options,
+        }
+    }
+
+    /// Installs a new configuration; requests already running finish with the old one.
+    pub fn set_config(&self, config: Arc<RateLimitConfig>) {
+        self.config.store(Some(config));
+    }
+
+    pub fn config(&self) -> Option<Arc<RateLimitConfig>> {
+        self.config.load_full()
+    }
+
+    pub fn store_kind(&self) -> &'static str {
+        self.store.kind()
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(domain = %request.domain))]
+    pub async fn should_rate_limit(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, LimitError> {
+        self.validate(request)?;
+        let config = self.config.load();
+        let Some(config) = config.as_deref() else {
+            return Err(LimitError::NoConfig);
+        };
+        let Some(domain) = config.domain(&request.domain) else {
+            tracing::debug!("domain not found");
+            return Ok(response::all_ok(request.descriptors.len()));
+        };
+
+        // Match, then apply `replaces` across the whole request.
+        let mut matched = request
+            .descriptors
+            .iter()
+            .map(|d| match &d.limit {
+                Some(o) => override_limit(o.requests_per_unit, o.unit).map(|l| Some(Cow::Owned(l))),
+                None => Ok(domain.find(&d.entries).map(Cow::Borrowed)),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        drop_replaced(&mut matched);
+
+        // Plan the store call.
+        let now_secs = self.clock.now_secs();
+        let mut checks = Vec::new();
+        let plans: Vec<Plan> = matched
+            .into_iter()
+            .zip(&request.descriptors)
+            .map(|(limit, descriptor)| {
+                let Some(limit) = limit else {
+                    return Plan::NoLimit;
+                };
+                let Quota::PerUnit {
+                    requests_per_unit,
+                    unit,
+                } = limit.quota
+                else {
+                    return Plan::Unlimited;
+                };
+                let window_secs = unit.window_secs();
+                let window_start = now_secs / window_secs * window_secs;
+                checks.push(Check {
+                    key: self.keys.fixed_window(
+                        &request.domain,
+                        &descriptor.entries,
+                        &limit,
+                        window_start,
+                    ),
+                    hits: hits(request, descriptor),
+                    algorithm: Algorithm::FixedWindow {
+                        limit: u64::from(requests_per_unit),
+                        window_secs,
+                        window_start,
+                    },
+                });
+                Plan::Counted(limit, checks.len() - 1)
+            })
+            .collect();
+
+        let outcomes = if checks.is_empty() {
+            Vec::new()
+        } else {
+            let span = tracing::debug_span!("store", kind = self.store.kind(), checks = checks.len());
+            self.store.check(&checks).instrument(span).await?
+        };
+
+        let mut statuses = Vec::with_capacity(plans.len());
+        let mut limits: Vec<Option<&Limit>> = Vec::with_capacity(plans.len());
+        for plan in &plans {
+            let (status, limit) = match plan {
+                Plan::NoLimit => (response::no_limit(), None),
+                Plan::Unlimited => (response::unlimited(), None),
+                Plan::Counted(limit, index) => {
+                    (response::counted(limit, &outcomes[*index]), Some(&**limit))
+                }
+            };
+            statuses.push(status);
+            limits.push(limit);
+        }
+        Ok(self.finish(request, statuses, &limits))
+    }
+
+    /// Overall code, global shadow mode, headers and metadata.
+    fn finish(
+        &self,
+        request: &RateLimitRequest,
+        statuses: Vec<DescriptorStatus>,
+        limits: &[Option<&Limit>],
+    ) -> RateLimitResponse {
+        let is_quota = |limit: Option<&Limit>| {
+            limit.is_some_and(|l| l.quota_mode || self.options.quota_mode)
+        };
+        let over = |s: &DescriptorStatus| s.code == Code::OverLimit as i32;
+        let mut non_quota_over = false;
+        let (mut quota, mut quota_over) = (0usize, 0usize);
+        for (status, limit) in statuses.iter().zip(limits) {
+            if is_quota(*limit) {
+                quota += 1;
+                quota_over += usize::from(over(status));
+            } else {
+                non_quota_over |= over(status);
+            }
+        }
+        let over_limit = non_quota_over || (quota > 0 && quota_over == quota);
+        let overall = if over_limit && !self.options.shadow_mode {
+            Code::OverLimit
+        } else {
+            if over_limit {
+                tracing::debug!("global shadow mode turned OVER_LIMIT into OK");
+            }
+            Code::Ok
+        };
+
+        let mut reply = RateLimitResponse {
+            overall_code: overall as i32,
+            ..Default::default()
+        };
+        if let Some(names) = &self.options.response_headers {
+            let chosen = response::header_source(&statuses, |i| is_quota(limits[i]));
+            if let Some(status) = chosen {
+                reply.response_headers_to_add = names.headers(status);
+            }
+        }
+        if self.options.dynamic_metadata {
+            reply.dynamic_metadata = Some(response::dynamic_metadata(request, &statuses, limits));
+        }
+        reply.statuses = statuses;
+        reply
+    }
+
+    fn validate(&self, request: &RateLimitRequest) -> Result<(), LimitError> {
+        let max = &self.options.input_limits;
+        let invalid = |m: String| Err(LimitError::InvalidRequest(m));
+        if request.domain.is_empty() {
+            return invalid("rate limit domain must not be empty".into());
+        }
+        if request.descriptors.is_empty() {
+            return invalid("rate limit descriptor list must not be empty".into());
+        }
+        if request.domain.len() > max.max_domain_bytes {
+            return invalid(format!(
+                "rate limit domain is {} bytes; the maximum is {}",
+                request.domain.len(),
+                max.max_domain_bytes
+            ));
+        }
+        if request.descriptors.len() > max.max_descriptors {
+            return invalid(format!(
+                "rate limit request has {} descriptors; the maximum is {}",
+                request.descriptors.len(),
+                max.max_descriptors
+            ));
+        }
+        for (i, d) in request.descriptors.iter().enumerate() {
+            if d.entries.is_empty() {
+                return invalid(format!("descriptor {i} has no entries"));
+            }
+            if d.entries.len() > max.max_entries {
+                return invalid(format!(
+                    "descriptor {i} has {} entries; the maximum is {}",
+                    d.entries.len(),
+                    max.max_entries
+                ));
+            }
+            for e in &d.entries {
+                if e.key.len() > max.max_key_bytes {
+                    return invalid(format!(
+                        "descriptor {i} has a key of {} bytes; the maximum is {}",
+                        e.key.len(),
+                        max.max_key_bytes
+                    ));
+                }
+                if e.value.len() > max.max_value_bytes {
+                    return invalid(format!(
+                        "descriptor {i} has a value of {} bytes; the maximum is {}",
+                        e.value.len(),
+                        max.max_value_bytes
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Upstream's precedence: a set per-descriptor `hits_addend` wins (0 = check only); otherwise
+/// the request's, where 0 means 1.
+fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
+    let hits = match descriptor.hits_addend {
+        Some(h) => h,
+        None => u64::from(request.hits_addend.max(1)),
+    };
+    hits.min(MAX_HITS)
+}
+
+fn override_limit(requests_per_unit: u32, unit: i32) -> Result<Limit, LimitError> {
+    match Unit::from_override(unit) {
+        Some(unit) => Ok(Limit::from_override(requests_per_unit, unit)),
+        None => Err(LimitError::InvalidRequest(format!(
+            "descriptor limit override has an invalid unit ({unit})"
+        ))),
+    }
+}
+
+/// Drops every matched limit whose name another matched limit `replaces` (unlimited ones
+/// included, as upstream does).
+fn drop_replaced(matched: &mut [Option<Cow<'_, Limit>>]) {
+    let replaced: Vec<String> = matched
+        .iter()
+        .flatten()
+        .flat_map(|l| l.replaces.iter().cloned())
+        .collect();
+    if replaced.is_empty() {
+        return;
+    }
+    for slot in matched.iter_mut() {
+        if slot
+            .as_ref()
+            .is_some_and(|l| !l.name.is_empty() && replaced.contains(&l.name))
+        {
+            *slot = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,225 @@
+//! Building response parts: descriptor statuses, upstream's RateLimit-* headers and the dynamic
+//! metadata struct.
+
+use std::collections::BTreeMap;
+
+use prost_types::value::Kind;
+use prost_types::{ListValue, Struct, Value};
+
+use super::UNLIMITED_REMAINING;
+use crate::config::{Limit, Quota};
+use crate::proto::{Code, CurrentLimit, DescriptorStatus, HeaderValue, RateLimitRequest, RateLimitResponse};
+use crate::store::Outcome;
+
+/// Unknown domain: every descriptor OK with no limit.
+pub fn all_ok(descriptors: usize) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: Code::Ok as i32,
+        statuses: vec![no_limit(); descriptors],
+        ..Default::default()
+    }
+}
+
+/// No limit matched (or it was replaced): `{code: OK}` and nothing else.
+pub fn no_limit() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        ..Default::default()
+    }
+}
+
+pub fn unlimited() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        limit_remaining: UNLIMITED_REMAINING,
+        ..Default::default()
+    }
+}
+
+/// A counted descriptor. Per-rule shadow mode turns OVER_LIMIT into OK but keeps remaining 0.
+pub fn counted(limit: &Limit, outcome: &Outcome) -> DescriptorStatus {
+    let Quota::PerUnit {
+        requests_per_unit,
+        unit,
+    } = limit.quota
+    else {
+        unreachable!("unlimited descriptors are answered before the store call");
+    };
+    let over = !outcome.admitted;
+    let code = if over && !limit.shadow_mode {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    };
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: Some(CurrentLimit {
+            name: limit.name.clone(),
+            requests_per_unit,
+            unit: unit.to_response() as i32,
+        }),
+        limit_remaining: u32::try_from(outcome.remaining).unwrap_or(u32::MAX),
+        // Whole seconds, rounded up and never 0, as upstream reports them.
+        duration_until_reset: Some(prost_types::Duration {
+            seconds: outcome.reset_ms.div_ceil(1000).max(1) as i64,
+            nanos: 0,
+        }),
+        quota: None,
+    }
+}
+
+/// Names of the three headers added when `LIMIT_RESPONSE_HEADERS_ENABLED` is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderNames {
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
+}
+
+impl Default for HeaderNames {
+    fn default() -> Self {
+        Self {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+        }
+    }
+}
+
+impl HeaderNames {
+    pub fn headers(&self, status: &DescriptorStatus) -> Vec<HeaderValue> {
+        let header = |key: &str, value: u64| HeaderValue {
+            key: key.to_string(),
+            value: value.to_string(),
+            raw_value: Vec::new(),
+        };
+        let limit = status.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
+        let reset = status
+            .duration_until_reset
+            .as_ref()
+            .map_or(0, |d| d.seconds.max(0) as u64);
+        vec![
+            header(&self.limit, u64::from(limit)),
+            header(&self.remaining, u64::from(status.limit_remaining)),
+            header(&self.reset, reset),
+        ]
+    }
+}
+
+/// The status the headers describe: the last non-quota OVER_LIMIT one if any, else the limited
+/// one with the least remaining (the first of equals).
+pub fn header_source(
+    statuses: &[DescriptorStatus],
+    is_quota: impl Fn(usize) -> bool,
+) -> Option<&DescriptorStatus> {
+    let over = statuses
+        .iter()
+        .enumerate()
+        .filter(|(i, s)| s.code == Code::OverLimit as i32 && !is_quota(*i))
+        .last()
+        .map(|(_, s)| s);
+    over.or_else(|| {
+        statuses
+            .iter()
+            .filter(|s| s.current_limit.is_some())
+            .min_by_key(|s| s.limit_remaining)
+    })
+}
+
+/// Upstream's dynamic metadata: the domain, each request descriptor (entries as `key=value`,
+/// its override and cost when present), the request's cost when non-zero, and the deep merge of
+/// the config `metadata` of every descriptor that is not over the limit (first value wins).
+pub fn dynamic_metadata(
+    request: &RateLimitRequest,
+    statuses: &[DescriptorStatus],
+    limits: &[Option<&Limit>],
+) -> Struct {
+    let descriptors = request
+        .descriptors
+        .iter()
+        .map(|d| {
+            let mut fields = BTreeMap::new();
+            let entries = d
+                .entries
+                .iter()
+                .map(|e| string(format!("{}={}", e.key, e.value)))
+                .collect();
+            fields.insert("entries".into(), list(entries));
+            if let Some(o) = &d.limit {
+                let unit = crate::proto::OverrideUnit::try_from(o.unit)
+                    .map_or_else(|_| o.unit.to_string(), |u| u.as_str_name().to_string());
+                fields.insert(
+                    "limit".into(),
+                    string(format!("requests_per_unit:{} unit:{unit}", o.requests_per_unit)),
+                );
+            }
+            if let Some(h) = d.hits_addend {
+                fields.insert("hitsAddend".into(), number(h as f64));
+            }
+            object(fields)
+        })
+        .collect();
+
+    let mut merged = BTreeMap::new();
+    for (status, limit) in statuses.iter().zip(limits) {
+        if status.code == Code::OverLimit as i32 {
+            continue;
+        }
+        if let Some(meta) = limit.and_then(|l| l.metadata.as_ref()) {
+            merge(&mut merged, &meta.fields);
+        }
+    }
+
+    let mut fields = BTreeMap::new();
+    fields.insert("domain".into(), string(request.domain.clone()));
+    fields.insert("descriptors".into(), list(descriptors));
+    if request.hits_addend != 0 {
+        fields.insert("hitsAddend".into(), number(f64::from(request.hits_addend)));
+    }
+    if !merged.is_empty() {
+        fields.insert("metadata".into(), object(merged));
+    }
+    Struct { fields }
+}
+
+/// Deep merge where the value already present wins.
+fn merge(into: &mut BTreeMap<String, Value>, from: &BTreeMap<String, Value>) {
+    for (key, value) in from {
+        match (into.get_mut(key), &value.kind) {
+            (None, _) => {
+                into.insert(key.clone(), value.clone());
+            }
+            (
+                Some(Value {
+                    kind: Some(Kind::StructValue(existing)),
+                }),
+                Some(Kind::StructValue(incoming)),
+            ) => merge(&mut existing.fields, &incoming.fields),
+            (Some(_), _) => {}
+        }
+    }
+}
+
+fn string(s: String) -> Value {
+    Value {
+        kind: Some(Kind::StringValue(s)),
+    }
+}
+
+fn number(n: f64) -> Value {
+    Value {
+        kind: Some(Kind::NumberValue(n)),
+    }
+}
+
+fn list(values: Vec<Value>) -> Value {
+    Value {
+        kind: Some(Kind::ListValue(ListValue { values })),
+    }
+}
+
+fn object(fields: BTreeMap<String, Value>) -> Value {
+    Value {
+        kind: Some(Kind::StructValue(Struct { fields })),
+    }
+}

@@ -1,0 +1,371 @@
+//! Decision-path tests on the memory store with a hand-driven clock.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::config::{LoadOptions, load_sources};
+use crate::proto::{DescriptorEntry, RateLimitOverride};
+use crate::store::{MemoryStore, MemoryStoreOptions};
+
+const CONFIG: &str = r#"
+domain: app
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2, name: per_user}
+  - key: path
+    value: /login
+    rate_limit: {unit: minute, requests_per_unit: 1, name: login}
+  - key: path
+    value: /special
+    rate_limit:
+      unit: minute
+      requests_per_unit: 5
+      name: special
+      replaces: [{name: per_user}]
+  - key: health
+    rate_limit: {unlimited: true}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: quota
+    value: a
+    quota_mode: true
+    metadata: {backend: a, shared: {from: a}}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: quota
+    value: b
+    quota_mode: true
+    metadata: {backend: b, shared: {from: b, only_b: 1}}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: tenant
+    value: "team-*"
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: tenant
+    value: "solo-*"
+    rate_limit: {unit: minute, requests_per_unit: 2}
+"#;
+
+struct Harness {
+    limiter: RateLimiter,
+    clock: Arc<ManualClock>,
+}
+
+fn harness(options: LimiterOptions) -> Harness {
+    // 1 000 039.5 s: 19.5 s into the minute window that starts at 1 000 020.
+    let clock = Arc::new(ManualClock::new(1_000_039_500_000));
+    let store = Arc::new(MemoryStore::new(MemoryStoreOptions::default(), clock.clone()));
+    let limiter = RateLimiter::new(store, KeyBuilder::default(), clock.clone(), options);
+    let config = load_sources(
+        vec![(PathBuf::from("test.yaml"), CONFIG.to_string())],
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    limiter.set_config(Arc::new(config));
+    Harness { limiter, clock }
+}
+
+fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: pairs
+            .iter()
+            .map(|(k, v)| DescriptorEntry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "app".into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+impl Harness {
+    async fn ask(&self, req: &RateLimitRequest) -> RateLimitResponse {
+        self.limiter.should_rate_limit(req).await.unwrap()
+    }
+
+    async fn codes(&self, req: &RateLimitRequest) -> (Code, Vec<Code>) {
+        let r = self.ask(req).await;
+        (
+            Code::try_from(r.overall_code).unwrap(),
+            r.statuses.iter().map(|s| Code::try_from(s.code).unwrap()).collect(),
+        )
+    }
+}
+
+#[tokio::test]
+async fn counts_to_the_limit_then_refuses() {
+    let h = harness(LimiterOptions::default());
+    let req = request(vec![descriptor(&[("user", "alice")])]);
+    let first = h.ask(&req).await;
+    assert_eq!(first.overall_code, Code::Ok as i32);
+    let status = &first.statuses[0];
+    assert_eq!(status.limit_remaining, 1);
+    let limit = status.current_limit.as_ref().unwrap();
+    assert_eq!((limit.name.as_str(), limit.requests_per_unit), ("per_user", 2));
+    assert_eq!(limit.unit, crate::proto::ResponseUnit::Minute as i32);
+    // 19.5 s into the window: 40.5 s left, reported as 41 whole seconds (upstream: 60 - 20).
+    assert_eq!(status.duration_until_reset.unwrap().seconds, 41);
+
+    assert_eq!(h.codes(&req).await, (Code::Ok, vec![Code::Ok]));
+    let third = h.ask(&req).await;
+    assert_eq!(third.overall_code, Code::OverLimit as i32);
+    assert_eq!(third.statuses[0].limit_remaining, 0);
+    assert!(third.statuses[0].current_limit.is_some());
+
+    // Another value has its own counter; a new window starts over.
+    let bob = request(vec![descriptor(&[("user", "bob")])]);
+    assert_eq!(h.codes(&bob).await.0, Code::Ok);
+    h.clock.advance_micros(41_000_000);
+    assert_eq!(h.codes(&req).await.0, Code::Ok);
+}
+
+#[tokio::test]
+async fn no_limit_and_unknown_domain_are_bare_ok() {
+    let h = harness(LimiterOptions::default());
+    let r = h.ask(&request(vec![descriptor(&[("nothing", "here")])])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses, vec![DescriptorStatus { code: Code::Ok as i32, ..Default::default() }]);
+
+    let mut other = request(vec![descriptor(&[("user", "x")]), descriptor(&[("user", "y")])]);
+    other.domain = "elsewhere".into();
+    let r = h.ask(&other).await;
+    assert_eq!(r.statuses.len(), 2);
+    assert!(r.statuses.iter().all(|s| s.current_limit.is_none() && s.code == Code::Ok as i32));
+}
+
+#[tokio::test]
+async fn unlimited_reports_max_remaining() {
+    let h = harness(LimiterOptions::default());
+    for _ in 0..5 {
+        let r = h.ask(&request(vec![descriptor(&[("health", "x")])])).await;
+        assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+        assert!(r.statuses[0].current_limit.is_none());
+        assert!(r.statuses[0].duration_until_reset.is_none());
+    }
+}
+
+#[tokio::test]
+async fn replaces_drops_the_named_limit() {
+    let h = harness(LimiterOptions::default());
+    let req = request(vec![descriptor(&[("user", "carol")]), descriptor(&[("path", "/special")])]);
+    for _ in 0..4 {
+        let r = h.ask(&req).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert!(r.statuses[0].current_limit.is_none(), "per_user is replaced");
+        assert_eq!(r.statuses[1].current_limit.as_ref().unwrap().name, "special");
+    }
+    // The replaced limit was never counted.
+    let alone = request(vec![descriptor(&[("user", "carol")])]);
+    assert_eq!(h.ask(&alone).await.statuses[0].limit_remaining, 1);
+}
+
+#[tokio::test]
+async fn per_rule_shadow_mode_answers_ok() {
+    let h = harness(LimiterOptions::default());
+    let req = request(vec![descriptor(&[("shadow", "s")])]);
+    h.ask(&req).await;
+    let r = h.ask(&req).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert!(r.statuses[0].current_limit.is_some());
+}
+
+#[tokio::test]
+async fn global_shadow_mode_keeps_statuses() {
+    let h = harness(LimiterOptions { shadow_mode: true, ..Default::default() });
+    let req = request(vec![descriptor(&[("path", "/login")])]);
+    h.ask(&req).await;
+    assert_eq!(h.codes(&req).await, (Code::Ok, vec![Code::OverLimit]));
+}
+
+#[tokio::test]
+async fn quota_mode_needs_every_quota_descriptor_over() {
+    let h = harness(LimiterOptions::default());
+    let a = descriptor(&[("quota", "a")]);
+    let b = descriptor(&[("quota", "b")]);
+    // Use up a.
+    h.ask(&request(vec![a.clone()])).await;
+    assert_eq!(
+        h.codes(&request(vec![a.clone(), b.clone()])).await,
+        (Code::Ok, vec![Code::OverLimit, Code::Ok])
+    );
+    // Now both are over.
+    assert_eq!(
+        h.codes(&request(vec![a.clone(), b.clone()])).await,
+        (Code::OverLimit, vec![Code::OverLimit, Code::OverLimit])
+    );
+    // A non-quota descriptor over the limit decides alone.
+    let login = descriptor(&[("path", "/login")]);
+    h.ask(&request(vec![login.clone()])).await;
+    assert_eq!(h.codes(&request(vec![login])).await.0, Code::OverLimit);
+}
+
+#[tokio::test]
+async fn hits_addend_precedence() {
+    let h = harness(LimiterOptions::default());
+    // Request-level cost 2 spends alice's whole budget of 2.
+    let mut req = request(vec![descriptor(&[("user", "dave")])]);
+    req.hits_addend = 2;
+    let r = h.ask(&req).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (Code::Ok as i32, 0));
+    // A per-descriptor 0 checks without counting, and wins over the request's cost.
+    let mut look = descriptor(&[("user", "dave")]);
+    look.hits_addend = Some(0);
+    let mut req = request(vec![look]);
+    req.hits_addend = 5;
+    let r = h.ask(&req).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (Code::Ok as i32, 0));
+    // Request-level 0 counts as 1.
+    let r = h.ask(&request(vec![descriptor(&[("user", "dave")])])).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    // A huge cost is simply over, never an overflow.
+    let mut huge = descriptor(&[("user", "erin")]);
+    huge.hits_addend = Some(u64::MAX);
+    let r = h.ask(&request(vec![huge.clone(), huge])).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+}
+
+#[tokio::test]
+async fn overrides_bypass_the_tree() {
+    let h = harness(LimiterOptions::default());
+    let mut d = descriptor(&[("anything", "goes")]);
+    d.limit = Some(RateLimitOverride { requests_per_unit: 1, unit: crate::proto::OverrideUnit::Hour as i32 });
+    let r = h.ask(&request(vec![d.clone()])).await;
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((limit.name.as_str(), limit.requests_per_unit), ("", 1));
+    assert_eq!(limit.unit, crate::proto::ResponseUnit::Hour as i32);
+    assert_eq!(h.codes(&request(vec![d.clone()])).await.0, Code::OverLimit);
+
+    d.limit.as_mut().unwrap().unit = 0;
+    let err = h.limiter.should_rate_limit(&request(vec![d])).await.unwrap_err();
+    assert!(matches!(err, LimitError::InvalidRequest(_)), "{err}");
+}
+
+#[tokio::test]
+async fn wildcards_count_per_value_unless_shared() {
+    let h = harness(LimiterOptions::default());
+    let each = |v: &str| request(vec![descriptor(&[("tenant", v)])]);
+    // solo-*: each value has its own budget of 2.
+    for v in ["solo-a", "solo-b"] {
+        h.ask(&each(v)).await;
+        assert_eq!(h.codes(&each(v)).await.0, Code::Ok);
+    }
+    // team-*: all values share one budget of 2.
+    h.ask(&each("team-a")).await;
+    h.ask(&each("team-b")).await;
+    assert_eq!(h.codes(&each("team-c")).await.0, Code::OverLimit);
+}
+
+#[tokio::test]
+async fn response_headers_follow_upstream_choice() {
+    let names = HeaderNames::default();
+    let h = harness(LimiterOptions { response_headers: Some(names), ..Default::default() });
+    let headers = |r: &RateLimitResponse| -> Vec<(String, String)> {
+        r.response_headers_to_add.iter().map(|h| (h.key.clone(), h.value.clone())).collect()
+    };
+    // The least remaining among limited descriptors.
+    let r = h
+        .ask(&request(vec![descriptor(&[("user", "f")]), descriptor(&[("path", "/login")])]))
+        .await;
+    assert_eq!(
+        headers(&r),
+        [
+            ("RateLimit-Limit".to_string(), "1".to_string()),
+            ("RateLimit-Remaining".to_string(), "0".to_string()),
+            ("RateLimit-Reset".to_string(), "41".to_string())
+        ]
+    );
+    // Over the limit: /login (limit 1) is over, user f (limit 2) is at 2 of 2 and still OK.
+    let r = h
+        .ask(&request(vec![descriptor(&[("path", "/login")]), descriptor(&[("user", "f")])]))
+        .await;
+    assert_eq!(h.codes(&request(vec![descriptor(&[("path", "/login")])])).await.1, [Code::OverLimit]);
+    assert_eq!(headers(&r)[0].1, "1", "the over-limit one, not the least remaining");
+    // Both over: the last over-limit descriptor wins, whatever the order.
+    let r = h
+        .ask(&request(vec![descriptor(&[("path", "/login")]), descriptor(&[("user", "f")])]))
+        .await;
+    assert_eq!(r.statuses.iter().filter(|s| s.code == Code::OverLimit as i32).count(), 2);
+    assert_eq!(headers(&r)[0].1, "2", "user f is last");
+    let r = h
+        .ask(&request(vec![descriptor(&[("user", "f")]), descriptor(&[("path", "/login")])]))
+        .await;
+    assert_eq!(headers(&r)[0].1, "1", "/login is last");
+    // No limit anywhere: no headers.
+    let r = h.ask(&request(vec![descriptor(&[("nothing", "x")])])).await;
+    assert!(r.response_headers_to_add.is_empty());
+}
+
+#[tokio::test]
+async fn dynamic_metadata_merges_descriptors_under_the_limit() {
+    use prost_types::value::Kind;
+    let h = harness(LimiterOptions { dynamic_metadata: true, ..Default::default() });
+    let a = descriptor(&[("quota", "a")]);
+    let mut b = descriptor(&[("quota", "b")]);
+    b.hits_addend = Some(1);
+    h.ask(&request(vec![a.clone()])).await; // a is now used up
+    let mut req = request(vec![a, b]);
+    req.hits_addend = 3;
+    let meta = h.ask(&req).await.dynamic_metadata.unwrap();
+    let field = |s: &prost_types::Struct, k: &str| s.fields.get(k).and_then(|v| v.kind.clone());
+    assert_eq!(field(&meta, "domain"), Some(Kind::StringValue("app".into())));
+    assert_eq!(field(&meta, "hitsAddend"), Some(Kind::NumberValue(3.0)));
+    let Some(Kind::StructValue(merged)) = field(&meta, "metadata") else { panic!("{meta:?}") };
+    // Only b is under the limit (b's cost 1 of 1), so only its metadata appears.
+    assert_eq!(field(&merged, "backend"), Some(Kind::StringValue("b".into())));
+    let Some(Kind::ListValue(list)) = field(&meta, "descriptors") else { panic!() };
+    let Some(Kind::StructValue(second)) = list.values[1].kind.clone() else { panic!() };
+    assert_eq!(field(&second, "hitsAddend"), Some(Kind::NumberValue(1.0)));
+    assert_eq!(
+        field(&second, "entries"),
+        Some(Kind::ListValue(prost_types::ListValue {
+            values: vec![prost_types::Value { kind: Some(Kind::StringValue("quota=b".into())) }]
+        }))
+    );
+}
+
+#[tokio::test]
+async fn invalid_requests_are_refused_with_upstream_messages() {
+    let h = harness(LimiterOptions::default());
+    let message = |r: Result<RateLimitResponse, LimitError>| match r {
+        Err(LimitError::InvalidRequest(m)) => m,
+        other => panic!("expected an invalid request, got {other:?}"),
+    };
+    let mut empty_domain = request(vec![descriptor(&[("user", "x")])]);
+    empty_domain.domain.clear();
+    assert_eq!(
+        message(h.limiter.should_rate_limit(&empty_domain).await),
+        "rate limit domain must not be empty"
+    );
+    assert_eq!(
+        message(h.limiter.should_rate_limit(&request(vec![])).await),
+        "rate limit descriptor list must not be empty"
+    );
+    let many = request(vec![descriptor(&[("user", "x")]); 65]);
+    assert!(message(h.limiter.should_rate_limit(&many).await).contains("maximum is 64"));
+    let long = request(vec![descriptor(&[("user", &"v".repeat(4097))])]);
+    assert!(message(h.limiter.should_rate_limit(&long).await).contains("maximum is 4096"));
+}
+
+#[tokio::test]
+async fn no_config_is_an_error() {
+    let clock = Arc::new(ManualClock::new(0));
+    let store = Arc::new(MemoryStore::new(MemoryStoreOptions::default(), clock.clone()));
+    let limiter = RateLimiter::new(store, KeyBuilder::default(), clock, LimiterOptions::default());
+    let err = limiter
+        .should_rate_limit(&request(vec![descriptor(&[("user", "x")])]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "no rate limit configuration loaded");
+}

@@ -1,0 +1,312 @@
+//! The embedded store: counters in process memory, for a single replica or for trying Sluice out.
+//!
+//! Counters are spread over shards, each a mutex around a hash map, so concurrent requests on
+//! different keys rarely contend and one key's read-modify-write is atomic. Every counter carries
+//! its expiry (the end of the window its key names). A background task sweeps expired counters;
+//! it holds only a weak reference and ends when the store is dropped.
+//!
+//! # Memory bound
+//!
+//! `max_counters` bounds the number of live counters (split evenly over the shards). When a shard
+//! is full, a new counter first makes the shard drop its expired counters; if none expired, it
+//! evicts the sampled counter closest to its expiry, which is the one whose loss forgives the
+//! least. Eviction never fails a request and never panics; it is counted in
+//! [`MemoryStore::evictions`], and a key that keeps being evicted is under-counted, so size the
+//! bound above the number of keys live in one window.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use super::{Algorithm, Check, Outcome, Store, StoreFuture, fixed_window_outcome};
+use crate::clock::Clock;
+
+const SHARDS: usize = 64;
+/// How many counters are looked at to choose one to evict from a full shard.
+const EVICTION_SAMPLE: usize = 16;
+
+#[derive(Debug, Clone)]
+pub struct MemoryStoreOptions {
+    /// Most live counters kept at once (at least one per shard).
+    pub max_counters: usize,
+    /// How often expired counters are swept.
+    pub sweep_interval: Duration,
+}
+
+impl Default for MemoryStoreOptions {
+    fn default() -> Self {
+        Self {
+            max_counters: 1_000_000,
+            sweep_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shards: Box<[Mutex<HashMap<Box<str>, Counter>>]>,
+    shard_of: RandomState,
+    per_shard: usize,
+    clock: Arc<dyn Clock>,
+    evictions: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Counter {
+    count: u64,
+    expires_at_ms: u64,
+}
+
+impl MemoryStore {
+    /// Creates the store; when called inside a Tokio runtime it also starts the sweeper.
+    pub fn new(options: MemoryStoreOptions, clock: Arc<dyn Clock>) -> Self {
+        let per_shard = options.max_counters.div_ceil(SHARDS).max(1);
+        let inner = Arc::new(Inner {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shard_of: RandomState::new(),
+            per_shard,
+            clock,
+            evictions: AtomicU64::new(0),
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(sweep(Arc::downgrade(&inner), options.sweep_interval));
+        }
+        Self { inner }
+    }
+
+    /// Counters currently held (expired ones not yet swept included).
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Live counters evicted because the store was full.
+    pub fn evictions(&self) -> u64 {
+        self.inner.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Drops every expired counter now.
+    pub fn sweep_expired(&self) {
+        self.inner.sweep_expired();
+    }
+
+    fn decide(&self, check: &Check, now_ms: u64) -> Outcome {
+        match check.algorithm {
+            Algorithm::FixedWindow {
+                limit,
+                window_secs,
+                window_start,
+            } => {
+                let expires_at_ms = (window_start + window_secs) * 1000;
+                let count = self.inner.add(&check.key, check.hits, expires_at_ms, now_ms);
+                fixed_window_outcome(count, limit, window_secs, window_start, now_ms)
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn shard(&self, key: &str) -> &Mutex<HashMap<Box<str>, Counter>> {
+        let index = self.shard_of.hash_one(key) as usize % self.shards.len();
+        &self.shards[index]
+    }
+
+    /// Adds `hits` to the live counter of `key` (creating it unless `hits` is 0) and returns
+    /// the new count.
+    fn add(&self, key: &str, hits: u64, expires_at_ms: u64, now_ms: u64) -> u64 {
+        let mut shard = lock(self.shard(key));
+        if let Some(counter) = shard.get_mut(key) {
+            if counter.expires_at_ms > now_ms {
+                counter.count = counter.count.saturating_add(hits);
+                return counter.count;
+            }
+            if hits == 0 {
+                return 0;
+            }
+            *counter = Counter {
+                count: hits,
+                expires_at_ms,
+            };
+            return hits;
+        }
+        if hits == 0 {
+            return 0;
+        }
+        if shard.len() >= self.per_shard {
+            self.make_room(&mut shard, now_ms);
+        }
+        shard.insert(
+            key.into(),
+            Counter {
+                count: hits,
+                expires_at_ms,
+            },
+        );
+        hits
+    }
+
+    fn make_room(&self, shard: &mut HashMap<Box<str>, Counter>, now_ms: u64) {
+        shard.retain(|_, c| c.expires_at_ms > now_ms);
+        if shard.len() < self.per_shard {
+            return;
+        }
+        let victim = shard
+            .iter()
+            .take(EVICTION_SAMPLE)
+            .min_by_key(|(_, c)| c.expires_at_ms)
+            .map(|(k, _)| k.clone());
+        if let Some(victim) = victim {
+            shard.remove(&victim);
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn sweep_expired(&self) {
+        let now_ms = self.clock.now_millis();
+        for shard in self.shards.iter() {
+            lock(shard).retain(|_, c| c.expires_at_ms > now_ms);
+        }
+    }
+}
+
+/// A poisoned shard only means another thread panicked while holding it; counters are plain
+/// integers that are never left half-written, so the data is still good.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+async fn sweep(inner: Weak<Inner>, every: Duration) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.tick().await;
+    loop {
+        ticker.tick().await;
+        match inner.upgrade() {
+            Some(inner) => inner.sweep_expired(),
+            None => return,
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
+        let now_ms = self.inner.clock.now_millis();
+        let outcomes = checks.iter().map(|c| self.decide(c, now_ms)).collect();
+        Box::pin(std::future::ready(Ok(outcomes)))
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn fixed(key: &str, hits: u64, limit: u64, window_start: u64) -> Check {
+        Check {
+            key: key.into(),
+            hits,
+            algorithm: Algorithm::FixedWindow {
+                limit,
+                window_secs: 60,
+                window_start,
+            },
+        }
+    }
+
+    fn store(clock: &Arc<ManualClock>, max_counters: usize) -> MemoryStore {
+        MemoryStore::new(
+            MemoryStoreOptions {
+                max_counters,
+                ..Default::default()
+            },
+            clock.clone(),
+        )
+    }
+
+    async fn one(store: &MemoryStore, check: Check) -> Outcome {
+        store.check(&[check]).await.unwrap()[0]
+    }
+
+    #[tokio::test]
+    async fn counts_within_a_window_and_reports_reset() {
+        let clock = Arc::new(ManualClock::new(120_500_000)); // 120.5 s: window [120, 180)
+        let store = store(&clock, 100);
+        let first = one(&store, fixed("k", 1, 2, 120)).await;
+        assert_eq!(
+            first,
+            Outcome { admitted: true, remaining: 1, reset_ms: 59_500, used: 1 }
+        );
+        assert!(one(&store, fixed("k", 1, 2, 120)).await.admitted);
+        let third = one(&store, fixed("k", 1, 2, 120)).await;
+        assert_eq!(
+            third,
+            Outcome { admitted: false, remaining: 0, reset_ms: 59_500, used: 3 }
+        );
+        // hits 0 looks without counting.
+        assert_eq!(one(&store, fixed("k", 0, 2, 120)).await.used, 3);
+        assert_eq!(one(&store, fixed("absent", 0, 2, 120)).await.used, 0);
+        assert_eq!(store.len(), 1, "a zero-hit look creates nothing");
+    }
+
+    #[tokio::test]
+    async fn an_expired_counter_starts_again() {
+        let clock = Arc::new(ManualClock::new(120_000_000));
+        let store = store(&clock, 100);
+        one(&store, fixed("k", 5, 2, 120)).await;
+        clock.set_micros(180_000_000);
+        // Same key (a stale window): the old count is gone.
+        assert_eq!(one(&store, fixed("k", 1, 2, 120)).await.used, 1);
+        store.sweep_expired();
+        clock.set_micros(240_000_001);
+        store.sweep_expired();
+        assert!(store.is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_bound_evicts_instead_of_growing() {
+        let clock = Arc::new(ManualClock::new(0));
+        let store = store(&clock, SHARDS); // one counter per shard
+        for i in 0..10_000 {
+            one(&store, fixed(&format!("k{i}"), 1, 10, 0)).await;
+        }
+        assert!(store.len() <= SHARDS, "{} counters", store.len());
+        assert!(store.evictions() >= 10_000 - SHARDS as u64);
+    }
+
+    #[tokio::test]
+    async fn concurrent_hits_are_exact() {
+        let clock = Arc::new(ManualClock::new(0));
+        let store = Arc::new(store(&clock, 1000));
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut admitted = 0;
+                for _ in 0..1000 {
+                    if one(&store, fixed("hot", 1, 777, 0)).await.admitted {
+                        admitted += 1;
+                    }
+                }
+                admitted
+            }));
+        }
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap();
+        }
+        assert_eq!(total, 777);
+    }
+}

@@ -1,0 +1,98 @@
+//! Where counters live: the [`Store`] trait and its two implementations.
+//!
+//! A store receives every counted descriptor of one request as a batch of [`Check`]s and answers
+//! them in one atomic step per key (one Lua script call on Redis, one shard lock per key in
+//! memory). The algorithm runs inside the store because only there can the read-modify-write be
+//! atomic across service replicas; the memory store and the scripts in `lua/` implement the same
+//! semantics and are tested against each other.
+
+pub mod memory;
+pub mod redis;
+mod script;
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+
+pub use memory::{MemoryStore, MemoryStoreOptions};
+pub use redis::{RedisOptions, RedisStore};
+
+/// What to count and how. Everything a store needs comes with the check, so stores hold no
+/// config and a config reload never has to reach them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Algorithm {
+    /// Upstream's fixed window: the key names the window; admitted while the count after this
+    /// request is at most `limit`.
+    FixedWindow {
+        limit: u64,
+        window_secs: u64,
+        /// Unix seconds, on the service clock; also part of the key.
+        window_start: u64,
+    },
+}
+
+/// One descriptor's decision request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// Built by [`crate::limiter::KeyBuilder`]; the store uses it verbatim.
+    pub key: String,
+    /// Cost of the request; 0 looks without counting.
+    pub hits: u64,
+    pub algorithm: Algorithm,
+}
+
+/// A store's answer for one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    pub admitted: bool,
+    /// What could still be admitted now.
+    pub remaining: u64,
+    /// Milliseconds until the same request would be admitted (fixed window: the window end).
+    pub reset_ms: u64,
+    /// What the algorithm counts as used after this request (fixed window: the counter).
+    pub used: u64,
+}
+
+/// Why a store could not decide. Messages never contain credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store call timed out after {0:?} (the hits may or may not have been counted)")]
+    Timeout(std::time::Duration),
+    #[error("redis error: {0}")]
+    Redis(String),
+    #[error("no redis connection available: {0}")]
+    Unavailable(String),
+    #[error("store returned a malformed reply: {0}")]
+    Protocol(String),
+}
+
+pub type StoreFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<Outcome>, StoreError>> + Send + 'a>>;
+
+pub trait Store: Send + Sync + Debug {
+    /// Decides every check, returning one outcome per check in the same order.
+    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a>;
+
+    /// A short name for logs and health output.
+    fn kind(&self) -> &'static str;
+}
+
+/// Shared fixed-window arithmetic, so both stores (and the Lua script, by the same formula)
+/// derive admitted/remaining/reset identically from the count.
+pub(crate) fn fixed_window_outcome(
+    count: u64,
+    limit: u64,
+    window_secs: u64,
+    window_start: u64,
+    now_ms: u64,
+) -> Outcome {
+    let window_ms = window_secs * 1000;
+    let end_ms = (window_start + window_secs) * 1000;
+    let reset_ms = end_ms.saturating_sub(now_ms).clamp(1, window_ms);
+    Outcome {
+        admitted: count <= limit,
+        remaining: limit.saturating_sub(count),
+        reset_ms,
+        used: count,
+    }
+}

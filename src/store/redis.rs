@@ -1,0 +1,343 @@
+//! The Redis store (standalone Redis): one `EVALSHA` of the decision script per request.
+//!
+//! Connections come from a `bb8` pool of `bb8-redis` multiplexed connections. A request checks a
+//! connection out, clones the handle and returns it at once, so concurrent requests share
+//! connections and pipeline on the wire instead of queueing for a free one. bb8-redis never
+//! reports a connection as broken, so [`Manager`] wraps it with a flag that a failed call sets;
+//! the pool then replaces that connection on its next checkout, without a PING per request.
+//!
+//! The script is loaded with `SCRIPT LOAD` at start-up and called by SHA1. Redis forgets scripts
+//! on restart, failover and `SCRIPT FLUSH`; a `NOSCRIPT` reply means the script did not run, so
+//! the store loads it again and retries once, and the caller sees no error.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bb8_redis::RedisConnectionManager;
+use rand::Rng;
+use redis::aio::MultiplexedConnection;
+use redis::{ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
+
+use super::script::{self, DECISION, REPLY_PER_CHECK};
+use super::{Check, Outcome, Store, StoreError, StoreFuture};
+use crate::clock::Clock;
+
+/// Credentials from `REDIS_AUTH` (`password` or `user:password`). `Debug` never shows them.
+#[derive(Clone)]
+pub struct RedisAuth {
+    pub username: Option<String>,
+    pub password: String,
+}
+
+impl RedisAuth {
+    /// Parses upstream's `REDIS_AUTH` form.
+    pub fn parse(text: &str) -> Self {
+        match text.split_once(':') {
+            Some((user, password)) => Self {
+                username: Some(user.to_string()),
+                password: password.to_string(),
+            },
+            None => Self {
+                username: None,
+                password: text.to_string(),
+            },
+        }
+    }
+}
+
+impl fmt::Debug for RedisAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisAuth")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+#[derive(Clone)]
+pub struct RedisOptions {
+    /// `redis://host:port`, `rediss://…` or `unix:///path`.
+    pub url: String,
+    pub auth: Option<RedisAuth>,
+    pub pool_size: u32,
+    /// Deadline of one decision, connection checkout included.
+    pub timeout: Duration,
+    /// Upper bound (exclusive) of the random extra TTL given to new counters, so that counters
+    /// created together do not all expire in the same instant.
+    pub expiration_jitter_max: Duration,
+    /// Replaces Redis's clock in the script. Only for tests that need pinned time.
+    pub pinned_clock: Option<Arc<dyn Clock>>,
+}
+
+impl fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field("url", &redact_url(&self.url))
+            .field("auth", &self.auth)
+            .field("pool_size", &self.pool_size)
+            .field("timeout", &self.timeout)
+            .field("expiration_jitter_max", &self.expiration_jitter_max)
+            .field("pinned_clock", &self.pinned_clock.is_some())
+            .finish()
+    }
+}
+
+/// The URL with any password replaced, for logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:<redacted>@{host}")
+        }
+        None => url.to_string(),
+    }
+}
+
+/// A pooled connection and the flag that retires it from the pool.
+#[derive(Clone)]
+pub struct Connection {
+    redis: MultiplexedConnection,
+    broken: Arc<AtomicBool>,
+}
+
+/// bb8-redis's manager, plus broken-connection tracking.
+pub struct Manager {
+    inner: RedisConnectionManager,
+}
+
+impl bb8::ManageConnection for Manager {
+    type Connection = Connection;
+    type Error = RedisError;
+
+    async fn connect(&self) -> Result<Connection, RedisError> {
+        Ok(Connection {
+            redis: self.inner.connect().await?,
+            broken: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// Called on checkout: cheap, because a failed call has already set the flag.
+    async fn is_valid(&self, conn: &mut Connection) -> Result<(), RedisError> {
+        if conn.broken.load(Ordering::Relaxed) {
+            Err(RedisError::from((ErrorKind::Io, "connection failed earlier")))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn has_broken(&self, conn: &mut Connection) -> bool {
+        conn.broken.load(Ordering::Relaxed)
+    }
+}
+
+pub struct RedisStore {
+    pool: bb8::Pool<Manager>,
+    options: RedisOptions,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// Sets up the pool without connecting; call [`RedisStore::wait_until_ready`] next.
+    pub fn new(options: RedisOptions) -> Result<Self, StoreError> {
+        let mut info = options
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| StoreError::Unavailable(format!("invalid redis url ({:?})", e.kind())))?;
+        if let Some(auth) = &options.auth {
+            let mut settings = info.redis_settings().clone().set_password(&auth.password);
+            if let Some(user) = &auth.username {
+                settings = settings.set_username(user);
+            }
+            info = info.set_redis_settings(settings);
+        }
+        let manager = Manager {
+            inner: RedisConnectionManager::new(info).map_err(redis_error)?,
+        };
+        let pool = bb8::Pool::builder()
+            .max_size(options.pool_size.max(1))
+            .test_on_check_out(true)
+            .connection_timeout(options.timeout)
+            .build_unchecked(manager);
+        Ok(Self { pool, options })
+    }
+
+    /// Pings Redis and loads the script, retrying with backoff until `max_wait` has passed
+    /// (`None`: forever), as upstream's `REDIS_STARTUP_*` settings do.
+    pub async fn wait_until_ready(&self, max_wait: Option<Duration>) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.load_script().await {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    if max_wait.is_some_and(|max| started.elapsed() + delay > max) {
+                        return Err(e);
+                    }
+                    tracing::warn!(error = %e, retry_in = ?delay, "redis is not ready");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    async fn connection(&self) -> Result<Connection, StoreError> {
+        let pooled = self.pool.get().await.map_err(|e| match e {
+            bb8::RunError::User(e) => StoreError::Unavailable(describe(&e)),
+            bb8::RunError::TimedOut => {
+                StoreError::Unavailable("timed out waiting for a connection".into())
+            }
+        })?;
+        // Hand the connection back at once: the multiplexed handle is shared by clones.
+        Ok(Connection::clone(&pooled))
+    }
+
+    async fn load_script(&self) -> Result<(), StoreError> {
+        let mut conn = self.connection().await?;
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(DECISION.source.as_str())
+            .query_async(&mut conn.redis)
+            .await
+            .map_err(|e| fail(&conn, e))?;
+        if sha != DECISION.sha1 {
+            return Err(StoreError::Protocol(format!(
+                "redis computed script sha {sha}, expected {}",
+                DECISION.sha1
+            )));
+        }
+        Ok(())
+    }
+
+    async fn run(&self, checks: &[Check]) -> Result<Vec<Outcome>, StoreError> {
+        let mut conn = self.connection().await?;
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(DECISION.sha1.as_str());
+        let pinned = self.options.pinned_clock.as_ref().map(|c| c.now_micros());
+        let jitter_ms = self.options.expiration_jitter_max.as_millis() as u64;
+        {
+            // Scoped: the thread-local generator must not live across an await.
+            let mut rng = rand::rng();
+            script::encode(&mut cmd, checks, pinned, || {
+                if jitter_ms == 0 {
+                    0
+                } else {
+                    rng.random_range(0..jitter_ms)
+                }
+            });
+        }
+
+        let reply: Result<Vec<i64>, RedisError> = cmd.query_async(&mut conn.redis).await;
+        let reply = match reply {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                // The script did not run: load it and try once more.
+                tracing::info!("redis lost the decision script; loading it again");
+                let _: String = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(DECISION.source.as_str())
+                    .query_async(&mut conn.redis)
+                    .await
+                    .map_err(|e| fail(&conn, e))?;
+                cmd.query_async(&mut conn.redis).await
+            }
+            other => other,
+        };
+        let reply = reply.map_err(|e| fail(&conn, e))?;
+        decode(&reply, checks.len())
+    }
+}
+
+fn decode(reply: &[i64], checks: usize) -> Result<Vec<Outcome>, StoreError> {
+    if reply.len() != checks * REPLY_PER_CHECK {
+        return Err(StoreError::Protocol(format!(
+            "expected {} integers, got {}",
+            checks * REPLY_PER_CHECK,
+            reply.len()
+        )));
+    }
+    let as_u64 = |n: i64| u64::try_from(n).unwrap_or(0);
+    Ok(reply
+        .chunks_exact(REPLY_PER_CHECK)
+        .map(|r| Outcome {
+            admitted: r[0] == 1,
+            remaining: as_u64(r[1]),
+            reset_ms: as_u64(r[2]).max(1),
+            used: as_u64(r[3]),
+        })
+        .collect())
+}
+
+/// Records a failed call: connection-level failures retire the connection.
+fn fail(conn: &Connection, e: RedisError) -> StoreError {
+    if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+        conn.broken.store(true, Ordering::Relaxed);
+    }
+    redis_error(e)
+}
+
+fn redis_error(e: RedisError) -> StoreError {
+    StoreError::Redis(describe(&e))
+}
+
+/// Error text for logs and clients. redis-rs errors carry the server's message or an I/O error,
+/// never the connection URL or credentials.
+fn describe(e: &RedisError) -> String {
+    e.to_string()
+}
+
+impl Store for RedisStore {
+    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
+        Box::pin(async move {
+            match tokio::time::timeout(self.options.timeout, self.run(checks)).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::Timeout(self.options.timeout)),
+            }
+        })
+    }
+
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_stay_out_of_debug_output() {
+        let options = RedisOptions {
+            url: "redis://admin:hunter2@localhost:6379".into(),
+            auth: Some(RedisAuth::parse("user:s3cret")),
+            pool_size: 1,
+            timeout: Duration::from_millis(10),
+            expiration_jitter_max: Duration::ZERO,
+            pinned_clock: None,
+        };
+        let shown = format!("{options:?}");
+        assert!(!shown.contains("hunter2") && !shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("admin:<redacted>@localhost:6379"), "{shown}");
+    }
+
+    #[test]
+    fn auth_forms() {
+        let plain = RedisAuth::parse("pw");
+        assert_eq!((plain.username, plain.password.as_str()), (None, "pw"));
+        let acl = RedisAuth::parse("user:pw:with:colons");
+        assert_eq!(acl.username.as_deref(), Some("user"));
+        assert_eq!(acl.password, "pw:with:colons");
+    }
+}
