@@ -3,10 +3,13 @@
 //! The request path reads top to bottom through the modules: [`server`] adapts gRPC and HTTP to
 //! the [`limiter`], which matches descriptors against the [`config`], builds counter keys and asks
 //! a [`store`] (in-process memory or Redis) for one atomic decision per request. [`settings`]
-//! turns the environment and flags into typed options, [`cli`] is the command line.
+//! turns the environment into typed options; [`cli`] is the command line.
 
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod limiter;
 pub mod proto;
+pub mod server;
+pub mod settings;
 pub mod store;

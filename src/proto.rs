@@ -45,7 +45,6 @@ pub use envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 pub use envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry as DescriptorEntry, RateLimitOverride,
 };
-pub use envoy::r#type::v3::RateLimitUnit as OverrideUnit;
 pub use envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit as CurrentLimit, rate_limit::Unit as ResponseUnit,
 };
@@ -54,3 +53,4 @@ pub use envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 pub use envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+pub use envoy::r#type::v3::RateLimitUnit as OverrideUnit;

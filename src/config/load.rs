@@ -320,7 +320,10 @@ impl FileChecker<'_> {
             );
             return Vec::new();
         };
-        items.iter().filter_map(|item| self.descriptor(item)).collect()
+        items
+            .iter()
+            .filter_map(|item| self.descriptor(item))
+            .collect()
     }
 
     fn descriptor(&mut self, node: &Node) -> Option<DescriptorSpec> {
@@ -414,7 +417,10 @@ impl FileChecker<'_> {
 
         let quota = if unlimited {
             if unit_text.is_some() {
-                self.error(node.line, "should not specify rate limit unit when unlimited");
+                self.error(
+                    node.line,
+                    "should not specify rate limit unit when unlimited",
+                );
             }
             Quota::Unlimited
         } else {
@@ -449,7 +455,10 @@ impl FileChecker<'_> {
                 if replaced.is_empty() {
                     self.error(item.line, "should not have an empty replaces entry");
                 } else if replaced == name {
-                    self.error(item.line, "replaces should not contain name of same descriptor");
+                    self.error(
+                        item.line,
+                        "replaces should not contain name of same descriptor",
+                    );
                 } else {
                     replaces.push(replaced);
                 }
@@ -478,7 +487,9 @@ impl FileChecker<'_> {
             if what == "descriptor" || what == "replaces entry" {
                 self.error(
                     node.line,
-                    format!("config error, yaml file contains list of type other than map: {shown}"),
+                    format!(
+                        "config error, yaml file contains list of type other than map: {shown}"
+                    ),
                 );
             } else {
                 self.error(node.line, format!("{what} must be a map, found: {shown}"));

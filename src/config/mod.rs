@@ -107,7 +107,10 @@ impl Unit {
 pub enum Quota {
     /// Never counted, never touches the store.
     Unlimited,
-    PerUnit { requests_per_unit: u32, unit: Unit },
+    PerUnit {
+        requests_per_unit: u32,
+        unit: Unit,
+    },
 }
 
 /// Where a limit was defined, for messages and the config dump.

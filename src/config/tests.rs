@@ -89,7 +89,10 @@ fn matching_follows_upstream_rules() {
         (&[("key1", "bar123b")], Some("middle")),
         (&[("key1", "bara")], Some("key1_any")),
         // Nested: the exact node's subtree is used.
-        (&[("key1", "value1"), ("sub", "anything")], Some("exact1_sub_any")),
+        (
+            &[("key1", "value1"), ("sub", "anything")],
+            Some("exact1_sub_any"),
+        ),
         // No backtracking: value1 matched exactly, its subtree has no `sub=x`… but has key-only
         // `sub`, so that applies; the key-only sibling's `sub=x` is never considered.
         (&[("key1", "value1"), ("sub", "x")], Some("exact1_sub_any")),
@@ -99,7 +102,10 @@ fn matching_follows_upstream_rules() {
         (&[("key1", "value1"), ("sub", "a"), ("deeper", "b")], None),
         // A request that stops at a node without a limit gets none (no parent fallback).
         (&[("parent", "only_children")], None),
-        (&[("parent", "only_children"), ("child", "c")], Some("child")),
+        (
+            &[("parent", "only_children"), ("child", "c")],
+            Some("child"),
+        ),
         // Unknown key or value: no limit.
         (&[("nope", "x")], None),
         (&[("parent", "other")], None),
@@ -135,7 +141,11 @@ fn units_windows_and_parsing() {
     assert_eq!(Unit::from_override(1), Some(Unit::Second));
     assert_eq!(Unit::from_override(6), Some(Unit::Year));
     assert_eq!(Unit::from_override(0), None);
-    assert_eq!(Unit::from_override(7), None, "the override enum has no WEEK");
+    assert_eq!(
+        Unit::from_override(7),
+        None,
+        "the override enum has no WEEK"
+    );
 }
 
 #[test]
@@ -158,10 +168,17 @@ descriptors:
 "#,
     )
     .unwrap();
-    let limit = config.domain("d").unwrap().find(&entries(&[("files", "dir/a")])).unwrap();
+    let limit = config
+        .domain("d")
+        .unwrap()
+        .find(&entries(&[("files", "dir/a")]))
+        .unwrap();
     assert_eq!(
         limit.quota,
-        Quota::PerUnit { requests_per_unit: u32::MAX, unit: Unit::Minute }
+        Quota::PerUnit {
+            requests_per_unit: u32::MAX,
+            unit: Unit::Minute
+        }
     );
     assert!(limit.shadow_mode && limit.quota_mode);
     assert_eq!(limit.replaces, vec!["other".to_string()]);
@@ -199,8 +216,14 @@ descriptors:
 #[test]
 fn errors_name_line_and_reason() {
     let cases: &[(&str, &str)] = &[
-        ("descriptors: []\n", "limits.yaml:1: config file cannot have empty domain"),
-        ("domain: \"\"\n", "limits.yaml:1: config file cannot have empty domain"),
+        (
+            "descriptors: []\n",
+            "limits.yaml:1: config file cannot have empty domain",
+        ),
+        (
+            "domain: \"\"\n",
+            "limits.yaml:1: config file cannot have empty domain",
+        ),
         ("", "limits.yaml:1: config file cannot have empty domain"),
         (
             "domain: d\ndescriptors:\n  - value: v\n",
@@ -308,7 +331,10 @@ fn duplicate_domains_and_merging() {
     let a = (PathBuf::from("a.yaml"), "domain: d\ndescriptors:\n  - key: x\n    rate_limit: {unit: second, requests_per_unit: 1, name: x}\n".to_string());
     let b = (PathBuf::from("b.yaml"), "domain: d\ndescriptors:\n  - key: y\n    rate_limit: {unit: second, requests_per_unit: 1, name: y}\n".to_string());
     let err = load_sources(vec![a.clone(), b.clone()], &LoadOptions::default()).unwrap_err();
-    assert_eq!(err.to_string(), "b.yaml:1: duplicate domain 'd' in config file");
+    assert_eq!(
+        err.to_string(),
+        "b.yaml:1: duplicate domain 'd' in config file"
+    );
 
     let merged = LoadOptions {
         merge_domains: true,
@@ -319,9 +345,15 @@ fn duplicate_domains_and_merging() {
     assert_eq!(matched(&config, &[("y", "1")]), Some("y"));
 
     // Merging still refuses the same descriptor twice.
-    let err = load_sources(vec![a.clone(), (PathBuf::from("c.yaml"), a.1.clone())], &merged)
-        .unwrap_err();
-    assert_eq!(err.to_string(), "c.yaml:3: duplicate descriptor composite key 'd.x'");
+    let err = load_sources(
+        vec![a.clone(), (PathBuf::from("c.yaml"), a.1.clone())],
+        &merged,
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "c.yaml:3: duplicate descriptor composite key 'd.x'"
+    );
 }
 
 #[test]
@@ -351,5 +383,8 @@ fn loads_a_directory_recursively_and_skips_configmap_internals() {
     assert!(config.domain("hidden").is_none());
 
     let missing = load_dir(&dir.path().join("missing"), &options).unwrap_err();
-    assert!(missing.to_string().contains("cannot read config directory"), "{missing}");
+    assert!(
+        missing.to_string().contains("cannot read config directory"),
+        "{missing}"
+    );
 }

@@ -26,8 +26,13 @@ impl Wildcard {
     /// True when `value` matches. The first piece is a prefix, the last a suffix, and the ones in
     /// between must appear in order without overlapping (greedy leftmost search is exact here).
     pub fn matches(&self, value: &str) -> bool {
-        let (first, rest) = self.pieces.split_first().expect("split gives one piece at least");
-        let (last, middle) = rest.split_last().expect("a pattern with '*' has two pieces");
+        let (first, rest) = self
+            .pieces
+            .split_first()
+            .expect("split gives one piece at least");
+        let (last, middle) = rest
+            .split_last()
+            .expect("a pattern with '*' has two pieces");
         let Some(mut remaining) = value.strip_prefix(&**first) else {
             return false;
         };

@@ -21,7 +21,10 @@ pub struct Node {
 pub enum Value {
     /// A scalar as written. `plain` is false for quoted and block scalars, which are always
     /// strings, never numbers, booleans or null.
-    Scalar { text: String, plain: bool },
+    Scalar {
+        text: String,
+        plain: bool,
+    },
     Sequence(Vec<Node>),
     /// Entries in document order (order matters: wildcard children match in file order).
     Mapping(Vec<(Node, Node)>),
@@ -173,24 +176,37 @@ mod tests {
 
     #[test]
     fn records_lines_and_order() {
-        let doc = parse("domain: a\ndescriptors:\n  - key: k\n    value: 'v'\n").unwrap().unwrap();
-        let Value::Mapping(pairs) = &doc.value else { panic!("not a map") };
+        let doc = parse("domain: a\ndescriptors:\n  - key: k\n    value: 'v'\n")
+            .unwrap()
+            .unwrap();
+        let Value::Mapping(pairs) = &doc.value else {
+            panic!("not a map")
+        };
         assert_eq!(pairs[0].0.line, 1);
         assert_eq!(pairs[1].0.line, 2);
-        let Value::Sequence(items) = &pairs[1].1.value else { panic!("not a list") };
+        let Value::Sequence(items) = &pairs[1].1.value else {
+            panic!("not a list")
+        };
         assert_eq!(items[0].line, 3);
-        let Value::Mapping(entry) = &items[0].value else { panic!("not a map") };
+        let Value::Mapping(entry) = &items[0].value else {
+            panic!("not a map")
+        };
         assert_eq!(entry[1].1.line, 4);
         assert_eq!(
             entry[1].1.value,
-            Value::Scalar { text: "v".into(), plain: false }
+            Value::Scalar {
+                text: "v".into(),
+                plain: false
+            }
         );
     }
 
     #[test]
     fn expands_aliases() {
         let doc = parse("a: &x {k: 1}\nb: *x\n").unwrap().unwrap();
-        let Value::Mapping(pairs) = &doc.value else { panic!("not a map") };
+        let Value::Mapping(pairs) = &doc.value else {
+            panic!("not a map")
+        };
         assert_eq!(pairs[0].1.value, pairs[1].1.value);
     }
 

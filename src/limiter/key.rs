@@ -52,7 +52,9 @@ fn reserved_in_name(b: u8) -> bool {
 
 /// Rejected at start-up: a prefix with braces would put every key on one Redis Cluster slot.
 #[derive(Debug, thiserror::Error)]
-#[error("CACHE_KEY_PREFIX must not contain '{{' or '}}' (it would pin every key to one Redis Cluster slot): {0:?}")]
+#[error(
+    "CACHE_KEY_PREFIX must not contain '{{' or '}}' (it would pin every key to one Redis Cluster slot): {0:?}"
+)]
 pub struct PrefixError(String);
 
 /// Builds counter keys under a fixed prefix.
@@ -162,7 +164,10 @@ mod tests {
             "prefix:d_remote_address_10.0.0.1_60"
         );
         // Empty runtime value, as upstream writes it.
-        assert_eq!(keys.fixed_window("d", &e(&[("k", "")]), &limit(), 5), "d_k__5");
+        assert_eq!(
+            keys.fixed_window("d", &e(&[("k", "")]), &limit(), 5),
+            "d_k__5"
+        );
     }
 
     #[test]
@@ -171,12 +176,22 @@ mod tests {
         let mut shared = limit();
         shared.shared_values = vec![(0, "files/*".into())];
         assert_eq!(
-            keys.fixed_window("share-threshold-test", &e(&[("files", "files/a")]), &shared, 60),
+            keys.fixed_window(
+                "share-threshold-test",
+                &e(&[("files", "files/a")]),
+                &shared,
+                60
+            ),
             "share-threshold-test_files_files/*_60"
         );
         // A runtime value that spells the pattern does not land on the shared counter.
         assert_ne!(
-            keys.fixed_window("share-threshold-test", &e(&[("files", "files/*")]), &limit(), 60),
+            keys.fixed_window(
+                "share-threshold-test",
+                &e(&[("files", "files/*")]),
+                &limit(),
+                60
+            ),
             "share-threshold-test_files_files/*_60"
         );
     }

@@ -21,7 +21,9 @@ pub use response::HeaderNames;
 
 use crate::clock::Clock;
 use crate::config::{Limit, Quota, RateLimitConfig, Unit};
-use crate::proto::{Code, DescriptorStatus, RateLimitDescriptor, RateLimitRequest, RateLimitResponse};
+use crate::proto::{
+    Code, DescriptorStatus, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
+};
 use crate::store::{Algorithm, Check, Store, StoreError};
 
 /// Remaining count reported for `unlimited` descriptors, as upstream does.
@@ -193,7 +195,8 @@ impl RateLimiter {
         let outcomes = if checks.is_empty() {
             Vec::new()
         } else {
-            let span = tracing::debug_span!("store", kind = self.store.kind(), checks = checks.len());
+            let span =
+                tracing::debug_span!("store", kind = self.store.kind(), checks = checks.len());
             self.store.check(&checks).instrument(span).await?
         };
 
@@ -220,9 +223,8 @@ impl RateLimiter {
         statuses: Vec<DescriptorStatus>,
         limits: &[Option<&Limit>],
     ) -> RateLimitResponse {
-        let is_quota = |limit: Option<&Limit>| {
-            limit.is_some_and(|l| l.quota_mode || self.options.quota_mode)
-        };
+        let is_quota =
+            |limit: Option<&Limit>| limit.is_some_and(|l| l.quota_mode || self.options.quota_mode);
         let over = |s: &DescriptorStatus| s.code == Code::OverLimit as i32;
         let mut non_quota_over = false;
         let (mut quota, mut quota_over) = (0usize, 0usize);

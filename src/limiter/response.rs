@@ -8,7 +8,9 @@ use prost_types::{ListValue, Struct, Value};
 
 use super::UNLIMITED_REMAINING;
 use crate::config::{Limit, Quota};
-use crate::proto::{Code, CurrentLimit, DescriptorStatus, HeaderValue, RateLimitRequest, RateLimitResponse};
+use crate::proto::{
+    Code, CurrentLimit, DescriptorStatus, HeaderValue, RateLimitRequest, RateLimitResponse,
+};
 use crate::store::Outcome;
 
 /// Unknown domain: every descriptor OK with no limit.
@@ -93,7 +95,10 @@ impl HeaderNames {
             value: value.to_string(),
             raw_value: Vec::new(),
         };
-        let limit = status.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
+        let limit = status
+            .current_limit
+            .as_ref()
+            .map_or(0, |l| l.requests_per_unit);
         let reset = status
             .duration_until_reset
             .as_ref()
@@ -150,7 +155,10 @@ pub fn dynamic_metadata(
                     .map_or_else(|_| o.unit.to_string(), |u| u.as_str_name().to_string());
                 fields.insert(
                     "limit".into(),
-                    string(format!("requests_per_unit:{} unit:{unit}", o.requests_per_unit)),
+                    string(format!(
+                        "requests_per_unit:{} unit:{unit}",
+                        o.requests_per_unit
+                    )),
                 );
             }
             if let Some(h) = d.hits_addend {

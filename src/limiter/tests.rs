@@ -56,7 +56,10 @@ struct Harness {
 fn harness(options: LimiterOptions) -> Harness {
     // 1 000 039.5 s: 19.5 s into the minute window that starts at 1 000 020.
     let clock = Arc::new(ManualClock::new(1_000_039_500_000));
-    let store = Arc::new(MemoryStore::new(MemoryStoreOptions::default(), clock.clone()));
+    let store = Arc::new(MemoryStore::new(
+        MemoryStoreOptions::default(),
+        clock.clone(),
+    ));
     let limiter = RateLimiter::new(store, KeyBuilder::default(), clock.clone(), options);
     let config = load_sources(
         vec![(PathBuf::from("test.yaml"), CONFIG.to_string())],
@@ -97,7 +100,10 @@ impl Harness {
         let r = self.ask(req).await;
         (
             Code::try_from(r.overall_code).unwrap(),
-            r.statuses.iter().map(|s| Code::try_from(s.code).unwrap()).collect(),
+            r.statuses
+                .iter()
+                .map(|s| Code::try_from(s.code).unwrap())
+                .collect(),
         )
     }
 }
@@ -111,7 +117,10 @@ async fn counts_to_the_limit_then_refuses() {
     let status = &first.statuses[0];
     assert_eq!(status.limit_remaining, 1);
     let limit = status.current_limit.as_ref().unwrap();
-    assert_eq!((limit.name.as_str(), limit.requests_per_unit), ("per_user", 2));
+    assert_eq!(
+        (limit.name.as_str(), limit.requests_per_unit),
+        ("per_user", 2)
+    );
     assert_eq!(limit.unit, crate::proto::ResponseUnit::Minute as i32);
     // 19.5 s into the window: 40.5 s left, reported as 41 whole seconds (upstream: 60 - 20).
     assert_eq!(status.duration_until_reset.unwrap().seconds, 41);
@@ -132,15 +141,30 @@ async fn counts_to_the_limit_then_refuses() {
 #[tokio::test]
 async fn no_limit_and_unknown_domain_are_bare_ok() {
     let h = harness(LimiterOptions::default());
-    let r = h.ask(&request(vec![descriptor(&[("nothing", "here")])])).await;
+    let r = h
+        .ask(&request(vec![descriptor(&[("nothing", "here")])]))
+        .await;
     assert_eq!(r.overall_code, Code::Ok as i32);
-    assert_eq!(r.statuses, vec![DescriptorStatus { code: Code::Ok as i32, ..Default::default() }]);
+    assert_eq!(
+        r.statuses,
+        vec![DescriptorStatus {
+            code: Code::Ok as i32,
+            ..Default::default()
+        }]
+    );
 
-    let mut other = request(vec![descriptor(&[("user", "x")]), descriptor(&[("user", "y")])]);
+    let mut other = request(vec![
+        descriptor(&[("user", "x")]),
+        descriptor(&[("user", "y")]),
+    ]);
     other.domain = "elsewhere".into();
     let r = h.ask(&other).await;
     assert_eq!(r.statuses.len(), 2);
-    assert!(r.statuses.iter().all(|s| s.current_limit.is_none() && s.code == Code::Ok as i32));
+    assert!(
+        r.statuses
+            .iter()
+            .all(|s| s.current_limit.is_none() && s.code == Code::Ok as i32)
+    );
 }
 
 #[tokio::test]
@@ -157,12 +181,21 @@ async fn unlimited_reports_max_remaining() {
 #[tokio::test]
 async fn replaces_drops_the_named_limit() {
     let h = harness(LimiterOptions::default());
-    let req = request(vec![descriptor(&[("user", "carol")]), descriptor(&[("path", "/special")])]);
+    let req = request(vec![
+        descriptor(&[("user", "carol")]),
+        descriptor(&[("path", "/special")]),
+    ]);
     for _ in 0..4 {
         let r = h.ask(&req).await;
         assert_eq!(r.overall_code, Code::Ok as i32);
-        assert!(r.statuses[0].current_limit.is_none(), "per_user is replaced");
-        assert_eq!(r.statuses[1].current_limit.as_ref().unwrap().name, "special");
+        assert!(
+            r.statuses[0].current_limit.is_none(),
+            "per_user is replaced"
+        );
+        assert_eq!(
+            r.statuses[1].current_limit.as_ref().unwrap().name,
+            "special"
+        );
     }
     // The replaced limit was never counted.
     let alone = request(vec![descriptor(&[("user", "carol")])]);
@@ -183,7 +216,10 @@ async fn per_rule_shadow_mode_answers_ok() {
 
 #[tokio::test]
 async fn global_shadow_mode_keeps_statuses() {
-    let h = harness(LimiterOptions { shadow_mode: true, ..Default::default() });
+    let h = harness(LimiterOptions {
+        shadow_mode: true,
+        ..Default::default()
+    });
     let req = request(vec![descriptor(&[("path", "/login")])]);
     h.ask(&req).await;
     assert_eq!(h.codes(&req).await, (Code::Ok, vec![Code::OverLimit]));
@@ -218,14 +254,20 @@ async fn hits_addend_precedence() {
     let mut req = request(vec![descriptor(&[("user", "dave")])]);
     req.hits_addend = 2;
     let r = h.ask(&req).await;
-    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (Code::Ok as i32, 0));
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 0)
+    );
     // A per-descriptor 0 checks without counting, and wins over the request's cost.
     let mut look = descriptor(&[("user", "dave")]);
     look.hits_addend = Some(0);
     let mut req = request(vec![look]);
     req.hits_addend = 5;
     let r = h.ask(&req).await;
-    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (Code::Ok as i32, 0));
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 0)
+    );
     // Request-level 0 counts as 1.
     let r = h.ask(&request(vec![descriptor(&[("user", "dave")])])).await;
     assert_eq!(r.overall_code, Code::OverLimit as i32);
@@ -240,7 +282,10 @@ async fn hits_addend_precedence() {
 async fn overrides_bypass_the_tree() {
     let h = harness(LimiterOptions::default());
     let mut d = descriptor(&[("anything", "goes")]);
-    d.limit = Some(RateLimitOverride { requests_per_unit: 1, unit: crate::proto::OverrideUnit::Hour as i32 });
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: crate::proto::OverrideUnit::Hour as i32,
+    });
     let r = h.ask(&request(vec![d.clone()])).await;
     let limit = r.statuses[0].current_limit.as_ref().unwrap();
     assert_eq!((limit.name.as_str(), limit.requests_per_unit), ("", 1));
@@ -248,7 +293,11 @@ async fn overrides_bypass_the_tree() {
     assert_eq!(h.codes(&request(vec![d.clone()])).await.0, Code::OverLimit);
 
     d.limit.as_mut().unwrap().unit = 0;
-    let err = h.limiter.should_rate_limit(&request(vec![d])).await.unwrap_err();
+    let err = h
+        .limiter
+        .should_rate_limit(&request(vec![d]))
+        .await
+        .unwrap_err();
     assert!(matches!(err, LimitError::InvalidRequest(_)), "{err}");
 }
 
@@ -270,13 +319,22 @@ async fn wildcards_count_per_value_unless_shared() {
 #[tokio::test]
 async fn response_headers_follow_upstream_choice() {
     let names = HeaderNames::default();
-    let h = harness(LimiterOptions { response_headers: Some(names), ..Default::default() });
+    let h = harness(LimiterOptions {
+        response_headers: Some(names),
+        ..Default::default()
+    });
     let headers = |r: &RateLimitResponse| -> Vec<(String, String)> {
-        r.response_headers_to_add.iter().map(|h| (h.key.clone(), h.value.clone())).collect()
+        r.response_headers_to_add
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect()
     };
     // The least remaining among limited descriptors.
     let r = h
-        .ask(&request(vec![descriptor(&[("user", "f")]), descriptor(&[("path", "/login")])]))
+        .ask(&request(vec![
+            descriptor(&[("user", "f")]),
+            descriptor(&[("path", "/login")]),
+        ]))
         .await;
     assert_eq!(
         headers(&r),
@@ -288,18 +346,42 @@ async fn response_headers_follow_upstream_choice() {
     );
     // Over the limit: /login (limit 1) is over, user f (limit 2) is at 2 of 2 and still OK.
     let r = h
-        .ask(&request(vec![descriptor(&[("path", "/login")]), descriptor(&[("user", "f")])]))
+        .ask(&request(vec![
+            descriptor(&[("path", "/login")]),
+            descriptor(&[("user", "f")]),
+        ]))
         .await;
-    assert_eq!(h.codes(&request(vec![descriptor(&[("path", "/login")])])).await.1, [Code::OverLimit]);
-    assert_eq!(headers(&r)[0].1, "1", "the over-limit one, not the least remaining");
+    assert_eq!(
+        h.codes(&request(vec![descriptor(&[("path", "/login")])]))
+            .await
+            .1,
+        [Code::OverLimit]
+    );
+    assert_eq!(
+        headers(&r)[0].1,
+        "1",
+        "the over-limit one, not the least remaining"
+    );
     // Both over: the last over-limit descriptor wins, whatever the order.
     let r = h
-        .ask(&request(vec![descriptor(&[("path", "/login")]), descriptor(&[("user", "f")])]))
+        .ask(&request(vec![
+            descriptor(&[("path", "/login")]),
+            descriptor(&[("user", "f")]),
+        ]))
         .await;
-    assert_eq!(r.statuses.iter().filter(|s| s.code == Code::OverLimit as i32).count(), 2);
+    assert_eq!(
+        r.statuses
+            .iter()
+            .filter(|s| s.code == Code::OverLimit as i32)
+            .count(),
+        2
+    );
     assert_eq!(headers(&r)[0].1, "2", "user f is last");
     let r = h
-        .ask(&request(vec![descriptor(&[("user", "f")]), descriptor(&[("path", "/login")])]))
+        .ask(&request(vec![
+            descriptor(&[("user", "f")]),
+            descriptor(&[("path", "/login")]),
+        ]))
         .await;
     assert_eq!(headers(&r)[0].1, "1", "/login is last");
     // No limit anywhere: no headers.
@@ -310,7 +392,10 @@ async fn response_headers_follow_upstream_choice() {
 #[tokio::test]
 async fn dynamic_metadata_merges_descriptors_under_the_limit() {
     use prost_types::value::Kind;
-    let h = harness(LimiterOptions { dynamic_metadata: true, ..Default::default() });
+    let h = harness(LimiterOptions {
+        dynamic_metadata: true,
+        ..Default::default()
+    });
     let a = descriptor(&[("quota", "a")]);
     let mut b = descriptor(&[("quota", "b")]);
     b.hits_addend = Some(1);
@@ -319,18 +404,32 @@ async fn dynamic_metadata_merges_descriptors_under_the_limit() {
     req.hits_addend = 3;
     let meta = h.ask(&req).await.dynamic_metadata.unwrap();
     let field = |s: &prost_types::Struct, k: &str| s.fields.get(k).and_then(|v| v.kind.clone());
-    assert_eq!(field(&meta, "domain"), Some(Kind::StringValue("app".into())));
+    assert_eq!(
+        field(&meta, "domain"),
+        Some(Kind::StringValue("app".into()))
+    );
     assert_eq!(field(&meta, "hitsAddend"), Some(Kind::NumberValue(3.0)));
-    let Some(Kind::StructValue(merged)) = field(&meta, "metadata") else { panic!("{meta:?}") };
+    let Some(Kind::StructValue(merged)) = field(&meta, "metadata") else {
+        panic!("{meta:?}")
+    };
     // Only b is under the limit (b's cost 1 of 1), so only its metadata appears.
-    assert_eq!(field(&merged, "backend"), Some(Kind::StringValue("b".into())));
-    let Some(Kind::ListValue(list)) = field(&meta, "descriptors") else { panic!() };
-    let Some(Kind::StructValue(second)) = list.values[1].kind.clone() else { panic!() };
+    assert_eq!(
+        field(&merged, "backend"),
+        Some(Kind::StringValue("b".into()))
+    );
+    let Some(Kind::ListValue(list)) = field(&meta, "descriptors") else {
+        panic!()
+    };
+    let Some(Kind::StructValue(second)) = list.values[1].kind.clone() else {
+        panic!()
+    };
     assert_eq!(field(&second, "hitsAddend"), Some(Kind::NumberValue(1.0)));
     assert_eq!(
         field(&second, "entries"),
         Some(Kind::ListValue(prost_types::ListValue {
-            values: vec![prost_types::Value { kind: Some(Kind::StringValue("quota=b".into())) }]
+            values: vec![prost_types::Value {
+                kind: Some(Kind::StringValue("quota=b".into()))
+            }]
         }))
     );
 }
@@ -361,8 +460,16 @@ async fn invalid_requests_are_refused_with_upstream_messages() {
 #[tokio::test]
 async fn no_config_is_an_error() {
     let clock = Arc::new(ManualClock::new(0));
-    let store = Arc::new(MemoryStore::new(MemoryStoreOptions::default(), clock.clone()));
-    let limiter = RateLimiter::new(store, KeyBuilder::default(), clock, LimiterOptions::default());
+    let store = Arc::new(MemoryStore::new(
+        MemoryStoreOptions::default(),
+        clock.clone(),
+    ));
+    let limiter = RateLimiter::new(
+        store,
+        KeyBuilder::default(),
+        clock,
+        LimiterOptions::default(),
+    );
     let err = limiter
         .should_rate_limit(&request(vec![descriptor(&[("user", "x")])]))
         .await

@@ -108,7 +108,9 @@ impl MemoryStore {
                 window_start,
             } => {
                 let expires_at_ms = (window_start + window_secs) * 1000;
-                let count = self.inner.add(&check.key, check.hits, expires_at_ms, now_ms);
+                let count = self
+                    .inner
+                    .add(&check.key, check.hits, expires_at_ms, now_ms);
                 fixed_window_outcome(count, limit, window_secs, window_start, now_ms)
             }
         }
@@ -182,7 +184,9 @@ impl Inner {
 /// A poisoned shard only means another thread panicked while holding it; counters are plain
 /// integers that are never left half-written, so the data is still good.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 async fn sweep(inner: Weak<Inner>, every: Duration) {
@@ -247,13 +251,23 @@ mod tests {
         let first = one(&store, fixed("k", 1, 2, 120)).await;
         assert_eq!(
             first,
-            Outcome { admitted: true, remaining: 1, reset_ms: 59_500, used: 1 }
+            Outcome {
+                admitted: true,
+                remaining: 1,
+                reset_ms: 59_500,
+                used: 1
+            }
         );
         assert!(one(&store, fixed("k", 1, 2, 120)).await.admitted);
         let third = one(&store, fixed("k", 1, 2, 120)).await;
         assert_eq!(
             third,
-            Outcome { admitted: false, remaining: 0, reset_ms: 59_500, used: 3 }
+            Outcome {
+                admitted: false,
+                remaining: 0,
+                reset_ms: 59_500,
+                used: 3
+            }
         );
         // hits 0 looks without counting.
         assert_eq!(one(&store, fixed("k", 0, 2, 120)).await.used, 3);

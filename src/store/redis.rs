@@ -86,13 +86,14 @@ impl fmt::Debug for RedisOptions {
 
 /// The URL with any password replaced, for logs.
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
     };
     match rest.rsplit_once('@') {
         Some((userinfo, host)) => {
             let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:<redacted>@{host}")
+            format!("{scheme}{user}:<redacted>@{host}")
         }
         None => url.to_string(),
     }
@@ -124,7 +125,10 @@ impl bb8::ManageConnection for Manager {
     /// Called on checkout: cheap, because a failed call has already set the flag.
     async fn is_valid(&self, conn: &mut Connection) -> Result<(), RedisError> {
         if conn.broken.load(Ordering::Relaxed) {
-            Err(RedisError::from((ErrorKind::Io, "connection failed earlier")))
+            Err(RedisError::from((
+                ErrorKind::Io,
+                "connection failed earlier",
+            )))
         } else {
             Ok(())
         }
@@ -151,11 +155,10 @@ impl fmt::Debug for RedisStore {
 impl RedisStore {
     /// Sets up the pool without connecting; call [`RedisStore::wait_until_ready`] next.
     pub fn new(options: RedisOptions) -> Result<Self, StoreError> {
-        let mut info = options
-            .url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| StoreError::Unavailable(format!("invalid redis url ({:?})", e.kind())))?;
+        let mut info =
+            options.url.as_str().into_connection_info().map_err(|e| {
+                StoreError::Unavailable(format!("invalid redis url ({:?})", e.kind()))
+            })?;
         if let Some(auth) = &options.auth {
             let mut settings = info.redis_settings().clone().set_password(&auth.password);
             if let Some(user) = &auth.username {
@@ -328,7 +331,10 @@ mod tests {
             pinned_clock: None,
         };
         let shown = format!("{options:?}");
-        assert!(!shown.contains("hunter2") && !shown.contains("s3cret"), "{shown}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("s3cret"),
+            "{shown}"
+        );
         assert!(shown.contains("admin:<redacted>@localhost:6379"), "{shown}");
     }
 

@@ -72,9 +72,11 @@ mod tests {
 
     #[test]
     fn entry_point_stride_matches() {
-        assert!(DECISION
-            .source
-            .contains(&format!("local ARGS_PER_CHECK = {ARGS_PER_CHECK}")));
+        assert!(
+            DECISION
+                .source
+                .contains(&format!("local ARGS_PER_CHECK = {ARGS_PER_CHECK}"))
+        );
         assert_eq!(DECISION.sha1.len(), 40);
     }
 
@@ -83,7 +85,11 @@ mod tests {
         let check = Check {
             key: "d_k_v_60".into(),
             hits: 3,
-            algorithm: Algorithm::FixedWindow { limit: 10, window_secs: 60, window_start: 60 },
+            algorithm: Algorithm::FixedWindow {
+                limit: 10,
+                window_secs: 60,
+                window_start: 60,
+            },
         };
         let mut cmd = redis::cmd("EVALSHA");
         encode(&mut cmd, &[check.clone(), check], None, || 7);
@@ -96,6 +102,9 @@ mod tests {
             .collect();
         assert_eq!(args.len(), 1 + 1 + 2 + 1 + 2 * ARGS_PER_CHECK);
         assert_eq!(&args[1..5], ["2", "d_k_v_60", "d_k_v_60", ""]);
-        assert_eq!(&args[5..11], ["fixed_window", "3", "10", "60000", "120000", "60007"]);
+        assert_eq!(
+            &args[5..11],
+            ["fixed_window", "3", "10", "60000", "120000", "60007"]
+        );
     }
 }

@@ -1,0 +1,160 @@
+//! The command line: `sluice serve` and `sluice check-config`. The edge of the program, so errors
+//! are `anyhow` here and exit codes are decided here.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, Quota};
+use crate::settings::{Env, LogSettings, Settings};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "sluice",
+    version,
+    about = "An Envoy-compatible rate limit service"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the service. Every setting has an environment variable (upstream's names); flags win.
+    Serve(ServeArgs),
+    /// Validate a config directory and print the compiled limits. Exits 1 on errors.
+    CheckConfig {
+        /// Directory of *.yaml files (default: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY).
+        dir: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct ServeArgs {
+    /// Directory of *.yaml limit files.
+    #[arg(long)]
+    config_dir: Option<PathBuf>,
+    /// Use Redis at this URL (redis://host:port, rediss://…, unix:///path) instead of BACKEND_TYPE.
+    #[arg(long)]
+    redis_url: Option<String>,
+    /// gRPC listen address (GRPC_HOST:GRPC_PORT).
+    #[arg(long)]
+    grpc_addr: Option<std::net::SocketAddr>,
+    /// HTTP listen address (HOST:PORT).
+    #[arg(long)]
+    http_addr: Option<std::net::SocketAddr>,
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::CheckConfig { dir } => check_config(dir),
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("sluice: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    // `--redis-url` selects Redis and its address; the other Redis settings still come from
+    // the environment.
+    let redis_url = args.redis_url;
+    let mut settings = Settings::from_vars(&Env(|name| match (name, &redis_url) {
+        ("BACKEND_TYPE", Some(_)) => Some("redis".into()),
+        ("REDIS_URL", Some(url)) => Some(url.clone()),
+        _ => std::env::var(name).ok(),
+    }))
+    .context("invalid environment")?;
+    if let Some(dir) = args.config_dir {
+        settings.config_dir = dir;
+    }
+    if let Some(addr) = args.grpc_addr {
+        settings.grpc_addr = addr;
+    }
+    if let Some(addr) = args.http_addr {
+        settings.http_addr = addr;
+    }
+    init_tracing(&settings.log)?;
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(crate::server::serve(
+        settings,
+        crate::server::shutdown_signal(),
+    ))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn check_config(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let settings = Settings::from_env().context("invalid environment")?;
+    let dir = dir.unwrap_or(settings.config_dir);
+    let config = match config::load_dir(&dir, &settings.load) {
+        Ok(config) => config,
+        Err(errors) => {
+            eprintln!("{errors}");
+            eprintln!("{}: {} error(s)", dir.display(), errors.0.len());
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    for warning in &config.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let limits = config.limits();
+    for limit in &limits {
+        let quota = match limit.quota {
+            Quota::Unlimited => "unlimited".to_string(),
+            Quota::PerUnit {
+                requests_per_unit,
+                unit,
+            } => format!("{requests_per_unit}/{} fixed_window", unit.name()),
+        };
+        let mut flags = Vec::new();
+        if !limit.name.is_empty() {
+            flags.push(format!("name={}", limit.name));
+        }
+        if !limit.replaces.is_empty() {
+            flags.push(format!("replaces={}", limit.replaces.join(",")));
+        }
+        if limit.shadow_mode {
+            flags.push("shadow_mode".into());
+        }
+        if limit.quota_mode {
+            flags.push("quota_mode".into());
+        }
+        for (_, pattern) in &limit.shared_values {
+            flags.push(format!("shared={pattern}"));
+        }
+        let origin = limit
+            .origin
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        println!("{}: {quota} {} ({origin})", limit.path, flags.join(" "));
+    }
+    println!(
+        "{}: OK, {} domain(s), {} limit(s)",
+        dir.display(),
+        config.domain_names().count(),
+        limits.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn init_tracing(log: &LogSettings) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_new(&log.level)
+        .with_context(|| format!("LOG_LEVEL={:?} is not a valid level", log.level))?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if log.json {
+        builder.json().init();
+    } else {
+        builder.with_ansi(std::io::stdout().is_terminal()).init();
+    }
+    Ok(())
+}

@@ -1,0 +1,86 @@
+//! The gRPC adapter: Envoy's `RateLimitService`, plus health and reflection, on one port.
+//!
+//! Errors become gRPC statuses so that Envoy's `failure_mode_deny` can act on them (Envoy treats
+//! any non-OK status as a failed call; a response with `overall_code: UNKNOWN` is not):
+//!
+//! | cause | status |
+//! |---|---|
+//! | empty domain or descriptor list, input limits, bad override unit | `INVALID_ARGUMENT` |
+//! | no configuration loaded | `UNAVAILABLE` |
+//! | store failure or timeout | `UNAVAILABLE` |
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tonic::server::NamedService;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+use super::ServeError;
+use crate::limiter::{LimitError, RateLimiter};
+use crate::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
+
+pub struct RateLimitService {
+    limiter: Arc<RateLimiter>,
+}
+
+#[tonic::async_trait]
+impl proto::RateLimitService for RateLimitService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.limiter
+            .should_rate_limit(request.get_ref())
+            .await
+            .map(Response::new)
+            .map_err(to_status)
+    }
+}
+
+pub fn to_status(error: LimitError) -> Status {
+    match &error {
+        LimitError::InvalidRequest(message) => Status::invalid_argument(message.clone()),
+        LimitError::NoConfig => Status::unavailable(error.to_string()),
+        LimitError::Store(e) => {
+            tracing::warn!(error = %e, "store failed");
+            Status::unavailable(error.to_string())
+        }
+    }
+}
+
+pub fn serve<H>(
+    listener: TcpListener,
+    limiter: Arc<RateLimiter>,
+    health: H,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError>
+where
+    H: tower_service::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    H::Future: Send + 'static,
+{
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let router = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(RateLimitServiceServer::new(RateLimitService { limiter }));
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    Ok(async move {
+        router
+            .serve_with_incoming_shutdown(incoming, stopped)
+            .await
+            .map_err(ServeError::from)
+    })
+}

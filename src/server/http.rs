@@ -1,0 +1,129 @@
+//! The HTTP adapter: upstream's `/healthcheck` and `/json` endpoints.
+//!
+//! `/json` takes a proto3-JSON `RateLimitRequest` and answers the proto3-JSON
+//! `RateLimitResponse`: 200 for OK, 429 for OVER_LIMIT, 500 for UNKNOWN. A body that does not
+//! parse or a request the limiter refuses is a 400 with the reason; a store failure is a 500.
+//! The JSON mapping comes from the same descriptors the gRPC side is generated from.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
+use tokio::net::TcpListener;
+
+use super::{Health, ServeError};
+use crate::limiter::{LimitError, RateLimiter};
+use crate::proto::{self, Code, RateLimitRequest};
+
+#[derive(Clone)]
+struct AppState {
+    limiter: Arc<RateLimiter>,
+    health: Health,
+    json: Arc<JsonMapping>,
+}
+
+/// proto3-JSON for the two RLS messages.
+struct JsonMapping {
+    request: MessageDescriptor,
+    response: MessageDescriptor,
+}
+
+impl JsonMapping {
+    fn new() -> Self {
+        let pool = DescriptorPool::decode(proto::FILE_DESCRIPTOR_SET)
+            .expect("the descriptor set compiled by build.rs decodes");
+        let message = |name: &str| {
+            pool.get_message_by_name(name)
+                .unwrap_or_else(|| panic!("{name} is in proto/"))
+        };
+        Self {
+            request: message("envoy.service.ratelimit.v3.RateLimitRequest"),
+            response: message("envoy.service.ratelimit.v3.RateLimitResponse"),
+        }
+    }
+
+    fn decode(&self, body: &[u8]) -> Result<RateLimitRequest, String> {
+        let mut json = serde_json::Deserializer::from_slice(body);
+        let message = DynamicMessage::deserialize(self.request.clone(), &mut json)
+            .map_err(|e| format!("invalid JSON RateLimitRequest: {e}"))?;
+        json.end()
+            .map_err(|e| format!("invalid JSON RateLimitRequest: {e}"))?;
+        message
+            .transcode_to()
+            .map_err(|e| format!("invalid RateLimitRequest: {e}"))
+    }
+
+    fn encode(&self, response: &proto::RateLimitResponse) -> Vec<u8> {
+        let mut message = DynamicMessage::new(self.response.clone());
+        message
+            .transcode_from(response)
+            .expect("a generated message transcodes to its own descriptor");
+        serde_json::to_vec(&message).expect("serializing a message to JSON cannot fail")
+    }
+}
+
+pub fn serve(
+    listener: TcpListener,
+    limiter: Arc<RateLimiter>,
+    health: Health,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = Result<(), ServeError>> {
+    let state = AppState {
+        limiter,
+        health,
+        json: Arc::new(JsonMapping::new()),
+    };
+    let app = Router::new()
+        .route("/healthcheck", get(healthcheck))
+        .route("/json", post(json))
+        .with_state(state);
+    async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stopped)
+            .await
+            .map_err(ServeError::Http)
+    }
+}
+
+async fn healthcheck(State(state): State<AppState>) -> Response {
+    if state.health.is_serving() {
+        (StatusCode::OK, "OK").into_response()
+    } else {
+        (StatusCode::INTERNAL_SERVER_ERROR, "NOT SERVING").into_response()
+    }
+}
+
+async fn json(State(state): State<AppState>, body: Bytes) -> Response {
+    let request = match state.json.decode(&body) {
+        Ok(request) => request,
+        Err(message) => return (StatusCode::BAD_REQUEST, message).into_response(),
+    };
+    match state.limiter.should_rate_limit(&request).await {
+        Ok(response) => {
+            let status = match Code::try_from(response.overall_code) {
+                Ok(Code::Ok) => StatusCode::OK,
+                Ok(Code::OverLimit) => StatusCode::TOO_MANY_REQUESTS,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            (
+                status,
+                [(header::CONTENT_TYPE, "application/json")],
+                state.json.encode(&response),
+            )
+                .into_response()
+        }
+        Err(error @ LimitError::InvalidRequest(_)) => {
+            (StatusCode::BAD_REQUEST, error.to_string()).into_response()
+        }
+        Err(error) => {
+            tracing::warn!(%error, "json request failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()
+        }
+    }
+}

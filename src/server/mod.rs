@@ -1,0 +1,171 @@
+//! Running the service: building the store and limiter, serving gRPC and HTTP, and shutting down.
+//!
+//! Shutdown is handled here and only here: when the `shutdown` future given to [`serve`]
+//! completes (SIGTERM/SIGINT in the binary), health turns NOT_SERVING, both listeners stop
+//! accepting, in-flight requests get `shutdown_grace` to finish, and `serve` returns.
+
+mod grpc;
+mod health;
+mod http;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use health::Health;
+
+use crate::clock::SystemClock;
+use crate::config::{self, ConfigErrors};
+use crate::limiter::{KeyBuilder, PrefixError, RateLimiter};
+use crate::settings::{Backend, Settings};
+use crate::store::{MemoryStore, RedisStore, Store, StoreError};
+
+/// Why the service could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("invalid configuration:\n{0}")]
+    Config(#[from] ConfigErrors),
+    #[error(transparent)]
+    Prefix(#[from] PrefixError),
+    #[error("cannot use the {backend} store: {source}")]
+    Store {
+        backend: &'static str,
+        source: StoreError,
+    },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("HTTP server failed: {0}")]
+    Http(std::io::Error),
+    #[error("reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// Starts the service and runs it until `shutdown` completes.
+pub async fn serve(
+    settings: Settings,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let config = config::load_dir(&settings.config_dir, &settings.load)?;
+    for warning in &config.warnings {
+        tracing::warn!(%warning, "config");
+    }
+    let keys = KeyBuilder::new(&settings.cache_key_prefix)?;
+    let clock = Arc::new(SystemClock);
+    let store: Arc<dyn Store> = match &settings.backend {
+        Backend::Memory(options) => Arc::new(MemoryStore::new(options.clone(), clock.clone())),
+        Backend::Redis {
+            options,
+            startup_max_wait,
+        } => {
+            let store_error = |source| ServeError::Store {
+                backend: "redis",
+                source,
+            };
+            let store = RedisStore::new(options.clone()).map_err(store_error)?;
+            tracing::info!(url = %crate::store::redis::redact_url(&options.url), "waiting for redis");
+            store
+                .wait_until_ready(*startup_max_wait)
+                .await
+                .map_err(store_error)?;
+            Arc::new(store)
+        }
+    };
+    let limiter = Arc::new(RateLimiter::new(
+        store,
+        keys,
+        clock,
+        settings.limiter.clone(),
+    ));
+    let domains = config.domain_names().count();
+    let limits = config.limits().len();
+    limiter.set_config(Arc::new(config));
+    tracing::info!(
+        dir = %settings.config_dir.display(),
+        domains,
+        limits,
+        store = limiter.store_kind(),
+        "configuration loaded"
+    );
+
+    let bind = |addr: SocketAddr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr, source })
+    };
+    let grpc_listener = bind(settings.grpc_addr).await?;
+    let http_listener = bind(settings.http_addr).await?;
+    let grpc_addr = grpc_listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind {
+            addr: settings.grpc_addr,
+            source,
+        })?;
+    let http_addr = http_listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind {
+            addr: settings.http_addr,
+            source,
+        })?;
+
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let health = Health::new(reporter).await;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+
+    let grpc = grpc::serve(grpc_listener, limiter.clone(), health_service, stopped())?;
+    let http = http::serve(http_listener, limiter.clone(), health.clone(), stopped());
+    tracing::info!(grpc = %grpc_addr, http = %http_addr, "sluice is listening");
+
+    let servers = async { tokio::try_join!(grpc, http) };
+    tokio::pin!(servers);
+    tokio::select! {
+        result = &mut servers => {
+            result?;
+            return Ok(());
+        }
+        () = shutdown => {}
+    }
+
+    tracing::info!(grace = ?settings.shutdown_grace, "shutting down");
+    health.set_not_serving().await;
+    let _ = stop_tx.send(true);
+    match tokio::time::timeout(settings.shutdown_grace, servers).await {
+        Ok(result) => result.map(|_| ()),
+        Err(_) => {
+            tracing::warn!("in-flight requests did not finish within the grace period");
+            Ok(())
+        }
+    }
+}
+
+/// Completes on SIGTERM or SIGINT (Ctrl-C).
+pub async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("installing a SIGTERM handler cannot fail on Unix");
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}

@@ -1,0 +1,432 @@
+//! Service settings: upstream's environment variables, parsed and checked once at start-up.
+//!
+//! Names, defaults and value syntax (Go booleans and durations) follow envoyproxy/ratelimit so
+//! its manifests carry over; where we chose a different default it says so here and in the
+//! README. Command-line flags (see `cli`) override the environment.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::config::LoadOptions;
+use crate::limiter::{HeaderNames, InputLimits, LimiterOptions};
+use crate::store::redis::{RedisAuth, redact_url};
+use crate::store::{MemoryStoreOptions, RedisOptions};
+
+/// Everything `sluice serve` needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub config_dir: PathBuf,
+    pub load: LoadOptions,
+    pub backend: Backend,
+    pub cache_key_prefix: String,
+    pub limiter: LimiterOptions,
+    pub log: LogSettings,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub enum Backend {
+    Memory(MemoryStoreOptions),
+    Redis {
+        options: RedisOptions,
+        /// `REDIS_STARTUP_MAX_ELAPSED_TIME`; `None` waits forever (upstream's 0).
+        startup_max_wait: Option<Duration>,
+    },
+}
+
+impl Backend {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Memory(_) => "memory",
+            Backend::Redis { .. } => "redis",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSettings {
+    /// A `tracing` filter: a level (`warn`, `INFO`, …) or directives.
+    pub level: String,
+    pub json: bool,
+}
+
+/// A variable with a value we cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{variable}={value:?}: {reason}")]
+pub struct SettingsError {
+    pub variable: String,
+    /// Shown as given, except for secrets, which are never shown.
+    pub value: String,
+    pub reason: String,
+}
+
+/// Reads variables through `get` (the process environment in production, a map in tests).
+pub struct Env<F: Fn(&str) -> Option<String>>(pub F);
+
+impl<F: Fn(&str) -> Option<String>> Env<F> {
+    fn raw(&self, name: &str) -> Option<String> {
+        (self.0)(name).filter(|v| !v.is_empty())
+    }
+
+    fn string(&self, name: &str, default: &str) -> String {
+        self.raw(name).unwrap_or_else(|| default.to_string())
+    }
+
+    fn error(&self, name: &str, reason: impl Into<String>) -> SettingsError {
+        let value = self.raw(name).unwrap_or_default();
+        let value = if name.ends_with("_AUTH") {
+            "<redacted>".to_string()
+        } else if name.ends_with("_URL") {
+            redact_url(&value)
+        } else {
+            value
+        };
+        SettingsError {
+            variable: name.to_string(),
+            value,
+            reason: reason.into(),
+        }
+    }
+
+    /// Go's `strconv.ParseBool` spellings.
+    fn bool(&self, name: &str, default: bool) -> Result<bool, SettingsError> {
+        match self.raw(name).as_deref() {
+            None => Ok(default),
+            Some("1" | "t" | "T" | "true" | "TRUE" | "True") => Ok(true),
+            Some("0" | "f" | "F" | "false" | "FALSE" | "False") => Ok(false),
+            Some(_) => Err(self.error(name, "expected true or false")),
+        }
+    }
+
+    fn number<T: FromStr>(&self, name: &str, default: T) -> Result<T, SettingsError> {
+        match self.raw(name) {
+            None => Ok(default),
+            Some(v) => v
+                .trim()
+                .parse()
+                .map_err(|_| self.error(name, "expected a whole number")),
+        }
+    }
+
+    fn duration(&self, name: &str, default: Duration) -> Result<Duration, SettingsError> {
+        match self.raw(name) {
+            None => Ok(default),
+            Some(v) => parse_go_duration(&v).map_err(|reason| self.error(name, reason)),
+        }
+    }
+
+    fn addr(&self, host_var: &str, port_var: &str, port: u16) -> Result<SocketAddr, SettingsError> {
+        let host = self.string(host_var, "0.0.0.0");
+        let ip: IpAddr = host
+            .trim_matches(['[', ']'])
+            .parse()
+            .map_err(|_| self.error(host_var, "expected an IP address"))?;
+        Ok(SocketAddr::new(ip, self.number(port_var, port)?))
+    }
+}
+
+impl Settings {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Settings, SettingsError> {
+        Self::from_vars(&Env(|name| std::env::var(name).ok()))
+    }
+
+    pub fn from_vars<F: Fn(&str) -> Option<String>>(
+        env: &Env<F>,
+    ) -> Result<Settings, SettingsError> {
+        let mut config_dir = PathBuf::from(env.string("RUNTIME_ROOT", "/srv/runtime_data/current"));
+        if let Some(sub) = env.raw("RUNTIME_SUBDIRECTORY") {
+            config_dir.push(sub);
+        }
+        config_dir.push(env.string("RUNTIME_APPDIRECTORY", "config"));
+
+        let backend = match env
+            .string("BACKEND_TYPE", "memory")
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "memory" => Backend::Memory(MemoryStoreOptions {
+                max_counters: env.number("MEMORY_MAX_COUNTERS", 1_000_000usize)?,
+                ..MemoryStoreOptions::default()
+            }),
+            "redis" => redis_backend(env)?,
+            "memcache" => {
+                return Err(env.error(
+                    "BACKEND_TYPE",
+                    "memcache is not supported; use redis (or memory for one replica)",
+                ));
+            }
+            _ => return Err(env.error("BACKEND_TYPE", "expected memory or redis")),
+        };
+
+        let response_headers =
+            env.bool("LIMIT_RESPONSE_HEADERS_ENABLED", false)?
+                .then(|| HeaderNames {
+                    limit: env.string("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+                    remaining: env.string("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+                    reset: env.string("LIMIT_RESET_HEADER", "RateLimit-Reset"),
+                });
+        let defaults = InputLimits::default();
+        let input_limits = InputLimits {
+            max_descriptors: env.number("MAX_DESCRIPTORS_PER_REQUEST", defaults.max_descriptors)?,
+            max_entries: env.number("MAX_ENTRIES_PER_DESCRIPTOR", defaults.max_entries)?,
+            max_domain_bytes: env.number("MAX_DOMAIN_BYTES", defaults.max_domain_bytes)?,
+            max_key_bytes: env.number("MAX_DESCRIPTOR_KEY_BYTES", defaults.max_key_bytes)?,
+            max_value_bytes: env.number("MAX_DESCRIPTOR_VALUE_BYTES", defaults.max_value_bytes)?,
+        };
+
+        let log_format = env.string("LOG_FORMAT", "text").to_ascii_lowercase();
+        if log_format != "text" && log_format != "json" {
+            return Err(env.error("LOG_FORMAT", "expected text or json"));
+        }
+
+        Ok(Settings {
+            grpc_addr: env.addr("GRPC_HOST", "GRPC_PORT", 8081)?,
+            http_addr: env.addr("HOST", "PORT", 8080)?,
+            config_dir,
+            load: LoadOptions {
+                merge_domains: env.bool("MERGE_DOMAIN_CONFIG", false)?,
+                ignore_dotfiles: env.bool("RUNTIME_IGNOREDOTFILES", false)?,
+            },
+            backend,
+            cache_key_prefix: env.string("CACHE_KEY_PREFIX", ""),
+            limiter: LimiterOptions {
+                shadow_mode: env.bool("SHADOW_MODE", false)?,
+                quota_mode: env.bool("QUOTA_MODE", false)?,
+                response_headers,
+                dynamic_metadata: env.bool("RESPONSE_DYNAMIC_METADATA", false)?,
+                input_limits,
+            },
+            log: LogSettings {
+                // Upstream defaults to WARN; we log start-up and config events at INFO.
+                level: env.string("LOG_LEVEL", "info").to_ascii_lowercase(),
+                json: log_format == "json",
+            },
+            shutdown_grace: env.duration("SHUTDOWN_GRACE_PERIOD", Duration::from_secs(10))?,
+        })
+    }
+}
+
+fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend, SettingsError> {
+    match env
+        .string("REDIS_TYPE", "single")
+        .to_ascii_lowercase()
+        .as_str()
+    {
+        "single" => {}
+        "cluster" | "sentinel" => {
+            return Err(env.error("REDIS_TYPE", "only single is supported in this version"));
+        }
+        _ => return Err(env.error("REDIS_TYPE", "expected single")),
+    }
+    let tls = env.bool("REDIS_TLS", false)?;
+    if tls {
+        return Err(env.error("REDIS_TLS", "TLS to Redis is not supported in this version"));
+    }
+    let url = redis_url(
+        &env.string("REDIS_URL", "/var/run/nutcracker/ratelimit.sock"),
+        &env.string("REDIS_SOCKET_TYPE", "unix"),
+    )
+    .map_err(|reason| env.error("REDIS_URL", reason))?;
+    let jitter_secs: u64 = env.number("EXPIRATION_JITTER_MAX_SECONDS", 300)?;
+    let max_wait = env.duration("REDIS_STARTUP_MAX_ELAPSED_TIME", Duration::ZERO)?;
+    Ok(Backend::Redis {
+        options: RedisOptions {
+            url,
+            auth: env.raw("REDIS_AUTH").map(|a| RedisAuth::parse(&a)),
+            pool_size: env.number("REDIS_POOL_SIZE", 10)?,
+            // Envoy gives the whole rate limit call 20 ms by default; an answer after that is
+            // thrown away, so the store's deadline sits below it (upstream: 10 s).
+            timeout: env.duration("REDIS_TIMEOUT", Duration::from_millis(15))?,
+            expiration_jitter_max: Duration::from_secs(jitter_secs),
+            pinned_clock: None,
+        },
+        startup_max_wait: (!max_wait.is_zero()).then_some(max_wait),
+    })
+}
+
+/// Turns upstream's `REDIS_URL` + `REDIS_SOCKET_TYPE` into a redis-rs URL. Full `redis://`,
+/// `rediss://` and `unix://` URLs are taken as they are.
+pub fn redis_url(url: &str, socket_type: &str) -> Result<String, String> {
+    if ["redis://", "rediss://", "unix://", "redis+unix://"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
+    {
+        return Ok(url.to_string());
+    }
+    match socket_type.to_ascii_lowercase().as_str() {
+        "unix" => Ok(format!("unix://{url}")),
+        "tcp" => Ok(format!("redis://{url}")),
+        other => Err(format!(
+            "REDIS_SOCKET_TYPE must be tcp or unix, not {other:?}"
+        )),
+    }
+}
+
+/// Parses a Go duration (`300ms`, `1.5s`, `1h30m`, `10us`); a bare `0` is zero.
+pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let bad = || format!("expected a duration such as 500ms, 10s or 1m30s, found {text:?}");
+    let mut rest = text;
+    let mut total = 0f64;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let number: f64 = rest[..number_len].parse().map_err(|_| bad())?;
+        rest = &rest[number_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        total += number * seconds;
+        rest = &rest[unit_len..];
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn settings(vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::from_vars(&Env(move |name| map.get(name).cloned()))
+    }
+
+    #[test]
+    fn defaults_match_upstream() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s.grpc_addr, "0.0.0.0:8081".parse().unwrap());
+        assert_eq!(s.http_addr, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(
+            s.config_dir,
+            PathBuf::from("/srv/runtime_data/current/config")
+        );
+        assert_eq!(s.backend.name(), "memory");
+        assert!(s.limiter.response_headers.is_none());
+    }
+
+    #[test]
+    fn upstream_variables_are_read() {
+        let s = settings(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("GRPC_PORT", "9000"),
+            ("HOST", "127.0.0.1"),
+            ("BACKEND_TYPE", "redis"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis.local:6379"),
+            ("REDIS_AUTH", "user:pw"),
+            ("REDIS_TIMEOUT", "250ms"),
+            ("REDIS_POOL_SIZE", "4"),
+            ("SHADOW_MODE", "True"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "1"),
+            ("LIMIT_RESET_HEADER", "X-Reset"),
+            ("LOG_FORMAT", "json"),
+        ])
+        .unwrap();
+        assert_eq!(s.config_dir, PathBuf::from("/data/ratelimit/config"));
+        assert_eq!(s.grpc_addr.port(), 9000);
+        assert_eq!(s.http_addr, "127.0.0.1:8080".parse().unwrap());
+        let Backend::Redis { options, .. } = &s.backend else {
+            panic!("not redis")
+        };
+        assert_eq!(options.url, "redis://redis.local:6379");
+        assert_eq!(options.timeout, Duration::from_millis(250));
+        assert_eq!(options.pool_size, 4);
+        assert_eq!(
+            options.auth.as_ref().unwrap().username.as_deref(),
+            Some("user")
+        );
+        assert!(s.limiter.shadow_mode);
+        assert_eq!(
+            s.limiter.response_headers.as_ref().unwrap().reset,
+            "X-Reset"
+        );
+        assert!(s.log.json);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let err = settings(&[("SHADOW_MODE", "maybe")]).unwrap_err();
+        assert_eq!(err.variable, "SHADOW_MODE");
+        let err = settings(&[("GRPC_PORT", "http")]).unwrap_err();
+        assert_eq!(err.variable, "GRPC_PORT");
+        let err = settings(&[("BACKEND_TYPE", "memcache")]).unwrap_err();
+        assert!(err.reason.contains("not supported"));
+        let err = settings(&[("BACKEND_TYPE", "redis"), ("REDIS_TIMEOUT", "soon")]).unwrap_err();
+        assert_eq!(err.variable, "REDIS_TIMEOUT");
+        let err = settings(&[
+            ("BACKEND_TYPE", "redis"),
+            ("REDIS_SOCKET_TYPE", "udp"),
+            ("REDIS_URL", "redis://u:secret@h:1"),
+        ]);
+        // A full URL is taken as is, so this one loads; a bad socket type with a bare address
+        // fails without echoing credentials.
+        assert!(err.is_ok());
+        let err = settings(&[
+            ("BACKEND_TYPE", "redis"),
+            ("REDIS_SOCKET_TYPE", "udp"),
+            ("REDIS_URL", "u:secret@h:1"),
+        ])
+        .unwrap_err();
+        assert!(!err.to_string().contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn go_durations() {
+        let cases = [
+            ("10s", Duration::from_secs(10)),
+            ("500ms", Duration::from_millis(500)),
+            ("1.5s", Duration::from_millis(1500)),
+            ("1h30m", Duration::from_secs(5400)),
+            ("250us", Duration::from_micros(250)),
+            ("0", Duration::ZERO),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_go_duration(text), Ok(want), "{text}");
+        }
+        for bad in ["", "10", "s", "1x", "-1s"] {
+            assert!(parse_go_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn redis_urls() {
+        assert_eq!(
+            redis_url("localhost:6379", "tcp").unwrap(),
+            "redis://localhost:6379"
+        );
+        assert_eq!(
+            redis_url("/tmp/r.sock", "unix").unwrap(),
+            "unix:///tmp/r.sock"
+        );
+        assert_eq!(redis_url("rediss://h:1", "unix").unwrap(), "rediss://h:1");
+        assert!(redis_url("h:1", "udp").is_err());
+    }
+}
