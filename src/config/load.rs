@@ -560,12 +560,10 @@ impl FileChecker<'_> {
     }
 
     fn requests_per_unit(&mut self, node: &Node) -> Option<u32> {
-        if let Value::Scalar { text, plain: true } = &node.value {
-            if let Ok(n) = text.parse::<u64>() {
-                if let Ok(n) = u32::try_from(n) {
-                    return Some(n);
-                }
-            }
+        if let Value::Scalar { text, plain: true } = &node.value
+            && let Ok(n) = text.parse::<u32>()
+        {
+            return Some(n);
         }
         self.error(
             node.line,

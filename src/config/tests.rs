@@ -78,7 +78,8 @@ descriptors:
 #[test]
 fn matching_follows_upstream_rules() {
     let config = load(MATCHING).unwrap();
-    let cases: &[(&[(&str, &str)], Option<&str>)] = &[
+    type Case<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>);
+    let cases: &[Case] = &[
         // Exact beats wildcard and key-only.
         (&[("key1", "value1")], Some("exact1")),
         // Key-only is the default for any other value.

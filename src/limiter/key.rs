@@ -213,7 +213,8 @@ mod tests {
     #[test]
     fn upstream_collisions_are_separated() {
         let keys = KeyBuilder::new("").unwrap();
-        let pairs: &[(&[(&str, &str)], &[(&str, &str)])] = &[
+        type Entries<'a> = &'a [(&'a str, &'a str)];
+        let pairs: &[(Entries, Entries)] = &[
             // One entry whose value spells a second entry, vs two entries.
             (&[("a", "x_b_y")], &[("a", "x"), ("b", "y")]),
             // Underscores moved between two values.

@@ -51,12 +51,14 @@ pub struct MemoryStore {
 
 #[derive(Debug)]
 struct Inner {
-    shards: Box<[Mutex<HashMap<Box<str>, Counter>>]>,
+    shards: Box<[Shard]>,
     shard_of: RandomState,
     per_shard: usize,
     clock: Arc<dyn Clock>,
     evictions: AtomicU64,
 }
+
+type Shard = Mutex<HashMap<Box<str>, Counter>>;
 
 #[derive(Debug, Clone, Copy)]
 struct Counter {
@@ -118,7 +120,7 @@ impl MemoryStore {
 }
 
 impl Inner {
-    fn shard(&self, key: &str) -> &Mutex<HashMap<Box<str>, Counter>> {
+    fn shard(&self, key: &str) -> &Shard {
         let index = self.shard_of.hash_one(key) as usize % self.shards.len();
         &self.shards[index]
     }

@@ -1,0 +1,370 @@
+//! Test harness: real `redis-server` processes and real `sluice` processes on free ports.
+//!
+//! Every process is started by the test that uses it and killed when its handle drops, so tests
+//! are isolated from each other and from the Redis this machine already runs on 6379.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use sluice::proto::{
+    DescriptorEntry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
+    RateLimitServiceClient,
+};
+use tonic::transport::Channel;
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `redis-server` of our own, without persistence.
+pub struct RedisServer {
+    pub port: u16,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let port = free_port();
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server must be installed (scripts/test.sh installs it)");
+            let mut server = RedisServer {
+                port,
+                child,
+                _dir: dir,
+            };
+            if server.wait_ready() {
+                return server;
+            }
+            // The port was taken between our probe and redis-server's bind: try another.
+        }
+        panic!("could not start redis-server");
+    }
+
+    /// Kills the server (as a crash would) and leaves it down.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self._dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        assert!(self.wait_ready(), "redis-server did not come back");
+    }
+
+    fn wait_ready(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false;
+            }
+            if self
+                .cli(&["PING"])
+                .map(|o| o.trim() == "PONG")
+                .unwrap_or(false)
+            {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Runs `redis-cli` against this server and returns its output.
+    pub fn cli(&self, args: &[&str]) -> Option<String> {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    pub fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Which store a `sluice` process uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    Memory,
+    Redis,
+}
+
+/// A running `sluice serve` with its addresses.
+pub struct Sluice {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    child: Child,
+    pub stdout_rest: mpsc::Receiver<String>,
+}
+
+/// A config directory with one file.
+pub fn config_dir(yaml: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), yaml).unwrap();
+    dir
+}
+
+pub fn sluice_command(config: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.arg("serve")
+        .arg("--config-dir")
+        .arg(config)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", "0")
+        .env("HOST", "127.0.0.1")
+        .env("PORT", "0")
+        .env("LOG_FORMAT", "json")
+        .env("LOG_LEVEL", "info")
+        .env("REDIS_TIMEOUT", "5s");
+    cmd
+}
+
+impl Sluice {
+    /// Starts sluice on `config` with extra environment variables; for `StoreKind::Redis` pass
+    /// the Redis server to use.
+    pub fn start(config: &Path, redis: Option<&RedisServer>, env: &[(&str, &str)]) -> Sluice {
+        let mut cmd = sluice_command(config);
+        if let Some(redis) = redis {
+            cmd.env("BACKEND_TYPE", "redis")
+                .env("REDIS_SOCKET_TYPE", "tcp")
+                .env("REDIS_URL", format!("127.0.0.1:{}", redis.port));
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Sluice::spawn(cmd)
+    }
+
+    pub fn spawn(mut cmd: Command) -> Sluice {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match rx.recv_timeout(left) {
+                Ok(line) => line,
+                Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("sluice did not report its listening addresses");
+                }
+            };
+            let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if event["fields"]["message"] == "sluice is listening" {
+                let addr = |k: &str| event["fields"][k].as_str().unwrap().parse().unwrap();
+                return Sluice {
+                    grpc: addr("grpc"),
+                    http: addr("http"),
+                    child,
+                    stdout_rest: rx,
+                };
+            }
+        }
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
+            .await
+            .unwrap()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        unsafe_kill(self.child.id(), "TERM");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sluice did not exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Plain HTTP/1.1 request; returns (status, body).
+    pub fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        http_request(self.http, method, path, body)
+    }
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn unsafe_kill(pid: u32, signal: &str) {
+    Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap();
+}
+
+pub fn http_request(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    let status = raw[9..12].parse().unwrap();
+    let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    (status, body)
+}
+
+fn dechunk(mut text: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = text.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        text = &rest[size + 2..];
+    }
+    out
+}
+
+pub fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: pairs
+            .iter()
+            .map(|(k, v)| DescriptorEntry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+pub async fn ask(
+    client: &mut RateLimitServiceClient<Channel>,
+    req: RateLimitRequest,
+) -> RateLimitResponse {
+    client.should_rate_limit(req).await.unwrap().into_inner()
+}
+
+/// A scratch directory path that is kept for the test's duration.
+pub fn temp_path(dir: &tempfile::TempDir, name: &str) -> PathBuf {
+    dir.path().join(name)
+}
+
+/// Runs `f` once with each store; the Redis one gets a fresh server.
+pub async fn for_each_store<F, Fut>(mut f: F)
+where
+    F: FnMut(StoreKind, Option<RedisServer>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    f(StoreKind::Memory, None).await;
+    f(StoreKind::Redis, Some(RedisServer::start())).await;
+}
+
+/// Sleeps past the next window boundary when fewer than `margin` seconds are left in the
+/// current window, so a test that must stay inside one window does.
+pub async fn avoid_window_edge(window_secs: u64, margin: u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let left = window_secs - now % window_secs;
+    if left < margin {
+        tokio::time::sleep(Duration::from_secs(left + 1)).await;
+    }
+}

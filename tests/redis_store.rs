@@ -1,0 +1,132 @@
+//! Redis-specific behaviour against a real `redis-server`: key names, expiry, the script cache
+//! and Redis failures.
+
+mod common;
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::*;
+use redis::Commands;
+use sluice::proto::Code;
+
+const CONFIG: &str = "domain: app\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keys_are_upstreams_and_always_expire() {
+    let redis = RedisServer::start();
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(
+        dir.path(),
+        Some(&redis),
+        &[
+            ("CACHE_KEY_PREFIX", "pre:"),
+            ("EXPIRATION_JITTER_MAX_SECONDS", "10"),
+        ],
+    );
+    let mut c = sluice.client().await;
+    avoid_window_edge(60, 5).await;
+    let window = now_secs() / 60 * 60;
+    ask(
+        &mut c,
+        request("app", vec![descriptor(&[("user", "alice")])]),
+    )
+    .await;
+    ask(
+        &mut c,
+        request("app", vec![descriptor(&[("user", "a_b{c}")])]),
+    )
+    .await;
+
+    let mut conn = redis.connection();
+    let mut keys: Vec<String> = conn.keys("*").unwrap();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            format!("pre:app_user_a%5Fb%7Bc%7D_{window}"),
+            format!("pre:app_user_alice_{window}")
+        ]
+    );
+    for key in &keys {
+        let ttl: i64 = conn.pttl(key).unwrap();
+        assert!((1..=70_000).contains(&ttl), "{key} has TTL {ttl} ms");
+        let count: i64 = conn.get(key).unwrap();
+        assert_eq!(count, 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn script_flush_is_invisible_to_callers() {
+    let redis = RedisServer::start();
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(dir.path(), Some(&redis), &[]);
+    let mut c = sluice.client().await;
+    avoid_window_edge(60, 5).await;
+    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
+    assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 4);
+    assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).unwrap().trim(), "OK");
+    // The first call after the flush gets NOSCRIPT inside the store, reloads and retries once:
+    // the caller sees a normal answer and the hit is counted exactly once.
+    assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 3);
+    assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_down_is_unavailable_and_recovery_needs_no_restart() {
+    let mut redis = RedisServer::start();
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(dir.path(), Some(&redis), &[("REDIS_TIMEOUT", "200ms")]);
+    let mut c = sluice.client().await;
+    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
+    assert_eq!(ask(&mut c, alice()).await.overall_code, Code::Ok as i32);
+
+    redis.kill();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let status = c.should_rate_limit(alice()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match c.should_rate_limit(alice()).await {
+            Ok(r) => {
+                assert_eq!(r.into_inner().overall_code, Code::Ok as i32);
+                break;
+            }
+            Err(status) => {
+                assert!(Instant::now() < deadline, "not recovered: {status:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+#[test]
+fn startup_gives_up_on_an_unreachable_redis_when_told_to() {
+    let dir = config_dir(CONFIG);
+    let port = free_port();
+    let out = sluice_command(dir.path())
+        .env("BACKEND_TYPE", "redis")
+        .env("REDIS_SOCKET_TYPE", "tcp")
+        .env("REDIS_URL", format!("127.0.0.1:{port}"))
+        .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "1s")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot use the redis store"), "{stderr}");
+}

@@ -1,0 +1,105 @@
+//! Start-up and `check-config`: a bad config is refused with file, line and reason.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+fn serve(dir: &std::path::Path) -> (bool, String) {
+    let out = sluice_command(dir).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_configs_stop_the_service_with_file_line_and_reason() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "syntax.yaml",
+            "domain: d\ndescriptors:\n  - key: [oops\n",
+            "syntax.yaml:",
+        ),
+        (
+            "unknown.yaml",
+            "domain: d\ndescriptors:\n  - key: k\n    colour: red\n",
+            "unknown.yaml:4: config error, unknown key 'colour'",
+        ),
+        (
+            "unit.yaml",
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n",
+            "unit.yaml:4: invalid rate limit unit 'fortnight'",
+        ),
+    ];
+    for (name, text, want) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(name), text).unwrap();
+        let (ok, stderr) = serve(dir.path());
+        assert!(!ok, "{name} was accepted");
+        assert!(stderr.contains(want), "{name}: want {want:?} in\n{stderr}");
+    }
+
+    // Duplicate domain across two files.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.yaml"), "domain: d\n").unwrap();
+    std::fs::write(dir.path().join("b.yaml"), "domain: d\n").unwrap();
+    let (ok, stderr) = serve(dir.path());
+    assert!(!ok);
+    assert!(
+        stderr.contains("b.yaml:1: duplicate domain 'd' in config file"),
+        "{stderr}"
+    );
+
+    // Unreadable: a dangling link and a file that is not UTF-8.
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(dir.path().join("missing"), dir.path().join("gone.yaml")).unwrap();
+    std::fs::write(dir.path().join("binary.yaml"), [0xff, 0xfe, 0x00]).unwrap();
+    let (ok, stderr) = serve(dir.path());
+    assert!(!ok);
+    assert!(stderr.contains("gone.yaml: cannot read file"), "{stderr}");
+    assert!(stderr.contains("binary.yaml: cannot read file"), "{stderr}");
+
+    // A missing directory.
+    let (ok, stderr) = serve(&dir.path().join("nope"));
+    assert!(!ok);
+    assert!(stderr.contains("cannot read config directory"), "{stderr}");
+}
+
+#[test]
+fn check_config_prints_limits_or_errors() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/config");
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["check-config", example])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("fixed_window"), "{stdout}");
+    assert!(stdout.contains(": OK,"), "{stdout}");
+
+    let dir = config_dir(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: nope}\n  - value: x\n",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("check-config")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("config.yaml:4: invalid rate limit unit 'nope'"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("config.yaml:5: descriptor has empty key"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("2 error(s)"), "{stderr}");
+}
