@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::config::LoadOptions;
 use crate::limiter::{HeaderNames, InputLimits, LimiterOptions};
 use crate::store::redis::{RedisAuth, redact_url};
-use crate::store::{MemoryStoreOptions, RedisOptions};
+use crate::store::{MemoryStoreOptions, RedisOptions, TlsFiles};
 
 /// Everything `sluice serve` needs.
 #[derive(Debug, Clone)]
@@ -225,20 +225,56 @@ fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend,
         _ => return Err(env.error("REDIS_TYPE", "expected single")),
     }
     let tls = env.bool("REDIS_TLS", false)?;
-    if tls {
-        return Err(env.error("REDIS_TLS", "TLS to Redis is not supported in this version"));
+    if env.bool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)? {
+        return Err(env.error(
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+            "not supported: use a certificate that names the host (REDIS_TLS_CACERT for a private CA)",
+        ));
     }
-    let url = redis_url(
+    let mut url = redis_url(
         &env.string("REDIS_URL", "/var/run/nutcracker/ratelimit.sock"),
         &env.string("REDIS_SOCKET_TYPE", "unix"),
     )
     .map_err(|reason| env.error("REDIS_URL", reason))?;
+    if tls && let Some(rest) = url.strip_prefix("redis://") {
+        url = format!("rediss://{rest}");
+    }
+    let client_cert_and_key = match (
+        env.raw("REDIS_TLS_CLIENT_CERT"),
+        env.raw("REDIS_TLS_CLIENT_KEY"),
+    ) {
+        (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(env.error(
+                "REDIS_TLS_CLIENT_KEY",
+                "must be set with REDIS_TLS_CLIENT_CERT",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(env.error(
+                "REDIS_TLS_CLIENT_CERT",
+                "must be set with REDIS_TLS_CLIENT_KEY",
+            ));
+        }
+    };
+    let tls_files = TlsFiles {
+        ca_cert: env.raw("REDIS_TLS_CACERT").map(PathBuf::from),
+        client_cert_and_key,
+    };
+    if tls_files != TlsFiles::default() && !url.starts_with("rediss://") {
+        return Err(env.error(
+            "REDIS_TLS",
+            "certificate files are set but TLS is off (set REDIS_TLS=true or use rediss://)",
+        ));
+    }
     let jitter_secs: u64 = env.number("EXPIRATION_JITTER_MAX_SECONDS", 300)?;
     let max_wait = env.duration("REDIS_STARTUP_MAX_ELAPSED_TIME", Duration::ZERO)?;
     Ok(Backend::Redis {
         options: RedisOptions {
             url,
             auth: env.raw("REDIS_AUTH").map(|a| RedisAuth::parse(&a)),
+            tls: tls_files,
             pool_size: env.number("REDIS_POOL_SIZE", 10)?,
             // Envoy gives the whole rate limit call 20 ms by default; an answer after that is
             // thrown away, so the store's deadline sits below it (upstream: 10 s).

@@ -99,6 +99,20 @@ async fn redis_down_is_unavailable_and_recovery_needs_no_restart() {
         );
     }
 
+    // Descriptors without a counted limit never reach the store, so they are still answered.
+    let r = ask(
+        &mut c,
+        request("app", vec![descriptor(&[("unknown", "x")])]),
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let r = ask(
+        &mut c,
+        request("elsewhere", vec![descriptor(&[("user", "x")])]),
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+
     redis.restart();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -129,4 +143,135 @@ fn startup_gives_up_on_an_unreachable_redis_when_told_to() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cannot use the redis store"), "{stderr}");
+}
+
+/// PEM files of a throw-away CA, a server certificate for 127.0.0.1 and a client certificate.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, pem: String| std::fs::write(dir.path().join(name), pem).unwrap();
+
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        // Subjects must differ from the issuer's, or OpenSSL takes a leaf for self-signed.
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "sluice test CA");
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        write("ca.pem", ca_cert.pem());
+        let issuer = Issuer::new(ca_params, ca_key);
+
+        for (name, sans) in [
+            (
+                "server",
+                vec!["127.0.0.1".to_string(), "localhost".to_string()],
+            ),
+            ("client", vec!["client".to_string()]),
+        ] {
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::new(sans).unwrap();
+            params.distinguished_name.push(DnType::CommonName, name);
+            let cert = params.signed_by(&key, &issuer).unwrap();
+            write(&format!("{name}.pem"), cert.pem());
+            write(&format!("{name}.key"), key.serialize_pem());
+        }
+        Pki { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_with_client_certificates_and_acl_user() {
+    let pki = Pki::new();
+    let server_args: Vec<String> = [
+        "--tls-port",
+        "{port}",
+        "--tls-cert-file",
+        &pki.path("server.pem"),
+        "--tls-key-file",
+        &pki.path("server.key"),
+        "--tls-ca-cert-file",
+        &pki.path("ca.pem"),
+        "--tls-auth-clients",
+        "yes",
+        "--user",
+        "default",
+        "off",
+        "--user",
+        "limiter",
+        "on",
+        ">s3cret-pw",
+        "~*",
+        "&*",
+        "+@all",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let cli_args: Vec<String> = [
+        "--tls",
+        "--cacert",
+        &pki.path("ca.pem"),
+        "--cert",
+        &pki.path("client.pem"),
+        "--key",
+        &pki.path("client.key"),
+        "--user",
+        "limiter",
+        "--pass",
+        "s3cret-pw",
+        "--no-auth-warning",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let redis = RedisServer::start_with(&server_args, &cli_args);
+    let dir = config_dir(CONFIG);
+    let url = format!("rediss://127.0.0.1:{}", redis.port);
+    let tls_env = |auth: &'static str| {
+        let mut cmd = sluice_command(dir.path());
+        cmd.env("BACKEND_TYPE", "redis")
+            .env("REDIS_URL", &url)
+            .env("REDIS_AUTH", auth)
+            .env("REDIS_TLS_CACERT", pki.path("ca.pem"))
+            .env("REDIS_TLS_CLIENT_CERT", pki.path("client.pem"))
+            .env("REDIS_TLS_CLIENT_KEY", pki.path("client.key"))
+            .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "1s");
+        cmd
+    };
+
+    let sluice = Sluice::spawn(tls_env("limiter:s3cret-pw"));
+    let mut c = sluice.client().await;
+    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
+    assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 4);
+    assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 3);
+    let keys = redis.cli(&["--raw", "DBSIZE"]).unwrap();
+    assert_eq!(keys.trim(), "1", "the counter lives in the TLS server");
+
+    // A wrong password is refused at start-up, and the password is not printed.
+    let out = tls_env("limiter:wrong-pw-123").output().unwrap();
+    assert!(!out.status.success());
+    let output = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!output.contains("wrong-pw-123"), "{output}");
+
+    // Without a client certificate the server refuses the handshake.
+    let out = tls_env("limiter:s3cret-pw")
+        .env_remove("REDIS_TLS_CLIENT_CERT")
+        .env_remove("REDIS_TLS_CLIENT_KEY")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
 }

@@ -15,7 +15,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 pub use memory::{MemoryStore, MemoryStoreOptions};
-pub use redis::{RedisOptions, RedisStore};
+pub use redis::{RedisOptions, RedisStore, TlsFiles};
 
 /// What to count and how. Everything a store needs comes with the check, so stores hold no
 /// config and a config reload never has to reach them.
@@ -64,6 +64,9 @@ pub enum StoreError {
     Unavailable(String),
     #[error("store returned a malformed reply: {0}")]
     Protocol(String),
+    /// Settings the store cannot start with (bad URL, unreadable certificate).
+    #[error("{0}")]
+    Setup(String),
 }
 
 pub type StoreFuture<'a> =

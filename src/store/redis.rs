@@ -11,6 +11,7 @@
 //! the store loads it again and retries once, and the caller sees no error.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -18,7 +19,10 @@ use std::time::{Duration, Instant};
 use bb8_redis::RedisConnectionManager;
 use rand::Rng;
 use redis::aio::MultiplexedConnection;
-use redis::{ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
+use redis::{
+    ClientTlsConfig, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
+    TlsCertificates,
+};
 
 use super::script::{self, DECISION, REPLY_PER_CHECK};
 use super::{Check, Outcome, Store, StoreError, StoreFuture};
@@ -56,11 +60,20 @@ impl fmt::Debug for RedisAuth {
     }
 }
 
+/// PEM files for TLS to Redis (`rediss://`). Without a CA file the bundled public roots are used.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub ca_cert: Option<PathBuf>,
+    /// Client certificate and key, for Redis servers that require mutual TLS.
+    pub client_cert_and_key: Option<(PathBuf, PathBuf)>,
+}
+
 #[derive(Clone)]
 pub struct RedisOptions {
-    /// `redis://host:port`, `rediss://…` or `unix:///path`.
+    /// `redis://host:port`, `rediss://…` (TLS) or `unix:///path`.
     pub url: String,
     pub auth: Option<RedisAuth>,
+    pub tls: TlsFiles,
     pub pool_size: u32,
     /// Deadline of one decision, connection checkout included.
     pub timeout: Duration,
@@ -76,6 +89,7 @@ impl fmt::Debug for RedisOptions {
         f.debug_struct("RedisOptions")
             .field("url", &redact_url(&self.url))
             .field("auth", &self.auth)
+            .field("tls", &self.tls)
             .field("pool_size", &self.pool_size)
             .field("timeout", &self.timeout)
             .field("expiration_jitter_max", &self.expiration_jitter_max)
@@ -155,10 +169,11 @@ impl fmt::Debug for RedisStore {
 impl RedisStore {
     /// Sets up the pool without connecting; call [`RedisStore::wait_until_ready`] next.
     pub fn new(options: RedisOptions) -> Result<Self, StoreError> {
-        let mut info =
-            options.url.as_str().into_connection_info().map_err(|e| {
-                StoreError::Unavailable(format!("invalid redis url ({:?})", e.kind()))
-            })?;
+        let mut info = options
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| StoreError::Setup(format!("invalid redis url ({:?})", e.kind())))?;
         if let Some(auth) = &options.auth {
             let mut settings = info.redis_settings().clone().set_password(&auth.password);
             if let Some(user) = &auth.username {
@@ -166,12 +181,22 @@ impl RedisStore {
             }
             info = info.set_redis_settings(settings);
         }
+        if options.url.starts_with("rediss://") {
+            // rustls needs one process-wide crypto provider; a second install is a no-op error.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            if options.tls != TlsFiles::default() {
+                info = with_tls_files(info, &options.tls)?;
+            }
+        }
         let manager = Manager {
             inner: RedisConnectionManager::new(info).map_err(redis_error)?,
         };
         let pool = bb8::Pool::builder()
             .max_size(options.pool_size.max(1))
             .test_on_check_out(true)
+            // Fail fast and let the caller decide: start-up retries with backoff, requests answer
+            // UNAVAILABLE at once instead of waiting out their deadline.
+            .retry_connection(false)
             .connection_timeout(options.timeout)
             .build_unchecked(manager);
         Ok(Self { pool, options })
@@ -263,6 +288,27 @@ impl RedisStore {
     }
 }
 
+/// Attaches CA and client certificates to the connection info (read once, at start-up).
+fn with_tls_files(info: ConnectionInfo, files: &TlsFiles) -> Result<ConnectionInfo, StoreError> {
+    let read = |path: &PathBuf| {
+        std::fs::read(path)
+            .map_err(|e| StoreError::Setup(format!("cannot read {}: {e}", path.display())))
+    };
+    let certificates = TlsCertificates {
+        root_cert: files.ca_cert.as_ref().map(read).transpose()?,
+        client_tls: match &files.client_cert_and_key {
+            Some((cert, key)) => Some(ClientTlsConfig {
+                client_cert: read(cert)?,
+                client_key: read(key)?,
+            }),
+            None => None,
+        },
+    };
+    let client = redis::Client::build_with_tls(info, certificates)
+        .map_err(|e| StoreError::Setup(format!("invalid TLS files: {}", describe(&e))))?;
+    Ok(client.get_connection_info().clone())
+}
+
 fn decode(reply: &[i64], checks: usize) -> Result<Vec<Outcome>, StoreError> {
     if reply.len() != checks * REPLY_PER_CHECK {
         return Err(StoreError::Protocol(format!(
@@ -325,6 +371,7 @@ mod tests {
         let options = RedisOptions {
             url: "redis://admin:hunter2@localhost:6379".into(),
             auth: Some(RedisAuth::parse("user:s3cret")),
+            tls: TlsFiles::default(),
             pool_size: 1,
             timeout: Duration::from_millis(10),
             expiration_jitter_max: Duration::ZERO,

@@ -30,34 +30,64 @@ pub fn free_port() -> u16 {
 pub struct RedisServer {
     pub port: u16,
     child: Child,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    /// Extra server arguments (TLS, ACL users), `{port}` replaced by the port.
+    server_args: Vec<String>,
+    /// Arguments `redis-cli` needs to reach it (TLS files, credentials).
+    cli_args: Vec<String>,
 }
 
 impl RedisServer {
     pub fn start() -> RedisServer {
+        Self::start_with(&[], &[])
+    }
+
+    /// Starts a server with extra arguments; `{port}` in them stands for the chosen port, and
+    /// when one of them is `--tls-port` the plain port is disabled.
+    pub fn start_with(server_args: &[String], cli_args: &[String]) -> RedisServer {
+        let mut last_log = String::new();
         for _ in 0..5 {
-            let dir = tempfile::tempdir().unwrap();
-            let port = free_port();
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server must be installed (scripts/test.sh installs it)");
             let mut server = RedisServer {
-                port,
-                child,
-                _dir: dir,
+                port: free_port(),
+                child: Command::new("true").spawn().unwrap(),
+                dir: tempfile::tempdir().unwrap(),
+                server_args: server_args.to_vec(),
+                cli_args: cli_args.to_vec(),
             };
+            server.spawn();
             if server.wait_ready() {
                 return server;
             }
             // The port was taken between our probe and redis-server's bind: try another.
+            server.kill();
+            last_log =
+                std::fs::read_to_string(server.dir.path().join("redis.log")).unwrap_or_default();
         }
-        panic!("could not start redis-server");
+        panic!("could not start redis-server; its last log:\n{last_log}");
+    }
+
+    fn spawn(&mut self) {
+        let _ = self.child.wait();
+        let port = self.port.to_string();
+        let tls = self.server_args.iter().any(|a| a == "--tls-port");
+        let mut cmd = Command::new("redis-server");
+        cmd.args([
+            "--port",
+            if tls { "0" } else { &port },
+            "--bind",
+            "127.0.0.1",
+        ])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(self.dir.path())
+        .args(self.server_args.iter().map(|a| a.replace("{port}", &port)))
+        .arg("--logfile")
+        .arg(self.dir.path().join("redis.log"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        self.child = cmd
+            .spawn()
+            .expect("redis-server must be installed (scripts/test.sh installs it)");
     }
 
     /// Kills the server (as a crash would) and leaves it down.
@@ -69,15 +99,7 @@ impl RedisServer {
     /// Starts it again on the same port, empty.
     pub fn restart(&mut self) {
         self.kill();
-        self.child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(self._dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        self.spawn();
         assert!(self.wait_ready(), "redis-server did not come back");
     }
 
@@ -106,7 +128,8 @@ impl RedisServer {
     /// Runs `redis-cli` against this server and returns its output.
     pub fn cli(&self, args: &[&str]) -> Option<String> {
         let out = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(&self.cli_args)
             .args(args)
             .output()
             .ok()?;
