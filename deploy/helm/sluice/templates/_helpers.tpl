@@ -1,0 +1,150 @@
+{{/*
+Chart name, truncated to the 63 characters Kubernetes names allow.
+*/}}
+{{- define "sluice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name of the release's objects. Release "sluice" gives "sluice" (the Service name the
+Envoy and Istio examples use); any other release name gets "<release>-sluice".
+*/}}
+{{- define "sluice.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "sluice.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sluice.labels" -}}
+helm.sh/chart: {{ include "sluice.chart" . }}
+{{ include "sluice.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sluice
+{{- end }}
+
+{{/*
+Selector labels: never change them in an upgrade (a Deployment's selector is immutable).
+*/}}
+{{- define "sluice.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sluice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "sluice.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sluice.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "sluice.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) }}
+{{- end }}
+
+{{/*
+The backend, checked: "memory" or "redis".
+*/}}
+{{- define "sluice.backend" -}}
+{{- $backend := lower (toString .Values.backend) }}
+{{- if not (has $backend (list "memory" "redis")) }}
+{{- fail (printf "backend must be memory or redis, not %q" (toString .Values.backend)) }}
+{{- end }}
+{{- $backend }}
+{{- end }}
+
+{{/*
+Replica count: replicaCount when set, else 1 for memory and 2 for redis.
+*/}}
+{{- define "sluice.replicas" -}}
+{{- if or (kindIs "invalid" .Values.replicaCount) (eq (toString .Values.replicaCount) "") }}
+{{- if eq (include "sluice.backend" .) "redis" }}2{{ else }}1{{ end }}
+{{- else }}
+{{- int .Values.replicaCount }}
+{{- end }}
+{{- end }}
+
+{{/*
+Whether more than one pod can run at once (several replicas or autoscaling): "true" or "".
+*/}}
+{{- define "sluice.multiplePods" -}}
+{{- if or .Values.autoscaling.enabled (gt (int (include "sluice.replicas" .)) 1) }}true{{ end }}
+{{- end }}
+
+{{- define "sluice.configMapName" -}}
+{{- if .Values.existingConfigMap }}
+{{- .Values.existingConfigMap }}
+{{- else }}
+{{- printf "%s-config" (include "sluice.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Whether REDIS_AUTH is set: "true" or "".
+*/}}
+{{- define "sluice.redisAuth" -}}
+{{- if and (eq (include "sluice.backend" .) "redis") .Values.redis.auth.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+Name of the Secret that holds REDIS_AUTH.
+*/}}
+{{- define "sluice.redisSecretName" -}}
+{{- if .Values.redis.auth.existingSecret }}
+{{- .Values.redis.auth.existingSecret }}
+{{- else }}
+{{- printf "%s-redis" (include "sluice.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Go-boolean environment value ("true"/"false") from a values flag.
+*/}}
+{{- define "sluice.bool" -}}
+{{- if . }}true{{ else }}false{{ end }}
+{{- end }}
+
+{{/*
+Checks that fail the render with a clear message instead of producing a broken release.
+*/}}
+{{- define "sluice.validate" -}}
+{{- $backend := include "sluice.backend" . }}
+{{- if and (eq $backend "memory") (include "sluice.multiplePods" .) (not .Values.memory.allowMultipleReplicas) }}
+{{- fail "backend memory keeps separate counters in every pod, so several pods (replicaCount > 1 or autoscaling.enabled) multiply the limits. Use backend: redis, or set memory.allowMultipleReplicas: true to accept per-pod counting." }}
+{{- end }}
+{{- if eq $backend "redis" }}
+{{- if not .Values.redis.url }}
+{{- fail "backend redis needs redis.url (host:port, or redis://host:port)" }}
+{{- end }}
+{{- if not (has (lower (toString .Values.redis.socketType)) (list "tcp" "unix")) }}
+{{- fail "redis.socketType must be tcp or unix" }}
+{{- end }}
+{{- if and .Values.redis.auth.enabled (not .Values.redis.auth.existingSecret) (not .Values.redis.auth.password) }}
+{{- fail "redis.auth.enabled needs redis.auth.existingSecret (preferred) or redis.auth.password" }}
+{{- end }}
+{{- end }}
+{{- $sleep := int .Values.lifecycle.preStopSleepSeconds }}
+{{- $grace := int .Values.settings.shutdownGracePeriodSeconds }}
+{{- if lt (int .Values.terminationGracePeriodSeconds) (add $sleep $grace) }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be at least lifecycle.preStopSleepSeconds + settings.shutdownGracePeriodSeconds (%d)" (int .Values.terminationGracePeriodSeconds) (add $sleep $grace)) }}
+{{- end }}
+{{- if not .Values.existingConfigMap }}
+{{- range $file, $_ := .Values.limits }}
+{{- if not (hasSuffix ".yaml" $file) }}
+{{- fail (printf "limits: %q does not end in .yaml, and Sluice reads only *.yaml files" $file) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
