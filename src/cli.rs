@@ -112,7 +112,8 @@ fn check_config(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
             Quota::PerUnit {
                 requests_per_unit,
                 unit,
-            } => format!("{requests_per_unit}/{} fixed_window", unit.name()),
+                algorithm,
+            } => format!("{requests_per_unit}/{} {algorithm}", unit.name()),
         };
         let mut flags = Vec::new();
         if !limit.name.is_empty() {

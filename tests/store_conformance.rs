@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::RedisServer;
 use sluice::clock::{Clock, ManualClock};
 use sluice::store::{
-    Algorithm, Check, MemoryStore, MemoryStoreOptions, Outcome, RedisOptions, RedisStore, Store,
+    Check, MemoryStore, MemoryStoreOptions, Outcome, RedisOptions, RedisStore, Rule, Store,
 };
 
 /// Microseconds; 20 s into the minute window that starts at 1 699 999 980 s.
@@ -55,7 +55,7 @@ fn fixed(key: &str, hits: u64, limit: u64, window_secs: u64, now_micros: u64) ->
     Check {
         key: format!("{key}_{window_start}"),
         hits,
-        algorithm: Algorithm::FixedWindow {
+        rule: Rule::FixedWindow {
             limit,
             window_secs,
             window_start,
@@ -164,20 +164,140 @@ async fn reset_is_clamped_when_clocks_disagree() {
     // past the window end reports 1 ms; one before the window start reports the whole window.
     let p = pair().await;
     let window_start = T0 / 1_000_000 / 60 * 60;
-    let check = Check {
-        key: "skewed".into(),
+    let check = |key: &str| Check {
+        key: key.into(),
         hits: 1,
-        algorithm: Algorithm::FixedWindow {
+        rule: Rule::FixedWindow {
             limit: 10,
             window_secs: 60,
             window_start,
         },
     };
+    // Separate keys: the memory store expires by its (pinned) clock, Redis by its real one.
     p.clock.set_micros((window_start + 75) * 1_000_000);
-    assert_eq!(p.both(std::slice::from_ref(&check)).await[0].reset_ms, 1);
+    assert_eq!(p.both(&[check("late")]).await[0].reset_ms, 1);
     p.clock.set_micros((window_start - 30) * 1_000_000);
-    assert_eq!(
-        p.both(std::slice::from_ref(&check)).await[0].reset_ms,
-        60_000
-    );
+    assert_eq!(p.both(&[check("early")]).await[0].reset_ms, 60_000);
+}
+
+/// Every rule the limiter can produce, with small numbers so sequences cross every boundary.
+fn rules() -> Vec<(&'static str, Rule)> {
+    vec![
+        (
+            "log",
+            Rule::SlidingWindowLog {
+                limit: 5,
+                window: 10_000_000,
+            },
+        ),
+        (
+            "counter",
+            Rule::SlidingWindowCounter {
+                limit: 5,
+                window: 10_000_000,
+            },
+        ),
+        (
+            "gcra",
+            Rule::Gcra {
+                interval: 2_000_000,
+                burst: 3,
+            },
+        ),
+        (
+            "warm_up",
+            Rule::WarmUp {
+                permits_per_window: 4,
+                window: 1_000_000,
+                warmup: 2_000_000,
+                cold_factor: 3.0,
+            },
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_algorithm_agrees_on_a_scripted_sequence() {
+    let p = pair().await;
+    // Arrivals (ms after T0) and costs: bursts, idle gaps, window edges, zero-cost looks, costs
+    // above what any of the rules can grant.
+    let steps: &[(u64, u64)] = &[
+        (0, 1),
+        (0, 1),
+        (0, 2),
+        (1, 1),
+        (300, 0),
+        (999, 1),
+        (1_000, 1),
+        (2_500, 3),
+        (4_000, 1),
+        (9_999, 1),
+        (10_000, 1),
+        (10_001, 2),
+        (12_000, 9),
+        (15_000, 1),
+        (19_999, 1),
+        (20_000, 0),
+        (25_000, 5),
+        (40_000, 1),
+        (40_100, 1),
+        (40_200, 1),
+        (40_300, 1),
+        (40_400, 1),
+        (41_000, 1),
+    ];
+    for (name, rule) in rules() {
+        for &(at_ms, hits) in steps {
+            p.clock.set_micros(T0 + at_ms * 1000);
+            let check = Check {
+                key: format!("seq:{name}"),
+                hits,
+                rule: rule.clone(),
+            };
+            p.both(std::slice::from_ref(&check)).await;
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+    /// Random arrival sequences: the two stores never disagree.
+    #[test]
+    fn random_sequences_agree(
+        rule_index in 0usize..4,
+        steps in proptest::collection::vec((0u64..3_000_000, 0u64..7), 1..60),
+    ) {
+        runtime().block_on(async {
+            let p = shared_pair().await;
+            let (name, rule) = rules().swap_remove(rule_index);
+            // A fresh key per case, so cases do not see each other's state.
+            let key = format!("prop:{name}:{}", CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+            let mut now = T0 + 1_000_000_000;
+            for (gap, hits) in steps {
+                now += gap;
+                p.clock.set_micros(now);
+                let check = Check { key: key.clone(), hits, rule: rule.clone() };
+                p.both(std::slice::from_ref(&check)).await;
+            }
+        });
+    }
+}
+
+static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// One runtime for all proptest cases: the shared Redis connection lives on it.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
+}
+
+/// One Redis for all proptest cases (starting one per case would dominate the run time).
+async fn shared_pair() -> &'static Pair {
+    static PAIR: std::sync::OnceLock<Pair> = std::sync::OnceLock::new();
+    if let Some(p) = PAIR.get() {
+        return p;
+    }
+    let p = pair().await;
+    PAIR.get_or_init(|| p)
 }

@@ -13,8 +13,8 @@ use prost_types::value::Kind;
 
 use super::yaml::{self, Node, Value};
 use super::{
-    Children, ConfigError, ConfigErrors, Domain, Level, Limit, Origin, Quota, RateLimitConfig,
-    TreeNode, Unit, Wildcard,
+    Algorithm, Children, ConfigError, ConfigErrors, Domain, Level, Limit, Origin, Quota,
+    RateLimitConfig, TreeNode, Unit, Wildcard,
 };
 
 /// Loader switches that come from the environment (upstream's variable names in brackets).
@@ -46,8 +46,14 @@ const UPSTREAM_KEYS: &[&str] = &[
     "metadata",
 ];
 
-/// Keys reserved for sluice's own extensions under `rate_limit`.
-const EXTENSION_KEYS: &[&str] = &["algorithm"];
+/// Sluice's own keys, valid under `rate_limit` only.
+const EXTENSION_KEYS: &[&str] = &["algorithm", "burst", "warmup_period", "cold_factor"];
+
+/// The largest `sliding_window_log` limit: its memory is one entry per admitted request.
+pub const MAX_LOG_LIMIT: u32 = 100_000;
+
+/// GCRA-family state is in microseconds, kept exact in Lua's doubles (2^53) with headroom.
+const MAX_BUCKET_SPAN_MICROS: f64 = 4_503_599_627_370_496.0; // 2^52
 
 /// Loads every `*.yaml` file under `dir` (recursively, in path order).
 ///
@@ -396,7 +402,17 @@ impl FileChecker<'_> {
     }
 
     fn limit(&mut self, node: &Node) -> Option<LimitSpec> {
-        const FIELDS: &[&str] = &["unit", "requests_per_unit", "unlimited", "name", "replaces"];
+        const FIELDS: &[&str] = &[
+            "unit",
+            "requests_per_unit",
+            "unlimited",
+            "name",
+            "replaces",
+            "algorithm",
+            "burst",
+            "warmup_period",
+            "cold_factor",
+        ];
         let fields = self.mapping(node, "rate_limit", FIELDS)?;
         let unlimited = fields
             .get("unlimited")
@@ -412,7 +428,7 @@ impl FileChecker<'_> {
             .and_then(|n| self.string(n, "unit"));
         let requests_per_unit = fields
             .get("requests_per_unit")
-            .and_then(|n| self.requests_per_unit(n))
+            .and_then(|n| self.count(n, "requests_per_unit"))
             .unwrap_or(0);
 
         let quota = if unlimited {
@@ -422,6 +438,12 @@ impl FileChecker<'_> {
                     "should not specify rate limit unit when unlimited",
                 );
             }
+            if let Some(key) = EXTENSION_KEYS.iter().find(|k| fields.contains_key(**k)) {
+                self.error(
+                    fields[*key].line,
+                    format!("{key} has no meaning on an unlimited rate limit"),
+                );
+            }
             Quota::Unlimited
         } else {
             let text = unit_text.unwrap_or_default();
@@ -429,6 +451,7 @@ impl FileChecker<'_> {
                 Some(unit) => Quota::PerUnit {
                     requests_per_unit,
                     unit,
+                    algorithm: self.algorithm(&fields, node.line, requests_per_unit, unit)?,
                 },
                 None => {
                     let line = fields.get("unit").map_or(node.line, |n| n.line);
@@ -469,6 +492,162 @@ impl FileChecker<'_> {
             quota,
             replaces,
         })
+    }
+
+    /// Reads and checks `algorithm` and its parameters.
+    fn algorithm(
+        &mut self,
+        fields: &HashMap<&str, &Node>,
+        line: usize,
+        requests_per_unit: u32,
+        unit: Unit,
+    ) -> Option<Algorithm> {
+        let name = match fields.get("algorithm") {
+            Some(n) => self.string(n, "algorithm")?,
+            None => "fixed_window".to_string(),
+        };
+        let at = |key: &str| fields.get(key).map_or(line, |n| n.line);
+        let burst_value = match fields.get("burst") {
+            Some(n) => match self.count(n, "burst")? {
+                0 => {
+                    self.error(n.line, "burst must be at least 1");
+                    return None;
+                }
+                b => b,
+            },
+            None => requests_per_unit,
+        };
+        let algorithm = match name.as_str() {
+            "fixed_window" => Algorithm::FixedWindow,
+            "sliding_window_log" => Algorithm::SlidingWindowLog,
+            "sliding_window_counter" => Algorithm::SlidingWindowCounter,
+            "token_bucket" => Algorithm::TokenBucket { burst: burst_value },
+            "gcra" => Algorithm::Gcra { burst: burst_value },
+            "leaky_bucket" => Algorithm::LeakyBucket { burst: burst_value },
+            "warm_up" => {
+                let Some(node) = fields.get("warmup_period") else {
+                    self.error(line, "warm_up needs warmup_period (for example 10s)");
+                    return None;
+                };
+                let text = self.string(node, "warmup_period")?;
+                let warmup = match crate::settings::parse_go_duration(&text) {
+                    Ok(d) if d >= std::time::Duration::from_millis(1) => d,
+                    Ok(_) => {
+                        self.error(node.line, "warmup_period must be at least 1ms");
+                        return None;
+                    }
+                    Err(reason) => {
+                        self.error(node.line, format!("warmup_period: {reason}"));
+                        return None;
+                    }
+                };
+                let cold_factor = match fields.get("cold_factor") {
+                    None => 3.0,
+                    Some(n) => match &n.value {
+                        Value::Scalar { text, plain: true } => match text.parse::<f64>() {
+                            Ok(f) if f > 1.0 && f <= 1000.0 => f,
+                            _ => {
+                                self.error(
+                                    n.line,
+                                    format!("cold_factor must be a number above 1 and at most 1000, found '{text}'"),
+                                );
+                                return None;
+                            }
+                        },
+                        _ => {
+                            self.error(n.line, "cold_factor must be a number");
+                            return None;
+                        }
+                    },
+                };
+                Algorithm::WarmUp {
+                    warmup,
+                    cold_factor,
+                }
+            }
+            other => {
+                self.error(
+                    at("algorithm"),
+                    format!(
+                        "unknown algorithm '{other}' (expected one of: {})",
+                        Algorithm::NAMES.join(", ")
+                    ),
+                );
+                return None;
+            }
+        };
+
+        // Parameters that belong to another algorithm are mistakes, not silent no-ops.
+        let takes_burst = algorithm.burst().is_some();
+        let takes_warmup = matches!(algorithm, Algorithm::WarmUp { .. });
+        for (key, allowed) in [
+            ("burst", takes_burst),
+            ("warmup_period", takes_warmup),
+            ("cold_factor", takes_warmup),
+        ] {
+            if !allowed && fields.contains_key(key) {
+                self.error(
+                    at(key),
+                    format!("{key} does not apply to algorithm {}", algorithm.name()),
+                );
+                return None;
+            }
+        }
+
+        if algorithm != Algorithm::FixedWindow && requests_per_unit == 0 {
+            self.error(
+                at("requests_per_unit"),
+                format!(
+                    "requests_per_unit must be at least 1 for {} (use fixed_window with 0 to refuse everything)",
+                    algorithm.name()
+                ),
+            );
+            return None;
+        }
+        let window_micros = unit.window_secs() as f64 * 1e6;
+        match algorithm {
+            Algorithm::SlidingWindowLog if requests_per_unit > MAX_LOG_LIMIT => {
+                self.error(
+                    at("requests_per_unit"),
+                    format!(
+                        "sliding_window_log keeps one entry per admitted request, so it allows at \
+                         most {MAX_LOG_LIMIT} per window; use sliding_window_counter above that"
+                    ),
+                );
+                return None;
+            }
+            Algorithm::TokenBucket { burst }
+            | Algorithm::Gcra { burst }
+            | Algorithm::LeakyBucket { burst } => {
+                let interval = (window_micros / f64::from(requests_per_unit)).ceil();
+                if window_micros / f64::from(requests_per_unit) < 1.0 {
+                    self.error(
+                        at("requests_per_unit"),
+                        format!(
+                            "{} counts in microseconds: at most 1000000 per second",
+                            algorithm.name()
+                        ),
+                    );
+                    return None;
+                }
+                if interval * f64::from(burst) > MAX_BUCKET_SPAN_MICROS {
+                    self.error(
+                        at("burst"),
+                        "burst times the time per request exceeds 2^52 microseconds (about 142 years)",
+                    );
+                    return None;
+                }
+            }
+            Algorithm::WarmUp { .. } if window_micros / f64::from(requests_per_unit) < 1.0 => {
+                self.error(
+                    at("requests_per_unit"),
+                    "warm_up counts in microseconds: at most 1000000 per second",
+                );
+                return None;
+            }
+            _ => {}
+        }
+        Some(algorithm)
     }
 
     /// Checks that `node` is a map with string keys that upstream knows, and returns the entries
@@ -512,10 +691,7 @@ impl FileChecker<'_> {
             } else if EXTENSION_KEYS.contains(&text.as_str()) {
                 self.error(
                     key.line,
-                    format!(
-                        "config error, '{text}' is a sluice extension that this version does not \
-                         support yet (only upstream's fixed window is available)"
-                    ),
+                    format!("config error, '{text}' is only valid under rate_limit"),
                 );
             } else if UPSTREAM_KEYS.contains(&text.as_str()) {
                 self.warn(
@@ -559,7 +735,7 @@ impl FileChecker<'_> {
         None
     }
 
-    fn requests_per_unit(&mut self, node: &Node) -> Option<u32> {
+    fn count(&mut self, node: &Node, field: &str) -> Option<u32> {
         if let Value::Scalar { text, plain: true } = &node.value
             && let Ok(n) = text.parse::<u32>()
         {
@@ -568,7 +744,7 @@ impl FileChecker<'_> {
         self.error(
             node.line,
             format!(
-                "requests_per_unit must be a whole number from 0 to {}, found: {}",
+                "{field} must be a whole number from 0 to {}, found: {}",
                 u32::MAX,
                 describe(node)
             ),

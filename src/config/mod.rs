@@ -103,14 +103,90 @@ impl Unit {
 }
 
 /// How many requests a limit admits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Quota {
     /// Never counted, never touches the store.
     Unlimited,
     PerUnit {
         requests_per_unit: u32,
         unit: Unit,
+        algorithm: Algorithm,
     },
+}
+
+/// How a limit counts: `rate_limit.algorithm` and its parameters (a sluice extension; upstream
+/// has only the fixed window).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Algorithm {
+    /// Upstream's: a counter per epoch-aligned window; up to twice the limit across a boundary.
+    #[default]
+    FixedWindow,
+    /// Exact: at most `requests_per_unit` in any trailing window; one log entry per admitted hit.
+    SlidingWindowLog,
+    /// Two counters; the previous window weighted by how much of it still overlaps.
+    SlidingWindowCounter,
+    /// Capacity `burst`, refilled at `requests_per_unit` per unit (Spring Cloud Gateway's).
+    TokenBucket { burst: u32 },
+    /// Generic cell rate algorithm with a burst tolerance of `burst` requests (redis-cell's).
+    Gcra { burst: u32 },
+    /// Leaky bucket as a meter: size `burst`, draining at `requests_per_unit` per unit.
+    LeakyBucket { burst: u32 },
+    /// Guava's SmoothWarmingUp: spaced requests, slower while cold, reaching the stable rate
+    /// after `warmup` of steady use.
+    WarmUp {
+        warmup: std::time::Duration,
+        cold_factor: f64,
+    },
+}
+
+impl Algorithm {
+    pub const NAMES: [&'static str; 7] = [
+        "fixed_window",
+        "sliding_window_log",
+        "sliding_window_counter",
+        "token_bucket",
+        "gcra",
+        "leaky_bucket",
+        "warm_up",
+    ];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::TokenBucket { .. } => "token_bucket",
+            Algorithm::Gcra { .. } => "gcra",
+            Algorithm::LeakyBucket { .. } => "leaky_bucket",
+            Algorithm::WarmUp { .. } => "warm_up",
+        }
+    }
+
+    /// The burst of the bucket-shaped algorithms.
+    pub fn burst(&self) -> Option<u32> {
+        match self {
+            Algorithm::TokenBucket { burst }
+            | Algorithm::Gcra { burst }
+            | Algorithm::LeakyBucket { burst } => Some(*burst),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())?;
+        match self {
+            Algorithm::WarmUp {
+                warmup,
+                cold_factor,
+            } => write!(f, " warmup_period={warmup:?} cold_factor={cold_factor}"),
+            _ => match self.burst() {
+                Some(burst) => write!(f, " burst={burst}"),
+                None => Ok(()),
+            },
+        }
+    }
 }
 
 /// Where a limit was defined, for messages and the config dump.
@@ -156,6 +232,7 @@ impl Limit {
             quota: Quota::PerUnit {
                 requests_per_unit,
                 unit,
+                algorithm: Algorithm::FixedWindow,
             },
             replaces: Vec::new(),
             shadow_mode: false,

@@ -178,7 +178,8 @@ descriptors:
         limit.quota,
         Quota::PerUnit {
             requests_per_unit: u32::MAX,
-            unit: Unit::Minute
+            unit: Unit::Minute,
+            algorithm: Algorithm::FixedWindow,
         }
     );
     assert!(limit.shadow_mode && limit.quota_mode);
@@ -258,10 +259,6 @@ fn errors_name_line_and_reason() {
         (
             "domain: d\ndescriptors:\n  - key: k\n    colour: blue\n",
             "limits.yaml:4: config error, unknown key 'colour'",
-        ),
-        (
-            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      algorithm: token_bucket\n",
-            "limits.yaml:6: config error, 'algorithm' is a sluice extension that this version does not support yet (only upstream's fixed window is available)",
         ),
         (
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 4294967296\n",
@@ -387,5 +384,144 @@ fn loads_a_directory_recursively_and_skips_configmap_internals() {
     assert!(
         missing.to_string().contains("cannot read config directory"),
         "{missing}"
+    );
+}
+
+fn algorithm_of(rate_limit: &str) -> Result<Algorithm, Vec<String>> {
+    let text = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n{rate_limit}");
+    match load(&text) {
+        Ok(config) => {
+            let limit = config
+                .domain("d")
+                .unwrap()
+                .find(&entries(&[("k", "v")]))
+                .unwrap();
+            match limit.quota {
+                Quota::PerUnit { algorithm, .. } => Ok(algorithm),
+                Quota::Unlimited => panic!("unlimited"),
+            }
+        }
+        Err(e) => Err(e.0.iter().map(ToString::to_string).collect()),
+    }
+}
+
+#[test]
+fn algorithms_and_their_parameters() {
+    let ok = |yaml: &str| algorithm_of(yaml).unwrap_or_else(|e| panic!("{yaml}: {e:?}"));
+    assert_eq!(
+        ok("      unit: second\n      requests_per_unit: 5\n"),
+        Algorithm::FixedWindow
+    );
+    assert_eq!(
+        ok("      unit: minute\n      requests_per_unit: 5\n      algorithm: sliding_window_log\n"),
+        Algorithm::SlidingWindowLog
+    );
+    assert_eq!(
+        ok(
+            "      unit: minute\n      requests_per_unit: 5\n      algorithm: sliding_window_counter\n"
+        ),
+        Algorithm::SlidingWindowCounter
+    );
+    // burst defaults to requests_per_unit.
+    assert_eq!(
+        ok("      unit: second\n      requests_per_unit: 5\n      algorithm: token_bucket\n"),
+        Algorithm::TokenBucket { burst: 5 }
+    );
+    assert_eq!(
+        ok(
+            "      unit: second\n      requests_per_unit: 5\n      algorithm: gcra\n      burst: 12\n"
+        ),
+        Algorithm::Gcra { burst: 12 }
+    );
+    assert_eq!(
+        ok(
+            "      unit: hour\n      requests_per_unit: 5\n      algorithm: leaky_bucket\n      burst: 1\n"
+        ),
+        Algorithm::LeakyBucket { burst: 1 }
+    );
+    assert_eq!(
+        ok(
+            "      unit: second\n      requests_per_unit: 5\n      algorithm: warm_up\n      warmup_period: 1m30s\n"
+        ),
+        Algorithm::WarmUp {
+            warmup: std::time::Duration::from_secs(90),
+            cold_factor: 3.0
+        }
+    );
+    assert_eq!(
+        ok(
+            "      unit: second\n      requests_per_unit: 5\n      algorithm: warm_up\n      warmup_period: 500ms\n      cold_factor: 2.5\n"
+        ),
+        Algorithm::WarmUp {
+            warmup: std::time::Duration::from_millis(500),
+            cold_factor: 2.5
+        }
+    );
+}
+
+#[test]
+fn algorithm_parameters_that_make_no_sense_are_refused() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "      unit: second\n      algorithm: sideways\n",
+            "limits.yaml:6: unknown algorithm 'sideways' (expected one of: fixed_window, sliding_window_log, sliding_window_counter, token_bucket, gcra, leaky_bucket, warm_up)",
+        ),
+        (
+            "      unit: second\n      requests_per_unit: 5\n      algorithm: token_bucket\n      burst: 0\n",
+            "limits.yaml:8: burst must be at least 1",
+        ),
+        (
+            "      unit: second\n      requests_per_unit: 5\n      burst: 3\n",
+            "limits.yaml:7: burst does not apply to algorithm fixed_window",
+        ),
+        (
+            "      unit: second\n      requests_per_unit: 5\n      algorithm: sliding_window_log\n      warmup_period: 1s\n",
+            "limits.yaml:8: warmup_period does not apply to algorithm sliding_window_log",
+        ),
+        (
+            "      unit: second\n      requests_per_unit: 5\n      algorithm: warm_up\n",
+            "limits.yaml:5: warm_up needs warmup_period (for example 10s)",
+        ),
+        (
+            "      unit: second\n      requests_per_unit: 5\n      algorithm: warm_up\n      warmup_period: soon\n",
+            "limits.yaml:8: warmup_period: expected a duration such as 500ms, 10s or 1m30s, found \"soon\"",
+        ),
+        (
+            "      unit: second\n      requests_per_unit: 5\n      algorithm: warm_up\n      warmup_period: 1s\n      cold_factor: 1\n",
+            "limits.yaml:9: cold_factor must be a number above 1 and at most 1000, found '1'",
+        ),
+        (
+            "      unlimited: true\n      algorithm: gcra\n",
+            "limits.yaml:6: algorithm has no meaning on an unlimited rate limit",
+        ),
+        (
+            "      unit: second\n      requests_per_unit: 0\n      algorithm: gcra\n",
+            "limits.yaml:6: requests_per_unit must be at least 1 for gcra (use fixed_window with 0 to refuse everything)",
+        ),
+        (
+            "      unit: second\n      requests_per_unit: 2000000\n      algorithm: token_bucket\n",
+            "limits.yaml:6: token_bucket counts in microseconds: at most 1000000 per second",
+        ),
+        (
+            "      unit: day\n      requests_per_unit: 100001\n      algorithm: sliding_window_log\n",
+            "limits.yaml:6: sliding_window_log keeps one entry per admitted request, so it allows at most 100000 per window; use sliding_window_counter above that",
+        ),
+        (
+            "      unit: year\n      requests_per_unit: 1\n      algorithm: gcra\n      burst: 1000000\n",
+            "limits.yaml:8: burst times the time per request exceeds 2^52 microseconds (about 142 years)",
+        ),
+    ];
+    for (yaml, want) in cases {
+        let got = algorithm_of(yaml).expect_err(yaml);
+        assert!(
+            got.iter().any(|e| e == want),
+            "{yaml}\nwant: {want}\ngot:  {got:#?}"
+        );
+    }
+    // Extension keys outside rate_limit.
+    let got = errors_of("domain: d\ndescriptors:\n  - key: k\n    burst: 3\n");
+    assert_eq!(
+        got,
+        ["limits.yaml:4: config error, 'burst' is only valid under rate_limit"]
     );
 }

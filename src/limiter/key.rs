@@ -28,12 +28,16 @@
 //! identical to upstream's. The cost: during a migration, a value that contains one of them is
 //! counted separately by the two services.
 //!
+//! The other algorithms keep their time inside their state, so their keys carry no window:
+//! `<prefix>{<domain>_<key1>_<value1>_…}:<algorithm>` (see [`KeyBuilder::state`]).
+//!
 //! # Redis Cluster slot
 //!
 //! No escaped part contains `{` or `}`, and the prefix may not contain them either (checked by
-//! [`KeyBuilder::new`]), so a fixed-window key has no hash tag: Redis hashes the whole key, which
-//! spreads descriptors and windows over all slots. A decision touches exactly one key per
-//! descriptor, so it is always single-slot; a value cannot choose which part of a key is hashed.
+//! [`KeyBuilder::new`]). So a fixed-window key has no hash tag: Redis hashes the whole key, which
+//! spreads descriptors and windows over all slots. The other keys have exactly one tag, the
+//! whole descriptor, placed by us. Either way a value cannot choose which part of a key is hashed,
+//! and each descriptor's decision touches one slot.
 
 use std::fmt::Write;
 
@@ -74,7 +78,7 @@ impl KeyBuilder {
     }
 
     /// The key of the fixed-window counter of `entries` under `limit` for the window that starts
-    /// at `window_start` (unix seconds).
+    /// at `window_start` (unix seconds): upstream's format.
     pub fn fixed_window(
         &self,
         domain: &str,
@@ -82,30 +86,66 @@ impl KeyBuilder {
         limit: &Limit,
         window_start: u64,
     ) -> String {
+        let mut key = self.start(domain, entries);
+        self.write_descriptor(&mut key, domain, entries, limit);
+        key.push('_');
+        write!(key, "{window_start}").expect("writing to a String cannot fail");
+        key
+    }
+
+    /// The key of the state of any other algorithm, named after it:
+    /// `<prefix>{<domain>_<key1>_<value1>…}:<algorithm>`. The braces make the whole descriptor
+    /// the Redis Cluster hash tag, so an algorithm that keeps more than one key could keep them
+    /// in one slot, and different descriptors still spread over the slots. The window is not in
+    /// the key: these algorithms keep time inside their state, on Redis's clock.
+    pub fn state(
+        &self,
+        domain: &str,
+        entries: &[DescriptorEntry],
+        limit: &Limit,
+        algorithm: &str,
+    ) -> String {
+        let mut key = self.start(domain, entries);
+        key.push('{');
+        self.write_descriptor(&mut key, domain, entries, limit);
+        key.push_str("}:");
+        key.push_str(algorithm);
+        key
+    }
+
+    fn start(&self, domain: &str, entries: &[DescriptorEntry]) -> String {
         let size = self.prefix.len()
             + domain.len()
             + entries
                 .iter()
                 .map(|e| e.key.len() + e.value.len() + 2)
                 .sum::<usize>()
-            + 12;
+            + 24;
         let mut key = String::with_capacity(size);
         key.push_str(&self.prefix);
-        escape_into(&mut key, domain, reserved_in_name);
-        key.push('_');
+        key
+    }
+
+    /// `<domain>_<key1>_<value1>_…_<keyN>_<valueN>`, escaped as the module doc says.
+    fn write_descriptor(
+        &self,
+        key: &mut String,
+        domain: &str,
+        entries: &[DescriptorEntry],
+        limit: &Limit,
+    ) {
+        escape_into(key, domain, reserved_in_name);
         for (index, entry) in entries.iter().enumerate() {
-            escape_into(&mut key, &entry.key, reserved_in_name);
+            key.push('_');
+            escape_into(key, &entry.key, reserved_in_name);
             key.push('_');
             match limit.shared_value(index) {
                 // The pattern comes from the config, not the request: it is kept as written,
                 // which is what makes it distinct from every (escaped) runtime value.
                 Some(pattern) => key.push_str(pattern),
-                None => escape_into(&mut key, &entry.value, reserved_in_value),
+                None => escape_into(key, &entry.value, reserved_in_value),
             }
-            key.push('_');
         }
-        write!(key, "{window_start}").expect("writing to a String cannot fail");
-        key
     }
 }
 

@@ -20,11 +20,11 @@ pub use key::{KeyBuilder, PrefixError};
 pub use response::HeaderNames;
 
 use crate::clock::Clock;
-use crate::config::{Limit, Quota, RateLimitConfig, Unit};
+use crate::config::{Algorithm as ConfigAlgorithm, Limit, Quota, RateLimitConfig, Unit};
 use crate::proto::{
     Code, DescriptorStatus, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
 };
-use crate::store::{Algorithm, Check, Store, StoreError};
+use crate::store::{Check, Rule, Store, StoreError};
 
 /// Remaining count reported for `unlimited` descriptors, as upstream does.
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
@@ -168,25 +168,22 @@ impl RateLimiter {
                 let Quota::PerUnit {
                     requests_per_unit,
                     unit,
+                    algorithm,
                 } = limit.quota
                 else {
                     return Plan::Unlimited;
                 };
-                let window_secs = unit.window_secs();
-                let window_start = now_secs / window_secs * window_secs;
+                let (key, rule) = self.counter(
+                    &request.domain,
+                    descriptor,
+                    &limit,
+                    (requests_per_unit, unit, algorithm),
+                    now_secs,
+                );
                 checks.push(Check {
-                    key: self.keys.fixed_window(
-                        &request.domain,
-                        &descriptor.entries,
-                        &limit,
-                        window_start,
-                    ),
+                    key,
                     hits: hits(request, descriptor),
-                    algorithm: Algorithm::FixedWindow {
-                        limit: u64::from(requests_per_unit),
-                        window_secs,
-                        window_start,
-                    },
+                    rule,
                 });
                 Plan::Counted(limit, checks.len() - 1)
             })
@@ -261,6 +258,59 @@ impl RateLimiter {
         }
         reply.statuses = statuses;
         reply
+    }
+
+    /// The key and the counting rule of one descriptor under `limit`.
+    fn counter(
+        &self,
+        domain: &str,
+        descriptor: &RateLimitDescriptor,
+        limit: &Limit,
+        (requests_per_unit, unit, algorithm): (u32, Unit, ConfigAlgorithm),
+        now_secs: u64,
+    ) -> (String, Rule) {
+        let entries = &descriptor.entries;
+        let limit_count = u64::from(requests_per_unit);
+        let window_secs = unit.window_secs();
+        let window = window_secs * 1_000_000;
+        let rule = match algorithm {
+            ConfigAlgorithm::FixedWindow => {
+                let window_start = now_secs / window_secs * window_secs;
+                let key = self.keys.fixed_window(domain, entries, limit, window_start);
+                let rule = Rule::FixedWindow {
+                    limit: limit_count,
+                    window_secs,
+                    window_start,
+                };
+                return (key, rule);
+            }
+            ConfigAlgorithm::SlidingWindowLog => Rule::SlidingWindowLog {
+                limit: limit_count,
+                window,
+            },
+            ConfigAlgorithm::SlidingWindowCounter => Rule::SlidingWindowCounter {
+                limit: limit_count,
+                window,
+            },
+            // Validated on load: requests_per_unit >= 1 and at most one per microsecond.
+            ConfigAlgorithm::TokenBucket { burst }
+            | ConfigAlgorithm::Gcra { burst }
+            | ConfigAlgorithm::LeakyBucket { burst } => Rule::Gcra {
+                interval: window.div_ceil(limit_count),
+                burst: u64::from(burst),
+            },
+            ConfigAlgorithm::WarmUp {
+                warmup,
+                cold_factor,
+            } => Rule::WarmUp {
+                permits_per_window: limit_count,
+                window,
+                warmup: warmup.as_micros() as u64,
+                cold_factor,
+            },
+        };
+        let key = self.keys.state(domain, entries, limit, algorithm.name());
+        (key, rule)
     }
 
     fn validate(&self, request: &RateLimitRequest) -> Result<(), LimitError> {

@@ -43,6 +43,7 @@ pub fn counted(limit: &Limit, outcome: &Outcome) -> DescriptorStatus {
     let Quota::PerUnit {
         requests_per_unit,
         unit,
+        ..
     } = limit.quota
     else {
         unreachable!("unlimited descriptors are answered before the store call");

@@ -1,9 +1,10 @@
 //! The embedded store: counters in process memory, for a single replica or for trying Sluice out.
 //!
 //! Counters are spread over shards, each a mutex around a hash map, so concurrent requests on
-//! different keys rarely contend and one key's read-modify-write is atomic. Every counter carries
-//! its expiry (the end of the window its key names). A background task sweeps expired counters;
-//! it holds only a weak reference and ends when the store is dropped.
+//! different keys rarely contend and one key's read-modify-write is atomic. Every entry holds an
+//! algorithm's state (see `algorithms.rs`) and its expiry, after which it is indistinguishable
+//! from a new key. A background task sweeps expired entries; it holds only a weak reference and
+//! ends when the store is dropped.
 //!
 //! # Memory bound
 //!
@@ -20,7 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use super::{Algorithm, Check, Outcome, Store, StoreFuture, fixed_window_outcome};
+use super::algorithms::{self, State, Step};
+use super::{Check, Outcome, Rule, Store, StoreFuture, fixed_window_outcome};
 use crate::clock::Clock;
 
 const SHARDS: usize = 64;
@@ -58,12 +60,13 @@ struct Inner {
     evictions: AtomicU64,
 }
 
-type Shard = Mutex<HashMap<Box<str>, Counter>>;
+type Shard = Mutex<HashMap<Box<str>, Entry>>;
 
-#[derive(Debug, Clone, Copy)]
-struct Counter {
-    count: u64,
-    expires_at_ms: u64,
+#[derive(Debug, Clone)]
+struct Entry {
+    state: State,
+    /// Microseconds on the store's clock.
+    expires_at: u64,
 }
 
 impl MemoryStore {
@@ -83,7 +86,7 @@ impl MemoryStore {
         Self { inner }
     }
 
-    /// Counters currently held (expired ones not yet swept included).
+    /// Entries currently held (expired ones not yet swept included).
     pub fn len(&self) -> usize {
         self.inner.shards.iter().map(|s| lock(s).len()).sum()
     }
@@ -102,20 +105,77 @@ impl MemoryStore {
         self.inner.sweep_expired();
     }
 
-    fn decide(&self, check: &Check, now_ms: u64) -> Outcome {
-        match check.algorithm {
-            Algorithm::FixedWindow {
+    fn decide(&self, check: &Check, now: u64) -> Outcome {
+        let mut shard = lock(self.inner.shard(&check.key));
+        let found = shard
+            .get(check.key.as_str())
+            .filter(|e| e.expires_at > now)
+            .map(|e| e.state.clone());
+        let step = match check.rule {
+            Rule::FixedWindow {
                 limit,
                 window_secs,
                 window_start,
             } => {
-                let expires_at_ms = (window_start + window_secs) * 1000;
-                let count = self
-                    .inner
-                    .add(&check.key, check.hits, expires_at_ms, now_ms);
-                fixed_window_outcome(count, limit, window_secs, window_start, now_ms)
+                let before = match found {
+                    Some(State::Count(count)) => count,
+                    _ => 0,
+                };
+                let count = before.saturating_add(check.hits);
+                let expires_at = (window_start + window_secs) * 1_000_000;
+                Step {
+                    outcome: fixed_window_outcome(
+                        count,
+                        limit,
+                        window_secs,
+                        window_start,
+                        now / 1000,
+                    ),
+                    // A zero-hit look creates nothing.
+                    keep: (check.hits > 0 && expires_at > now)
+                        .then(|| (State::Count(count), expires_at - now)),
+                }
+            }
+            Rule::SlidingWindowLog { limit, window } => {
+                algorithms::sliding_window_log(found, check.hits, limit, window, now)
+            }
+            Rule::SlidingWindowCounter { limit, window } => {
+                algorithms::sliding_window_counter(found, check.hits, limit, window, now)
+            }
+            Rule::Gcra { interval, burst } => {
+                algorithms::gcra(found, check.hits, interval, burst, now)
+            }
+            Rule::WarmUp {
+                permits_per_window,
+                window,
+                warmup,
+                cold_factor,
+            } => algorithms::warm_up(
+                found,
+                check.hits,
+                permits_per_window,
+                window,
+                warmup,
+                cold_factor,
+                now,
+            ),
+        };
+        if let Some((state, ttl)) = step.keep {
+            let entry = Entry {
+                state,
+                expires_at: now + ttl,
+            };
+            match shard.get_mut(check.key.as_str()) {
+                Some(existing) => *existing = entry,
+                None => {
+                    if shard.len() >= self.inner.per_shard {
+                        self.inner.make_room(&mut shard, now);
+                    }
+                    shard.insert(check.key.as_str().into(), entry);
+                }
             }
         }
+        step.outcome
     }
 }
 
@@ -125,49 +185,15 @@ impl Inner {
         &self.shards[index]
     }
 
-    /// Adds `hits` to the live counter of `key` (creating it unless `hits` is 0) and returns
-    /// the new count.
-    fn add(&self, key: &str, hits: u64, expires_at_ms: u64, now_ms: u64) -> u64 {
-        let mut shard = lock(self.shard(key));
-        if let Some(counter) = shard.get_mut(key) {
-            if counter.expires_at_ms > now_ms {
-                counter.count = counter.count.saturating_add(hits);
-                return counter.count;
-            }
-            if hits == 0 {
-                return 0;
-            }
-            *counter = Counter {
-                count: hits,
-                expires_at_ms,
-            };
-            return hits;
-        }
-        if hits == 0 {
-            return 0;
-        }
-        if shard.len() >= self.per_shard {
-            self.make_room(&mut shard, now_ms);
-        }
-        shard.insert(
-            key.into(),
-            Counter {
-                count: hits,
-                expires_at_ms,
-            },
-        );
-        hits
-    }
-
-    fn make_room(&self, shard: &mut HashMap<Box<str>, Counter>, now_ms: u64) {
-        shard.retain(|_, c| c.expires_at_ms > now_ms);
+    fn make_room(&self, shard: &mut HashMap<Box<str>, Entry>, now: u64) {
+        shard.retain(|_, e| e.expires_at > now);
         if shard.len() < self.per_shard {
             return;
         }
         let victim = shard
             .iter()
             .take(EVICTION_SAMPLE)
-            .min_by_key(|(_, c)| c.expires_at_ms)
+            .min_by_key(|(_, e)| e.expires_at)
             .map(|(k, _)| k.clone());
         if let Some(victim) = victim {
             shard.remove(&victim);
@@ -176,9 +202,9 @@ impl Inner {
     }
 
     fn sweep_expired(&self) {
-        let now_ms = self.clock.now_millis();
+        let now = self.clock.now_micros();
         for shard in self.shards.iter() {
-            lock(shard).retain(|_, c| c.expires_at_ms > now_ms);
+            lock(shard).retain(|_, e| e.expires_at > now);
         }
     }
 }
@@ -205,8 +231,8 @@ async fn sweep(inner: Weak<Inner>, every: Duration) {
 
 impl Store for MemoryStore {
     fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
-        let now_ms = self.inner.clock.now_millis();
-        let outcomes = checks.iter().map(|c| self.decide(c, now_ms)).collect();
+        let now = self.inner.clock.now_micros();
+        let outcomes = checks.iter().map(|c| self.decide(c, now)).collect();
         Box::pin(std::future::ready(Ok(outcomes)))
     }
 
@@ -224,7 +250,7 @@ mod tests {
         Check {
             key: key.into(),
             hits,
-            algorithm: Algorithm::FixedWindow {
+            rule: Rule::FixedWindow {
                 limit,
                 window_secs: 60,
                 window_start,

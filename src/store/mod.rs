@@ -6,6 +6,7 @@
 //! atomic across service replicas; the memory store and the scripts in `lua/` implement the same
 //! semantics and are tested against each other.
 
+pub mod algorithms;
 pub mod memory;
 pub mod redis;
 mod script;
@@ -17,10 +18,11 @@ use std::pin::Pin;
 pub use memory::{MemoryStore, MemoryStoreOptions};
 pub use redis::{RedisOptions, RedisStore, TlsFiles};
 
-/// What to count and how. Everything a store needs comes with the check, so stores hold no
-/// config and a config reload never has to reach them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Algorithm {
+/// How a check is counted, with the numbers it needs. Everything a store needs comes with the
+/// check, so stores hold no config and a config reload never has to reach them. Times are in
+/// microseconds except where named otherwise.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Rule {
     /// Upstream's fixed window: the key names the window; admitted while the count after this
     /// request is at most `limit`.
     FixedWindow {
@@ -29,16 +31,35 @@ pub enum Algorithm {
         /// Unix seconds, on the service clock; also part of the key.
         window_start: u64,
     },
+    SlidingWindowLog {
+        limit: u64,
+        window: u64,
+    },
+    SlidingWindowCounter {
+        limit: u64,
+        window: u64,
+    },
+    /// GCRA, which is also the token bucket and the leaky bucket (meter).
+    Gcra {
+        interval: u64,
+        burst: u64,
+    },
+    WarmUp {
+        permits_per_window: u64,
+        window: u64,
+        warmup: u64,
+        cold_factor: f64,
+    },
 }
 
 /// One descriptor's decision request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Check {
     /// Built by [`crate::limiter::KeyBuilder`]; the store uses it verbatim.
     pub key: String,
     /// Cost of the request; 0 looks without counting.
     pub hits: u64,
-    pub algorithm: Algorithm,
+    pub rule: Rule,
 }
 
 /// A store's answer for one check.
@@ -47,9 +68,11 @@ pub struct Outcome {
     pub admitted: bool,
     /// What could still be admitted now.
     pub remaining: u64,
-    /// Milliseconds until the same request would be admitted (fixed window: the window end).
+    /// Refused: milliseconds until the same request would be admitted. Admitted: milliseconds
+    /// until the limit is fully replenished (fixed window: the window end). Never 0.
     pub reset_ms: u64,
-    /// What the algorithm counts as used after this request (fixed window: the counter).
+    /// What the algorithm counts as used after this request (windows: the count; buckets:
+    /// burst minus remaining).
     pub used: u64,
 }
 

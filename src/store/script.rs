@@ -3,11 +3,17 @@
 
 use std::sync::LazyLock;
 
-use super::{Algorithm, Check};
+use super::{Check, Rule};
 
-/// Algorithm files first, the entry point last: one chunk, so the entry point can call them.
+/// Helpers and algorithm files first, the entry point last: one chunk, so the entry point can
+/// call them.
 const PARTS: &[&str] = &[
+    include_str!("../../lua/common.lua"),
     include_str!("../../lua/fixed_window.lua"),
+    include_str!("../../lua/sliding_window_log.lua"),
+    include_str!("../../lua/sliding_window_counter.lua"),
+    include_str!("../../lua/gcra.lua"),
+    include_str!("../../lua/warm_up.lua"),
     include_str!("../../lua/decide.lua"),
 ];
 
@@ -44,22 +50,50 @@ pub fn encode(
         None => cmd.arg(""),
     };
     for check in checks {
-        match check.algorithm {
-            Algorithm::FixedWindow {
+        cmd.arg(rule_name(&check.rule)).arg(check.hits);
+        // Integers travel as decimal strings; the script hands `hits` to INCRBY as is.
+        match check.rule {
+            Rule::FixedWindow {
                 limit,
                 window_secs,
                 window_start,
             } => {
                 let window_ms = window_secs * 1000;
-                // Integers travel as decimal strings; the script hands `hits` to INCRBY as is.
-                cmd.arg("fixed_window")
-                    .arg(check.hits)
-                    .arg(limit)
+                cmd.arg(limit)
                     .arg(window_ms)
                     .arg((window_start + window_secs) * 1000)
                     .arg(window_ms + ttl_jitter_ms());
             }
+            Rule::SlidingWindowLog { limit, window }
+            | Rule::SlidingWindowCounter { limit, window } => {
+                cmd.arg(limit).arg(window).arg("").arg("");
+            }
+            Rule::Gcra { interval, burst } => {
+                cmd.arg(interval).arg(burst).arg("").arg("");
+            }
+            Rule::WarmUp {
+                permits_per_window,
+                window,
+                warmup,
+                cold_factor,
+            } => {
+                // `{}` prints the shortest text that reads back as the same f64, in Lua too.
+                cmd.arg(permits_per_window)
+                    .arg(window)
+                    .arg(warmup)
+                    .arg(cold_factor.to_string());
+            }
         }
+    }
+}
+
+fn rule_name(rule: &Rule) -> &'static str {
+    match rule {
+        Rule::FixedWindow { .. } => "fixed_window",
+        Rule::SlidingWindowLog { .. } => "sliding_window_log",
+        Rule::SlidingWindowCounter { .. } => "sliding_window_counter",
+        Rule::Gcra { .. } => "gcra",
+        Rule::WarmUp { .. } => "warm_up",
     }
 }
 
@@ -85,7 +119,7 @@ mod tests {
         let check = Check {
             key: "d_k_v_60".into(),
             hits: 3,
-            algorithm: Algorithm::FixedWindow {
+            rule: Rule::FixedWindow {
                 limit: 10,
                 window_secs: 60,
                 window_start: 60,

@@ -1,0 +1,31 @@
+-- GCRA: one number per key, the theoretical arrival time (TAT, microseconds). Also the token
+-- bucket (capacity `burst`, one token per `interval`) and the leaky bucket as a meter: with
+-- tokens = burst - (TAT - now) / interval the three admission rules are the same inequality.
+-- The key expires when the bucket would be full again. Twin of gcra in src/store/algorithms.rs.
+local function gcra(key, now, hits, interval, burst)
+  hits, interval, burst = tonumber(hits), tonumber(interval), tonumber(burst)
+  local tat = now
+  local stored = redis.call('GET', key)
+  -- A TAT in the future is kept when the clock steps back: no tokens are minted.
+  if stored and tonumber(stored) > now then tat = tonumber(stored) end
+  local capacity = burst * interval
+  local function tokens(t)
+    local backlog = t - now
+    if backlog > capacity then backlog = capacity end
+    return math.floor((capacity - backlog) / interval)
+  end
+  if hits > burst then
+    local remaining = tokens(tat)
+    return 0, remaining, micros_to_ms(tat - now), burst - remaining
+  end
+  local new_tat = tat + hits * interval
+  if new_tat - now <= capacity then
+    local remaining = tokens(new_tat)
+    if new_tat > now then
+      redis.call('SET', key, string.format('%.0f', new_tat), 'PX', micros_to_ms(new_tat - now))
+    end
+    return 1, remaining, micros_to_ms(new_tat - now), burst - remaining
+  end
+  local remaining = tokens(tat)
+  return 0, remaining, micros_to_ms(new_tat - now - capacity), burst - remaining
+end

@@ -1,0 +1,57 @@
+-- Sliding-window counter: a hash {s = window start, c = current count, p = previous count}, with
+-- windows aligned to the epoch on Redis's clock. The estimate weights the previous window by the
+-- share of the trailing window that still overlaps it. Twin of sliding_window_counter in
+-- src/store/algorithms.rs; the float expressions are written in the same order so both round
+-- alike.
+local function sliding_window_counter(key, now, hits, limit, window)
+  hits, limit, window = tonumber(hits), tonumber(limit), tonumber(window)
+  local state = redis.call('HMGET', key, 's', 'c', 'p')
+  local start = tonumber(state[1]) or 0
+  local current = tonumber(state[2]) or 0
+  local previous = tonumber(state[3]) or 0
+  -- A clock that steps back stays in the newest window seen.
+  if now < start then now = start end
+  local aligned = now - (now % window)
+  if aligned == start + window then
+    previous = current
+    current = 0
+  elseif aligned ~= start then
+    previous = 0
+    current = 0
+  end
+  start = aligned
+  local elapsed = now - start
+  local weighted = math.floor(previous * (window - elapsed) / window)
+  local estimate = weighted + current
+  local admitted = hits <= limit and estimate + hits <= limit
+  if admitted then current = current + hits end
+  local ttl = start + 2 * window - now
+  local until_empty = 0
+  if current > 0 then
+    until_empty = ttl
+  elseif previous > 0 then
+    until_empty = start + window - now
+  end
+  local wait
+  if admitted or hits > limit then
+    wait = until_empty
+  elseif current + hits <= limit then
+    local room = limit - current - hits
+    local at = math.floor(window - (room + 1) * window / previous) + 1
+    at = math.min(math.max(at, elapsed + 1), window)
+    wait = at - elapsed
+  else
+    local room = limit - hits
+    local at = math.floor(window - (room + 1) * window / current) + 1
+    wait = window - elapsed + math.max(at, 0)
+  end
+  if admitted and (current > 0 or previous > 0) then
+    redis.call('HSET', key, 's', string.format('%.0f', start), 'c', current, 'p', previous)
+    redis.call('PEXPIRE', key, micros_to_ms(ttl))
+  end
+  local used = estimate
+  if admitted then used = estimate + hits end
+  local remaining = limit - used
+  if remaining < 0 then remaining = 0 end
+  return admitted and 1 or 0, remaining, micros_to_ms(wait), used
+end

@@ -1,0 +1,59 @@
+-- Guava's SmoothWarmingUp as an admission rule: a hash {s = stored permits in millionths,
+-- n = next free time}. A request is admitted when the previous one's wait has passed, and pushes
+-- the next free time out by its own cost, which is higher while the limiter is cold. A single
+-- request may cost at most `permits` (one unit's worth). Twin of warm_up in
+-- src/store/algorithms.rs; the float expressions are written in the same order so both round
+-- alike.
+local function warm_up(key, now, hits, permits, window, warmup, cold_factor)
+  hits, permits, window = tonumber(hits), tonumber(permits), tonumber(window)
+  warmup, cold_factor = tonumber(warmup), tonumber(cold_factor)
+  local stable = window / permits
+  local cold = stable * cold_factor
+  local threshold = 0.5 * warmup / stable
+  local max_permits = threshold + 2.0 * warmup / (stable + cold)
+  local slope = (cold - stable) / (max_permits - threshold)
+  local cool_down = warmup / max_permits
+  local state = redis.call('HMGET', key, 's', 'n')
+  local stored, next_free
+  if state[1] and state[2] then
+    stored = tonumber(state[1]) / 1e6
+    next_free = tonumber(state[2])
+  else
+    -- A new limiter starts cold, as Guava's does.
+    stored = max_permits
+    next_free = now
+  end
+  if now > next_free then
+    stored = math.min(max_permits, stored + (now - next_free) / cool_down)
+    next_free = now
+  end
+  local admitted = hits <= permits and next_free <= now
+  if admitted and hits > 0 then
+    local spend = math.min(hits, stored)
+    -- Time to take `spend` stored permits: the area under the interval curve above threshold.
+    local above = stored - threshold
+    local take = spend
+    local micros = 0
+    if above > 0 then
+      local used = math.min(above, take)
+      local length = stable + above * slope + (stable + (above - used) * slope)
+      micros = used * length / 2.0
+      take = take - used
+    end
+    local wait = micros + stable * take + (hits - spend) * stable
+    next_free = next_free + math.floor(wait)
+    stored = stored - spend
+  end
+  local free_in = next_free - now
+  if free_in < 0 then free_in = 0 end
+  local ttl = free_in + math.ceil((max_permits - stored) * cool_down)
+  if ttl < 1 then ttl = 1 end
+  if admitted then
+    redis.call('HSET', key, 's', string.format('%.0f', math.floor(stored * 1e6)),
+      'n', string.format('%.0f', next_free))
+    redis.call('PEXPIRE', key, micros_to_ms(ttl))
+  end
+  local ready = 0
+  if next_free <= now then ready = 1 end
+  return admitted and 1 or 0, ready, micros_to_ms(free_in), 1 - ready
+end

@@ -1,0 +1,475 @@
+//! The counting algorithms on in-process state: the memory store runs these, and each has a twin
+//! in `lua/` that Redis runs. The two must give the same answers (tests/store_conformance.rs), so
+//! where Lua computes with doubles these functions compute with `f64` in the same order.
+//!
+//! All times are microseconds on the store's clock. Every function takes the state it finds
+//! (`None` for a new or expired key) and returns the outcome with the state to keep and how long
+//! to keep it (the time until the state would be indistinguishable from a fresh key).
+//!
+//! Conventions shared by all algorithms: `remaining` is what could be admitted now; `reset_ms`
+//! is, when refused, the wait until the same request would be admitted, and when admitted, the
+//! time until the limit is fully replenished. A request that asks for more than the algorithm can
+//! ever grant is refused at once, without touching the state.
+
+use std::collections::VecDeque;
+
+use super::Outcome;
+
+/// Per-key state in the memory store.
+#[derive(Debug, Clone, PartialEq)]
+pub enum State {
+    Count(u64),
+    /// Admission times, oldest first.
+    Log(VecDeque<u64>),
+    Windows {
+        start: u64,
+        current: u64,
+        previous: u64,
+    },
+    /// Theoretical arrival time.
+    Tat(u64),
+    WarmUp {
+        /// Stored permits in millionths, an integer so that no float drifts across calls.
+        stored_millionths: u64,
+        next_free: u64,
+    },
+}
+
+/// What an algorithm decided and what to keep.
+#[derive(Debug)]
+pub struct Step {
+    pub outcome: Outcome,
+    /// `None` keeps the state as it was (including "no state").
+    pub keep: Option<(State, u64)>,
+}
+
+fn micros_to_ms(us: u64) -> u64 {
+    us.div_ceil(1000).max(1)
+}
+
+/// Sliding-window log: admitted iff fewer than `limit` admissions (counting this one's hits)
+/// lie in the window `(now - window, now]`. Only admitted hits are logged, so the log never holds
+/// more than `limit` entries.
+pub fn sliding_window_log(
+    state: Option<State>,
+    hits: u64,
+    limit: u64,
+    window: u64,
+    now: u64,
+) -> Step {
+    let mut log = match state {
+        Some(State::Log(log)) => log,
+        _ => VecDeque::new(),
+    };
+    // A clock that steps back must not reorder the log.
+    let now = log.back().map_or(now, |&newest| now.max(newest));
+    while log.front().is_some_and(|&t| t + window <= now) {
+        log.pop_front();
+    }
+    let count = log.len() as u64;
+    let until_empty = |log: &VecDeque<u64>| log.back().map_or(0, |&newest| newest + window - now);
+    if count + hits <= limit {
+        for _ in 0..hits {
+            log.push_back(now);
+        }
+        let ttl = until_empty(&log);
+        return Step {
+            outcome: Outcome {
+                admitted: true,
+                remaining: limit - count - hits,
+                reset_ms: micros_to_ms(ttl),
+                used: count + hits,
+            },
+            keep: (!log.is_empty()).then_some((State::Log(log), ttl)),
+        };
+    }
+    let wait = if hits > limit {
+        until_empty(&log)
+    } else {
+        // The (count + hits - limit)-th oldest entry must leave the window first.
+        log[(count + hits - limit - 1) as usize] + window - now
+    };
+    let ttl = until_empty(&log);
+    Step {
+        outcome: Outcome {
+            admitted: false,
+            remaining: limit - count,
+            reset_ms: micros_to_ms(wait),
+            used: count,
+        },
+        keep: (!log.is_empty()).then_some((State::Log(log), ttl)),
+    }
+}
+
+/// Sliding-window counter: the current window's count plus the previous window's, weighted by the
+/// share of the trailing window that still overlaps it. Windows are aligned to the epoch on the
+/// store's clock. It assumes the previous window's hits were spread evenly, so a burst at the end
+/// of the previous window is under-weighted by up to its size times the elapsed fraction.
+pub fn sliding_window_counter(
+    state: Option<State>,
+    hits: u64,
+    limit: u64,
+    window: u64,
+    now: u64,
+) -> Step {
+    let (mut start, mut current, mut previous) = match state {
+        Some(State::Windows {
+            start,
+            current,
+            previous,
+        }) => (start, current, previous),
+        _ => (0, 0, 0),
+    };
+    // A clock that steps back stays in the newest window seen.
+    let now = now.max(start);
+    let aligned = now / window * window;
+    if aligned == start + window {
+        previous = current;
+        current = 0;
+    } else if aligned != start {
+        previous = 0;
+        current = 0;
+    }
+    start = aligned;
+    let elapsed = now - start;
+    let weighted = (previous as f64 * (window - elapsed) as f64 / window as f64).floor() as u64;
+    let estimate = weighted + current;
+    let admitted = hits <= limit && estimate + hits <= limit;
+    if admitted {
+        current += hits;
+    }
+    let ttl = start + 2 * window - now;
+    let until_empty = if current > 0 {
+        ttl
+    } else if previous > 0 {
+        start + window - now
+    } else {
+        0
+    };
+    let wait = if admitted || hits > limit {
+        until_empty
+    } else if current + hits <= limit {
+        // Wait for the previous window's weight to shrink enough, at the latest to its end.
+        let room = (limit - current - hits) as f64;
+        let at = (window as f64 - (room + 1.0) * window as f64 / previous as f64).floor() + 1.0;
+        (at.max(elapsed as f64 + 1.0).min(window as f64) as u64) - elapsed
+    } else {
+        // This window's count becomes the previous one; wait until its weight has shrunk.
+        let room = (limit - hits) as f64;
+        let at = (window as f64 - (room + 1.0) * window as f64 / current as f64).floor() + 1.0;
+        window - elapsed + at.max(0.0) as u64
+    };
+    let used = if admitted { estimate + hits } else { estimate };
+    Step {
+        outcome: Outcome {
+            admitted,
+            remaining: limit.saturating_sub(used),
+            reset_ms: micros_to_ms(wait),
+            used,
+        },
+        // Rolling the windows forward is a pure function of the old state and the time, so only
+        // an admission needs to be written (as in the Lua twin).
+        keep: (admitted && (current > 0 || previous > 0)).then_some((
+            State::Windows {
+                start,
+                current,
+                previous,
+            },
+            ttl,
+        )),
+    }
+}
+
+/// GCRA with emission interval `interval` and room for `burst` requests at once. This is also the
+/// token bucket (capacity `burst`, one token per `interval`) and the leaky bucket as a meter
+/// (size `burst`, draining one per `interval`): with tokens = burst - (TAT - now) / interval the
+/// three admission rules are the same inequality.
+pub fn gcra(state: Option<State>, hits: u64, interval: u64, burst: u64, now: u64) -> Step {
+    let stored = match state {
+        Some(State::Tat(tat)) => tat,
+        _ => now,
+    };
+    // A TAT in the future is kept when the clock steps back: no tokens are minted.
+    let tat = stored.max(now);
+    let capacity = burst * interval;
+    let tokens =
+        |tat: u64| ((capacity - (tat - now).min(capacity)) as f64 / interval as f64).floor() as u64;
+    if hits > burst {
+        // More than the bucket holds: never admissible, so no wait would help.
+        let remaining = tokens(tat);
+        return Step {
+            outcome: Outcome {
+                admitted: false,
+                remaining,
+                reset_ms: micros_to_ms(tat - now),
+                used: burst - remaining,
+            },
+            keep: None,
+        };
+    }
+    let new_tat = tat + hits * interval;
+    if new_tat - now <= capacity {
+        let remaining = tokens(new_tat);
+        return Step {
+            outcome: Outcome {
+                admitted: true,
+                remaining,
+                reset_ms: micros_to_ms(new_tat - now),
+                used: burst - remaining,
+            },
+            keep: (new_tat > now).then_some((State::Tat(new_tat), new_tat - now)),
+        };
+    }
+    let remaining = tokens(tat);
+    Step {
+        outcome: Outcome {
+            admitted: false,
+            remaining,
+            reset_ms: micros_to_ms(new_tat - now - capacity),
+            used: burst - remaining,
+        },
+        keep: None,
+    }
+}
+
+/// Parameters of Guava's SmoothWarmingUp, derived from the limit as Guava derives them.
+struct WarmUpShape {
+    stable: f64,
+    threshold: f64,
+    max_permits: f64,
+    slope: f64,
+    cool_down: f64,
+}
+
+impl WarmUpShape {
+    fn new(permits_per_window: u64, window: u64, warmup: u64, cold_factor: f64) -> Self {
+        let stable = window as f64 / permits_per_window as f64;
+        let cold = stable * cold_factor;
+        let warmup = warmup as f64;
+        let threshold = 0.5 * warmup / stable;
+        let max_permits = threshold + 2.0 * warmup / (stable + cold);
+        Self {
+            stable,
+            threshold,
+            max_permits,
+            slope: (cold - stable) / (max_permits - threshold),
+            cool_down: warmup / max_permits,
+        }
+    }
+
+    /// Time to take `take` of `stored` permits: the area under the interval curve.
+    fn cost(&self, stored: f64, take: f64) -> f64 {
+        let above = stored - self.threshold;
+        let mut take = take;
+        let mut micros = 0.0;
+        if above > 0.0 {
+            let used = above.min(take);
+            let length =
+                self.stable + above * self.slope + (self.stable + (above - used) * self.slope);
+            micros = used * length / 2.0;
+            take -= used;
+        }
+        micros + self.stable * take
+    }
+}
+
+/// Guava's SmoothWarmingUp as an admission rule: a request is admitted when the previous
+/// reservation's wait has passed (Guava's `tryAcquire(permits, 0)`), and then pushes the next
+/// free time out by its own cost, which is larger while the limiter is cold (idle). Guava lets one
+/// request of any size through and makes the next wait ("pay later"); here a single request may
+/// not cost more than one unit's worth (`permits_per_window`).
+pub fn warm_up(
+    state: Option<State>,
+    hits: u64,
+    permits_per_window: u64,
+    window: u64,
+    warmup: u64,
+    cold_factor: f64,
+    now: u64,
+) -> Step {
+    let shape = WarmUpShape::new(permits_per_window, window, warmup, cold_factor);
+    let (mut stored, mut next_free) = match state {
+        Some(State::WarmUp {
+            stored_millionths,
+            next_free,
+        }) => (stored_millionths as f64 / 1e6, next_free),
+        // A new limiter starts cold, as Guava's does.
+        _ => (shape.max_permits, now),
+    };
+    if now > next_free {
+        stored = shape
+            .max_permits
+            .min(stored + (now - next_free) as f64 / shape.cool_down);
+        next_free = now;
+    }
+    let admitted = hits <= permits_per_window && next_free <= now;
+    if admitted && hits > 0 {
+        let spend = (hits as f64).min(stored);
+        let wait = shape.cost(stored, spend) + (hits as f64 - spend) * shape.stable;
+        next_free += wait.floor() as u64;
+        stored -= spend;
+    }
+    let stored_millionths = (stored * 1e6).floor() as u64;
+    let free_in = next_free.saturating_sub(now);
+    let ttl = free_in + ((shape.max_permits - stored) * shape.cool_down).ceil() as u64;
+    let ready = u64::from(next_free <= now);
+    Step {
+        outcome: Outcome {
+            admitted,
+            remaining: ready,
+            reset_ms: micros_to_ms(free_in),
+            used: 1 - ready,
+        },
+        keep: admitted.then_some((
+            State::WarmUp {
+                stored_millionths,
+                next_free,
+            },
+            ttl.max(1),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+
+    /// Runs `f` over arrivals, threading the state, and returns the admitted flags.
+    fn run(mut f: impl FnMut(Option<State>, u64) -> Step, arrivals: &[u64]) -> Vec<bool> {
+        let mut state = None;
+        arrivals
+            .iter()
+            .map(|&t| {
+                let step = f(state.clone(), t);
+                if let Some((s, _)) = step.keep {
+                    state = Some(s);
+                }
+                step.outcome.admitted
+            })
+            .collect()
+    }
+
+    #[test]
+    fn log_is_strict_over_any_trailing_window() {
+        // Limit 3 per 10 s; 3 at t=9 s, then t=10..=18 refused, t=19 s admitted again.
+        let arrivals: Vec<u64> = [9, 9, 9, 10, 18, 19, 19, 19, 20]
+            .iter()
+            .map(|s| s * S)
+            .collect();
+        let got = run(|st, t| sliding_window_log(st, 1, 3, 10 * S, t), &arrivals);
+        assert_eq!(
+            got,
+            [true, true, true, false, false, true, true, true, false]
+        );
+    }
+
+    #[test]
+    fn log_reports_the_wait_for_the_oldest_needed_entry() {
+        let mut state = None;
+        for t in [1, 2, 3] {
+            state = sliding_window_log(state, 1, 3, 10 * S, t * S)
+                .keep
+                .map(|(s, _)| s);
+        }
+        let refused = sliding_window_log(state.clone(), 2, 3, 10 * S, 5 * S);
+        assert!(!refused.outcome.admitted);
+        // Two entries must go: the one from t=2 leaves at 12 s, 7 s from now.
+        assert_eq!(refused.outcome.reset_ms, 7_000);
+        assert_eq!(refused.outcome.remaining, 0);
+        let too_big = sliding_window_log(state, 4, 3, 10 * S, 5 * S);
+        assert!(!too_big.outcome.admitted);
+    }
+
+    #[test]
+    fn counter_weights_the_previous_window() {
+        // Limit 10 per 10 s; 10 admitted in [0, 10); at 15 s the previous weighs 5.
+        let mut state = None;
+        for _ in 0..10 {
+            let step = sliding_window_counter(state, 1, 10, 10 * S, S);
+            assert!(step.outcome.admitted);
+            state = step.keep.map(|(s, _)| s);
+        }
+        let mid = sliding_window_counter(state.clone(), 1, 10, 10 * S, 15 * S);
+        assert_eq!(mid.outcome.used, 6);
+        let five_more = sliding_window_counter(state, 6, 10, 10 * S, 15 * S);
+        assert!(!five_more.outcome.admitted);
+        // 5 + 6 > 10 needs the weight at most 4: floor(10 * (10 - e) / 10) <= 4 once e > 5 s,
+        // which is 1 µs away (reported as the 1 ms minimum).
+        assert_eq!(five_more.outcome.reset_ms, 1);
+    }
+
+    #[test]
+    fn gcra_bursts_then_paces() {
+        // 1 per second, burst 3: three at once, then one per second.
+        let arrivals: Vec<u64> = [0, 0, 0, 0, 1, 1, 2, 3]
+            .iter()
+            .map(|s| 100 * S + s * S)
+            .collect();
+        let got = run(|st, t| gcra(st, 1, S, 3, t), &arrivals);
+        assert_eq!(got, [true, true, true, false, true, false, true, true]);
+    }
+
+    #[test]
+    fn gcra_matches_a_literal_token_bucket() {
+        // A plain token bucket in integer microtokens, fed the same random-ish traffic.
+        let (interval, burst) = (250_000u64, 4u64);
+        let mut tokens = burst * interval; // microtokens: one token = `interval`
+        let mut last = 0u64;
+        let mut state = None;
+        let mut t = 0u64;
+        for i in 0..2_000u64 {
+            t += (i * 7919) % 400_000;
+            let cost = 1 + (i % 3);
+            tokens = (tokens + (t - last)).min(burst * interval);
+            last = t;
+            let expected = tokens >= cost * interval;
+            if expected {
+                tokens -= cost * interval;
+            }
+            let step = gcra(state.clone(), cost, interval, burst, t);
+            assert_eq!(step.outcome.admitted, expected, "request {i} at {t}");
+            assert_eq!(step.outcome.remaining, tokens / interval, "request {i}");
+            if let Some((s, _)) = step.keep {
+                state = Some(s);
+            }
+        }
+    }
+
+    #[test]
+    fn warm_up_starts_slow_and_reaches_the_stable_rate() {
+        // 10 per second (stable 100 ms), warm-up 1 s, cold factor 3: cold interval 300 ms.
+        let mut state = None;
+        let mut t = 1_000 * S;
+        let mut gaps = Vec::new();
+        let mut last = t;
+        for _ in 0..2_000 {
+            // Ask every 10 ms; record the spacing of admissions.
+            let step = warm_up(state.clone(), 1, 10, S, S, 3.0, t);
+            if step.outcome.admitted {
+                gaps.push(t - last);
+                last = t;
+                state = step.keep.map(|(s, _)| s);
+            }
+            t += 10_000;
+            if gaps.len() > 12 {
+                break;
+            }
+        }
+        // First gap is 0 (admitted at once); the next ones shrink from ~300 ms towards 100 ms.
+        assert!(gaps[1] >= 250_000, "{gaps:?}");
+        assert!(*gaps.last().unwrap() <= 110_000, "{gaps:?}");
+        assert!(
+            gaps.windows(2).skip(1).all(|w| w[1] <= w[0] + 10_000),
+            "{gaps:?}"
+        );
+    }
+
+    #[test]
+    fn warm_up_refuses_more_than_one_unit() {
+        let step = warm_up(None, 11, 10, S, S, 3.0, S);
+        assert!(!step.outcome.admitted);
+        assert!(step.keep.is_none());
+    }
+}
