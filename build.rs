@@ -7,7 +7,10 @@
 
 use std::path::PathBuf;
 
-const PROTOS: &[&str] = &["envoy/service/ratelimit/v3/rls.proto"];
+const PROTOS: &[&str] = &[
+    "envoy/service/ratelimit/v3/rls.proto",
+    "sluice/v1/limiter.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");

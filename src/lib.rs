@@ -9,6 +9,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod limiter;
+pub mod limiters;
 pub mod proto;
 pub mod server;
 pub mod settings;

@@ -36,6 +36,13 @@ pub mod envoy {
     }
 }
 
+/// Sluice's own API (`proto/sluice/v1/limiter.proto`).
+pub mod sluice {
+    pub mod v1 {
+        tonic::include_proto!("sluice.v1");
+    }
+}
+
 /// Encoded `FileDescriptorSet` of everything in `proto/` (with imports), for reflection and JSON.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/sluice_descriptor.bin"));

@@ -27,6 +27,8 @@ pub struct Settings {
     pub log: LogSettings,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub shutdown_grace: Duration,
+    /// Longest wait of the native API's `Acquire`/`TryAcquire`.
+    pub limiter_max_wait: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -208,6 +210,7 @@ impl Settings {
                 json: log_format == "json",
             },
             shutdown_grace: env.duration("SHUTDOWN_GRACE_PERIOD", Duration::from_secs(10))?,
+            limiter_max_wait: env.duration("LIMITER_MAX_WAIT", Duration::from_secs(30))?,
         })
     }
 }

@@ -13,8 +13,8 @@ use prost_types::value::Kind;
 
 use super::yaml::{self, Node, Value};
 use super::{
-    Algorithm, Children, ConfigError, ConfigErrors, Domain, Level, Limit, Origin, Quota,
-    RateLimitConfig, TreeNode, Unit, Wildcard,
+    Algorithm, AlgorithmField, Children, ConfigError, ConfigErrors, Domain, Level, Limit, Origin,
+    Quota, RateLimitConfig, TreeNode, Unit, Wildcard,
 };
 
 /// Loader switches that come from the environment (upstream's variable names in brackets).
@@ -48,12 +48,6 @@ const UPSTREAM_KEYS: &[&str] = &[
 
 /// Sluice's own keys, valid under `rate_limit` only.
 const EXTENSION_KEYS: &[&str] = &["algorithm", "burst", "warmup_period", "cold_factor"];
-
-/// The largest `sliding_window_log` limit: its memory is one entry per admitted request.
-pub const MAX_LOG_LIMIT: u32 = 100_000;
-
-/// GCRA-family state is in microseconds, kept exact in Lua's doubles (2^53) with headroom.
-const MAX_BUCKET_SPAN_MICROS: f64 = 4_503_599_627_370_496.0; // 2^52
 
 /// Loads every `*.yaml` file under `dir` (recursively, in path order).
 ///
@@ -594,58 +588,18 @@ impl FileChecker<'_> {
             }
         }
 
-        if algorithm != Algorithm::FixedWindow && requests_per_unit == 0 {
+        if let Err(problem) =
+            algorithm.check_numbers(u64::from(requests_per_unit), unit.window_secs() * 1_000_000)
+        {
+            let field = match problem.field {
+                AlgorithmField::Rate => "requests_per_unit",
+                AlgorithmField::Burst => "burst",
+            };
             self.error(
-                at("requests_per_unit"),
-                format!(
-                    "requests_per_unit must be at least 1 for {} (use fixed_window with 0 to refuse everything)",
-                    algorithm.name()
-                ),
+                at(field),
+                problem.reason.replace("the rate", "requests_per_unit"),
             );
             return None;
-        }
-        let window_micros = unit.window_secs() as f64 * 1e6;
-        match algorithm {
-            Algorithm::SlidingWindowLog if requests_per_unit > MAX_LOG_LIMIT => {
-                self.error(
-                    at("requests_per_unit"),
-                    format!(
-                        "sliding_window_log keeps one entry per admitted request, so it allows at \
-                         most {MAX_LOG_LIMIT} per window; use sliding_window_counter above that"
-                    ),
-                );
-                return None;
-            }
-            Algorithm::TokenBucket { burst }
-            | Algorithm::Gcra { burst }
-            | Algorithm::LeakyBucket { burst } => {
-                let interval = (window_micros / f64::from(requests_per_unit)).ceil();
-                if window_micros / f64::from(requests_per_unit) < 1.0 {
-                    self.error(
-                        at("requests_per_unit"),
-                        format!(
-                            "{} counts in microseconds: at most 1000000 per second",
-                            algorithm.name()
-                        ),
-                    );
-                    return None;
-                }
-                if interval * f64::from(burst) > MAX_BUCKET_SPAN_MICROS {
-                    self.error(
-                        at("burst"),
-                        "burst times the time per request exceeds 2^52 microseconds (about 142 years)",
-                    );
-                    return None;
-                }
-            }
-            Algorithm::WarmUp { .. } if window_micros / f64::from(requests_per_unit) < 1.0 => {
-                self.error(
-                    at("requests_per_unit"),
-                    "warm_up counts in microseconds: at most 1000000 per second",
-                );
-                return None;
-            }
-            _ => {}
         }
         Some(algorithm)
     }

@@ -173,6 +173,79 @@ impl Algorithm {
     }
 }
 
+/// The largest `sliding_window_log` limit: its memory is one entry per admitted request.
+pub const MAX_LOG_LIMIT: u64 = 100_000;
+
+/// GCRA-family state is in microseconds, kept exact in Lua's doubles (2^53) with headroom.
+const MAX_BUCKET_SPAN_MICROS: f64 = 4_503_599_627_370_496.0; // 2^52
+
+/// Which number an [`AlgorithmProblem`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlgorithmField {
+    Rate,
+    Burst,
+}
+
+/// Numbers an algorithm cannot work with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlgorithmProblem {
+    pub field: AlgorithmField,
+    pub reason: String,
+}
+
+impl Algorithm {
+    /// Checks `limit` permits per `window` microseconds (and the burst) against what the
+    /// algorithm can represent exactly. Shared by the config loader and the native API.
+    pub fn check_numbers(&self, limit: u64, window: u64) -> Result<(), AlgorithmProblem> {
+        let problem = |field, reason: String| Err(AlgorithmProblem { field, reason });
+        if *self != Algorithm::FixedWindow && limit == 0 {
+            return problem(
+                AlgorithmField::Rate,
+                format!(
+                    "the rate must be at least 1 for {} (use fixed_window with 0 to refuse everything)",
+                    self.name()
+                ),
+            );
+        }
+        let per_permit = window as f64 / limit.max(1) as f64;
+        match self {
+            Algorithm::SlidingWindowLog if limit > MAX_LOG_LIMIT => problem(
+                AlgorithmField::Rate,
+                format!(
+                    "sliding_window_log keeps one entry per admitted request, so it allows at \
+                     most {MAX_LOG_LIMIT} per window; use sliding_window_counter above that"
+                ),
+            ),
+            Algorithm::TokenBucket { .. }
+            | Algorithm::Gcra { .. }
+            | Algorithm::LeakyBucket { .. }
+            | Algorithm::WarmUp { .. }
+                if per_permit < 1.0 =>
+            {
+                problem(
+                    AlgorithmField::Rate,
+                    format!(
+                        "{} counts in microseconds: at most 1000000 per second",
+                        self.name()
+                    ),
+                )
+            }
+            Algorithm::TokenBucket { burst }
+            | Algorithm::Gcra { burst }
+            | Algorithm::LeakyBucket { burst }
+                if per_permit.ceil() * f64::from(*burst) > MAX_BUCKET_SPAN_MICROS =>
+            {
+                problem(
+                    AlgorithmField::Burst,
+                    "burst times the time per request exceeds 2^52 microseconds (about 142 years)"
+                        .to_string(),
+                )
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())?;

@@ -43,6 +43,7 @@ use std::fmt::Write;
 
 use crate::config::Limit;
 use crate::proto::DescriptorEntry;
+use crate::store::{LimiterKeys, StateKeys};
 
 /// Characters that make a descriptor value ambiguous or steer a Redis Cluster hash tag.
 fn reserved_in_value(b: u8) -> bool {
@@ -111,6 +112,35 @@ impl KeyBuilder {
         key.push_str("}:");
         key.push_str(algorithm);
         key
+    }
+
+    /// The keys of a named limiter (native API): `<prefix>{limiter_<name>}:config`, `:state`,
+    /// `:epoch`, and `:state:<client>` / `:epoch:<client>` for a client. One hash tag for all, so
+    /// one script can use them together. The name is escaped like a descriptor value, so its
+    /// braces cannot move the tag and `limiter_<name>` has a single raw `_`, unlike any
+    /// descriptor key's `<domain>_<key>_<value>`.
+    pub fn limiter(&self, name: &str, client: Option<&str>) -> LimiterKeys {
+        let mut tag = String::with_capacity(self.prefix.len() + name.len() + 12);
+        tag.push_str(&self.prefix);
+        tag.push_str("{limiter_");
+        escape_into(&mut tag, name, reserved_in_value);
+        tag.push('}');
+        let state_keys = |suffix: &str| {
+            let mut state = format!("{tag}:state");
+            let mut epoch = format!("{tag}:epoch");
+            if !suffix.is_empty() {
+                for key in [&mut state, &mut epoch] {
+                    key.push(':');
+                    escape_into(key, suffix, reserved_in_value);
+                }
+            }
+            StateKeys { state, epoch }
+        };
+        LimiterKeys {
+            config: format!("{tag}:config"),
+            shared: state_keys(""),
+            client: client.map(state_keys),
+        }
     }
 
     fn start(&self, domain: &str, entries: &[DescriptorEntry]) -> String {

@@ -270,45 +270,20 @@ impl RateLimiter {
         now_secs: u64,
     ) -> (String, Rule) {
         let entries = &descriptor.entries;
-        let limit_count = u64::from(requests_per_unit);
         let window_secs = unit.window_secs();
-        let window = window_secs * 1_000_000;
-        let rule = match algorithm {
-            ConfigAlgorithm::FixedWindow => {
-                let window_start = now_secs / window_secs * window_secs;
-                let key = self.keys.fixed_window(domain, entries, limit, window_start);
-                let rule = Rule::FixedWindow {
-                    limit: limit_count,
-                    window_secs,
-                    window_start,
-                };
-                return (key, rule);
-            }
-            ConfigAlgorithm::SlidingWindowLog => Rule::SlidingWindowLog {
-                limit: limit_count,
-                window,
-            },
-            ConfigAlgorithm::SlidingWindowCounter => Rule::SlidingWindowCounter {
-                limit: limit_count,
-                window,
-            },
-            // Validated on load: requests_per_unit >= 1 and at most one per microsecond.
-            ConfigAlgorithm::TokenBucket { burst }
-            | ConfigAlgorithm::Gcra { burst }
-            | ConfigAlgorithm::LeakyBucket { burst } => Rule::Gcra {
-                interval: window.div_ceil(limit_count),
-                burst: u64::from(burst),
-            },
-            ConfigAlgorithm::WarmUp {
-                warmup,
-                cold_factor,
-            } => Rule::WarmUp {
-                permits_per_window: limit_count,
-                window,
-                warmup: warmup.as_micros() as u64,
-                cold_factor,
-            },
-        };
+        let mut rule = rule_for(
+            algorithm,
+            u64::from(requests_per_unit),
+            window_secs * 1_000_000,
+        );
+        if let Rule::FixedWindow { window_start, .. } = &mut rule {
+            // Upstream's keys name the window, picked on the service clock.
+            *window_start = now_secs / window_secs * window_secs;
+            let key = self
+                .keys
+                .fixed_window(domain, entries, limit, *window_start);
+            return (key, rule);
+        }
         let key = self.keys.state(domain, entries, limit, algorithm.name());
         (key, rule)
     }
@@ -365,6 +340,36 @@ impl RateLimiter {
             }
         }
         Ok(())
+    }
+}
+
+/// The store rule of `algorithm` for `limit` permits per `window` microseconds. A fixed window's
+/// start is left at 0 for the caller to fill in. Shared by the RLS path and named limiters, and
+/// valid for numbers that passed [`ConfigAlgorithm::check_numbers`].
+pub fn rule_for(algorithm: ConfigAlgorithm, limit: u64, window: u64) -> Rule {
+    match algorithm {
+        ConfigAlgorithm::FixedWindow => Rule::FixedWindow {
+            limit,
+            window_secs: window / 1_000_000,
+            window_start: 0,
+        },
+        ConfigAlgorithm::SlidingWindowLog => Rule::SlidingWindowLog { limit, window },
+        ConfigAlgorithm::SlidingWindowCounter => Rule::SlidingWindowCounter { limit, window },
+        ConfigAlgorithm::TokenBucket { burst }
+        | ConfigAlgorithm::Gcra { burst }
+        | ConfigAlgorithm::LeakyBucket { burst } => Rule::Gcra {
+            interval: window.div_ceil(limit),
+            burst: u64::from(burst),
+        },
+        ConfigAlgorithm::WarmUp {
+            warmup,
+            cold_factor,
+        } => Rule::WarmUp {
+            permits_per_window: limit,
+            window,
+            warmup: warmup.as_micros() as u64,
+            cold_factor,
+        },
     }
 }
 

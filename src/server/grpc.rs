@@ -1,4 +1,5 @@
-//! The gRPC adapter: Envoy's `RateLimitService`, plus health and reflection, on one port.
+//! The gRPC adapter: Envoy's `RateLimitService`, Sluice's own `sluice.v1.Limiter` (see
+//! `limiter_api.rs`), health and reflection, on one port.
 //!
 //! Errors become gRPC statuses so that Envoy's `failure_mode_deny` can act on them (Envoy treats
 //! any non-OK status as a failed call; a response with `overall_code: UNKNOWN` is not):
@@ -18,7 +19,10 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use super::ServeError;
+use super::limiter_api::LimiterApi;
 use crate::limiter::{LimitError, RateLimiter};
+use crate::limiters::NamedLimiters;
+use crate::proto::sluice::v1::limiter_server::LimiterServer;
 use crate::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
 
 pub struct RateLimitService {
@@ -53,6 +57,7 @@ pub fn to_status(error: LimitError) -> Status {
 pub fn serve<H>(
     listener: TcpListener,
     limiter: Arc<RateLimiter>,
+    named: Arc<NamedLimiters>,
     health: H,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError>
@@ -75,7 +80,8 @@ where
     let router = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection)
-        .add_service(RateLimitServiceServer::new(RateLimitService { limiter }));
+        .add_service(RateLimitServiceServer::new(RateLimitService { limiter }))
+        .add_service(LimiterServer::new(LimiterApi::new(named)));
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     Ok(async move {
         router

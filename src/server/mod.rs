@@ -7,6 +7,7 @@
 mod grpc;
 mod health;
 mod http;
+mod limiter_api;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -20,6 +21,7 @@ pub use health::Health;
 use crate::clock::SystemClock;
 use crate::config::{self, ConfigErrors};
 use crate::limiter::{KeyBuilder, PrefixError, RateLimiter};
+use crate::limiters::NamedLimiters;
 use crate::settings::{Backend, Settings};
 use crate::store::{MemoryStore, RedisStore, Store, StoreError};
 
@@ -78,6 +80,11 @@ pub async fn serve(
             Arc::new(store)
         }
     };
+    let named = Arc::new(NamedLimiters::new(
+        store.clone(),
+        keys.clone(),
+        settings.limiter_max_wait,
+    ));
     let limiter = Arc::new(RateLimiter::new(
         store,
         keys,
@@ -125,7 +132,13 @@ pub async fn serve(
         }
     };
 
-    let grpc = grpc::serve(grpc_listener, limiter.clone(), health_service, stopped())?;
+    let grpc = grpc::serve(
+        grpc_listener,
+        limiter.clone(),
+        named,
+        health_service,
+        stopped(),
+    )?;
     let http = http::serve(http_listener, limiter.clone(), health.clone(), stopped());
     tracing::info!(grpc = %grpc_addr, http = %http_addr, "sluice is listening");
 

@@ -22,7 +22,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use super::algorithms::{self, State, Step};
-use super::{Check, Outcome, Rule, Store, StoreFuture, fixed_window_outcome};
+use super::{
+    Acquisition, Check, LimiterKeys, LimiterRecord, Outcome, Rule, SetMode, Store, StoreFuture,
+    fixed_window_outcome,
+};
 use crate::clock::Clock;
 
 const SHARDS: usize = 64;
@@ -49,6 +52,12 @@ impl Default for MemoryStoreOptions {
 #[derive(Debug)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
+    /// Named limiters' configs (native API) and their generation. Their states live in the
+    /// shards like any counter, under `<state key>#<generation>`, so a reset simply moves on to
+    /// a new key and the old state expires; they count towards the memory bound, the configs
+    /// do not (there is one per limiter an application created).
+    limiters: Mutex<HashMap<String, (LimiterRecord, u64)>>,
+    generations: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -83,7 +92,11 @@ impl MemoryStore {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(sweep(Arc::downgrade(&inner), options.sweep_interval));
         }
-        Self { inner }
+        Self {
+            inner,
+            limiters: Mutex::new(HashMap::new()),
+            generations: AtomicU64::new(1),
+        }
     }
 
     /// Entries currently held (expired ones not yet swept included).
@@ -234,6 +247,89 @@ impl Store for MemoryStore {
         let now = self.inner.clock.now_micros();
         let outcomes = checks.iter().map(|c| self.decide(c, now)).collect();
         Box::pin(std::future::ready(Ok(outcomes)))
+    }
+
+    fn set_limiter<'a>(
+        &'a self,
+        keys: &'a LimiterKeys,
+        record: &'a LimiterRecord,
+        mode: SetMode,
+    ) -> StoreFuture<'a, (bool, LimiterRecord)> {
+        let mut limiters = lock(&self.limiters);
+        let existing = limiters
+            .get(&keys.config)
+            .map(|(_, generation)| *generation);
+        let result = match (existing, mode) {
+            (Some(_), SetMode::TrySet) => (false, limiters[&keys.config].0.clone()),
+            (Some(generation), SetMode::UpdateKeepState) => {
+                limiters.insert(keys.config.clone(), (record.clone(), generation));
+                (true, record.clone())
+            }
+            _ => {
+                let generation = self.generations.fetch_add(1, Ordering::Relaxed);
+                limiters.insert(keys.config.clone(), (record.clone(), generation));
+                (true, record.clone())
+            }
+        };
+        Box::pin(std::future::ready(Ok(result)))
+    }
+
+    fn get_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, Option<LimiterRecord>> {
+        let found = lock(&self.limiters)
+            .get(&keys.config)
+            .map(|(r, _)| r.clone());
+        Box::pin(std::future::ready(Ok(found)))
+    }
+
+    fn delete_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
+        let removed = lock(&self.limiters).remove(&keys.config);
+        if let Some((_, generation)) = &removed {
+            let state = format!("{}#{generation}", keys.shared.state);
+            lock(self.inner.shard(&state)).remove(state.as_str());
+        }
+        Box::pin(std::future::ready(Ok(removed.is_some())))
+    }
+
+    fn acquire<'a>(&'a self, keys: &'a LimiterKeys, permits: u64) -> StoreFuture<'a, Acquisition> {
+        let found = lock(&self.limiters).get(&keys.config).cloned();
+        let acquisition = match found {
+            None => Acquisition::NoSuchLimiter,
+            Some((record, generation)) => {
+                let state = if record.per_client {
+                    keys.client.as_ref()
+                } else {
+                    Some(&keys.shared)
+                };
+                match state {
+                    None => Acquisition::NeedsClient,
+                    Some(state) => {
+                        let now = self.inner.clock.now_micros();
+                        let mut rule = record.rule;
+                        if let Rule::FixedWindow {
+                            window_secs,
+                            window_start,
+                            ..
+                        } = &mut rule
+                        {
+                            // The window is picked on the store's clock; the state expires when
+                            // it ends.
+                            let now_secs = now / 1_000_000;
+                            *window_start = now_secs / *window_secs * *window_secs;
+                        }
+                        let check = Check {
+                            key: format!("{}#{generation}", state.state),
+                            hits: permits,
+                            rule,
+                        };
+                        Acquisition::Decided {
+                            outcome: self.decide(&check, now),
+                            capacity: record.capacity,
+                        }
+                    }
+                }
+            }
+        };
+        Box::pin(std::future::ready(Ok(acquisition)))
     }
 
     fn kind(&self) -> &'static str {

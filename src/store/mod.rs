@@ -92,12 +92,82 @@ pub enum StoreError {
     Setup(String),
 }
 
-pub type StoreFuture<'a> =
-    Pin<Box<dyn Future<Output = Result<Vec<Outcome>, StoreError>> + Send + 'a>>;
+pub type StoreFuture<'a, T = Vec<Outcome>> =
+    Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// The keys of one named limiter (native API). They share one Redis Cluster hash tag, so one
+/// script can read the config and decide on the state atomically.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimiterKeys {
+    pub config: String,
+    /// State and epoch (which config generation the state belongs to) shared by all callers.
+    pub shared: StateKeys,
+    /// The calling client's, used when the limiter is per client.
+    pub client: Option<StateKeys>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateKeys {
+    pub state: String,
+    pub epoch: String,
+}
+
+/// A named limiter's config as the store keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimiterRecord {
+    /// How acquisitions are counted. A fixed window's start is picked by the store, on its clock.
+    pub rule: Rule,
+    /// Most permits one call can ever get.
+    pub capacity: u64,
+    /// One budget per client instead of one shared budget.
+    pub per_client: bool,
+    /// Opaque to the store (the API's encoded config), returned as it was stored.
+    pub description: Vec<u8>,
+}
+
+/// How `set_limiter` treats an existing limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetMode {
+    /// Only create; an existing limiter is left alone.
+    TrySet,
+    UpdateKeepState,
+    UpdateResetState,
+}
+
+/// What an acquisition found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquisition {
+    NoSuchLimiter,
+    /// The limiter is per client and the call named none.
+    NeedsClient,
+    /// The outcome and the limiter's capacity at that moment.
+    Decided {
+        outcome: Outcome,
+        capacity: u64,
+    },
+}
 
 pub trait Store: Send + Sync + Debug {
     /// Decides every check, returning one outcome per check in the same order.
     fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a>;
+
+    /// Creates or changes a named limiter; returns whether it was written and the record now in
+    /// force.
+    fn set_limiter<'a>(
+        &'a self,
+        keys: &'a LimiterKeys,
+        record: &'a LimiterRecord,
+        mode: SetMode,
+    ) -> StoreFuture<'a, (bool, LimiterRecord)>;
+
+    fn get_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, Option<LimiterRecord>>;
+
+    /// Removes the config and the shared state; returns whether a config existed.
+    fn delete_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, bool>;
+
+    /// Takes `permits` (0: only looks) under the limiter's current config, atomically with
+    /// reading it.
+    fn acquire<'a>(&'a self, keys: &'a LimiterKeys, permits: u64) -> StoreFuture<'a, Acquisition>;
 
     /// A short name for logs and health output.
     fn kind(&self) -> &'static str;

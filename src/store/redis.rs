@@ -11,6 +11,7 @@
 //! the store loads it again and retries once, and the caller sees no error.
 
 use std::fmt;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,8 +25,11 @@ use redis::{
     TlsCertificates,
 };
 
-use super::script::{self, DECISION, REPLY_PER_CHECK};
-use super::{Check, Outcome, Store, StoreError, StoreFuture};
+use super::script::{self, DECISION, LIMITER, LuaScript, REPLY_PER_CHECK};
+use super::{
+    Acquisition, Check, LimiterKeys, LimiterRecord, Outcome, SetMode, Store, StoreError,
+    StoreFuture,
+};
 use crate::clock::Clock;
 
 /// Credentials from `REDIS_AUTH` (`password` or `user:password`). `Debug` never shows them.
@@ -233,59 +237,123 @@ impl RedisStore {
         Ok(Connection::clone(&pooled))
     }
 
+    /// Loads every script; Redis must compute the SHA1s we call them by.
     async fn load_script(&self) -> Result<(), StoreError> {
         let mut conn = self.connection().await?;
-        let sha: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(DECISION.source.as_str())
-            .query_async(&mut conn.redis)
-            .await
-            .map_err(|e| fail(&conn, e))?;
-        if sha != DECISION.sha1 {
-            return Err(StoreError::Protocol(format!(
-                "redis computed script sha {sha}, expected {}",
-                DECISION.sha1
-            )));
+        for script in script::all() {
+            let sha = load(&mut conn, script).await?;
+            if sha != script.sha1 {
+                return Err(StoreError::Protocol(format!(
+                    "redis computed script sha {sha}, expected {}",
+                    script.sha1
+                )));
+            }
         }
         Ok(())
     }
 
-    async fn run(&self, checks: &[Check]) -> Result<Vec<Outcome>, StoreError> {
+    /// Runs `script` by SHA1 with the arguments `build` appends. `NOSCRIPT` means it did not
+    /// run: load it and try once more, so a flushed or restarted Redis costs callers nothing.
+    async fn eval<T: redis::FromRedisValue>(
+        &self,
+        script: &'static LuaScript,
+        build: impl FnOnce(&mut redis::Cmd, Option<u64>),
+    ) -> Result<T, StoreError> {
         let mut conn = self.connection().await?;
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(DECISION.sha1.as_str());
-        let pinned = self.options.pinned_clock.as_ref().map(|c| c.now_micros());
-        let jitter_ms = self.options.expiration_jitter_max.as_millis() as u64;
-        {
-            // Scoped: the thread-local generator must not live across an await.
-            let mut rng = rand::rng();
-            script::encode(&mut cmd, checks, pinned, || {
-                if jitter_ms == 0 {
-                    0
-                } else {
-                    rng.random_range(0..jitter_ms)
-                }
-            });
-        }
-
-        let reply: Result<Vec<i64>, RedisError> = cmd.query_async(&mut conn.redis).await;
-        let reply = match reply {
+        cmd.arg(script.sha1.as_str());
+        build(
+            &mut cmd,
+            self.options.pinned_clock.as_ref().map(|c| c.now_micros()),
+        );
+        let reply = match cmd.query_async(&mut conn.redis).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                // The script did not run: load it and try once more.
-                tracing::info!("redis lost the decision script; loading it again");
-                let _: String = redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(DECISION.source.as_str())
-                    .query_async(&mut conn.redis)
-                    .await
-                    .map_err(|e| fail(&conn, e))?;
+                tracing::info!("redis lost a script; loading it again");
+                load(&mut conn, script).await?;
                 cmd.query_async(&mut conn.redis).await
             }
             other => other,
         };
-        let reply = reply.map_err(|e| fail(&conn, e))?;
+        reply.map_err(|e| fail(&conn, e))
+    }
+
+    async fn run(&self, checks: &[Check]) -> Result<Vec<Outcome>, StoreError> {
+        let jitter_ms = self.options.expiration_jitter_max.as_millis() as u64;
+        let reply: Vec<i64> = self
+            .eval(&DECISION, |cmd, pinned| {
+                let mut rng = rand::rng();
+                script::encode(cmd, checks, pinned, || {
+                    if jitter_ms == 0 {
+                        0
+                    } else {
+                        rng.random_range(0..jitter_ms)
+                    }
+                });
+            })
+            .await?;
         decode(&reply, checks.len())
     }
+
+    /// One operation of `lua/limiter.lua` on a limiter's keys: the config, the shared state and
+    /// epoch, and the client's (the shared ones again when there is no client).
+    async fn limiter_op<T: redis::FromRedisValue>(
+        &self,
+        keys: &LimiterKeys,
+        op: &str,
+        args: impl FnOnce(&mut redis::Cmd),
+    ) -> Result<T, StoreError> {
+        let client = keys.client.as_ref().unwrap_or(&keys.shared);
+        self.eval(&LIMITER, |cmd, pinned| {
+            cmd.arg(5)
+                .arg(&keys.config)
+                .arg(&keys.shared.state)
+                .arg(&keys.shared.epoch)
+                .arg(&client.state)
+                .arg(&client.epoch)
+                .arg(pinned.map_or(String::new(), |t| t.to_string()))
+                .arg(op)
+                .arg(u8::from(keys.client.is_some()));
+            args(cmd);
+        })
+        .await
+    }
+}
+
+async fn load(conn: &mut Connection, script: &LuaScript) -> Result<String, StoreError> {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(script.source.as_str())
+        .query_async(&mut conn.redis)
+        .await
+        .map_err(|e| fail(conn, e))
+}
+
+/// The stored fields of a limiter (`rule`, `a`..`d`, `cap`, `pc`, `desc`), as HMGET returns
+/// them.
+type RecordFields = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<Vec<u8>>,
+);
+
+fn parse_record(fields: RecordFields) -> Result<Option<LimiterRecord>, StoreError> {
+    let (Some(rule), Some(a), Some(b), c, d, Some(cap), per_client, desc) = fields else {
+        return Ok(None);
+    };
+    let args = [a, b, c.unwrap_or_default(), d.unwrap_or_default()];
+    Ok(Some(LimiterRecord {
+        rule: script::parse_rule(&rule, &args)?,
+        capacity: cap
+            .parse()
+            .map_err(|_| StoreError::Protocol(format!("stored capacity {cap:?}")))?,
+        per_client: per_client.as_deref() == Some("1"),
+        description: desc.unwrap_or_default(),
+    }))
 }
 
 /// Attaches CA and client certificates to the connection info (read once, at start-up).
@@ -347,12 +415,86 @@ fn describe(e: &RedisError) -> String {
     e.to_string()
 }
 
+impl RedisStore {
+    /// Every store call gets the same deadline, connection checkout included.
+    fn bounded<'a, T: Send + 'a>(
+        &'a self,
+        call: impl Future<Output = Result<T, StoreError>> + Send + 'a,
+    ) -> StoreFuture<'a, T> {
+        let timeout = self.options.timeout;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, call).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::Timeout(timeout)),
+            }
+        })
+    }
+}
+
 impl Store for RedisStore {
     fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
-        Box::pin(async move {
-            match tokio::time::timeout(self.options.timeout, self.run(checks)).await {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::Timeout(self.options.timeout)),
+        self.bounded(self.run(checks))
+    }
+
+    fn set_limiter<'a>(
+        &'a self,
+        keys: &'a LimiterKeys,
+        record: &'a LimiterRecord,
+        mode: SetMode,
+    ) -> StoreFuture<'a, (bool, LimiterRecord)> {
+        self.bounded(async move {
+            let mode = match mode {
+                SetMode::TrySet => "try",
+                SetMode::UpdateKeepState => "keep",
+                SetMode::UpdateResetState => "reset",
+            };
+            let (applied, fields): (i64, RecordFields) = self
+                .limiter_op(keys, "set", |cmd| {
+                    cmd.arg(mode)
+                        .arg(script::rule_name(&record.rule))
+                        .arg(&script::stored_args(&record.rule)[..])
+                        .arg(record.capacity)
+                        .arg(u8::from(record.per_client))
+                        .arg(&record.description[..]);
+                })
+                .await?;
+            let current = parse_record(fields)?
+                .ok_or_else(|| StoreError::Protocol("limiter missing after set".into()))?;
+            Ok((applied == 1, current))
+        })
+    }
+
+    fn get_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, Option<LimiterRecord>> {
+        self.bounded(async move {
+            let fields: RecordFields = self.limiter_op(keys, "get", |_| {}).await?;
+            parse_record(fields)
+        })
+    }
+
+    fn delete_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
+        self.bounded(async move {
+            let existed: i64 = self.limiter_op(keys, "delete", |_| {}).await?;
+            Ok(existed == 1)
+        })
+    }
+
+    fn acquire<'a>(&'a self, keys: &'a LimiterKeys, permits: u64) -> StoreFuture<'a, Acquisition> {
+        self.bounded(async move {
+            let reply: Vec<i64> = self
+                .limiter_op(keys, "acquire", |cmd| {
+                    cmd.arg(permits);
+                })
+                .await?;
+            match reply.as_slice() {
+                [] => Ok(Acquisition::NoSuchLimiter),
+                [-1] => Ok(Acquisition::NeedsClient),
+                [decision @ .., capacity] if decision.len() == REPLY_PER_CHECK => {
+                    Ok(Acquisition::Decided {
+                        outcome: decode(decision, 1)?[0],
+                        capacity: u64::try_from(*capacity).unwrap_or(0),
+                    })
+                }
+                other => Err(StoreError::Protocol(format!("acquire replied {other:?}"))),
             }
         })
     }

@@ -1,35 +1,52 @@
-//! The decision script: its source (assembled from the files in `lua/`), its SHA1, and the layout
-//! of its arguments. The one place that knows how a [`Check`] is spelled for Lua.
+//! The Lua scripts: their sources (assembled from the files in `lua/`), their SHA1s, and the
+//! layout of their arguments. The one place that knows how a [`Rule`] is spelled for Lua.
 
 use std::sync::LazyLock;
 
-use super::{Check, Rule};
+use super::{Check, Rule, StoreError};
 
-/// Helpers and algorithm files first, the entry point last: one chunk, so the entry point can
-/// call them.
-const PARTS: &[&str] = &[
+/// Helpers and algorithms, shared by both entry points; each script is one chunk so its entry
+/// point can call them.
+const LIBRARY: &[&str] = &[
     include_str!("../../lua/common.lua"),
     include_str!("../../lua/fixed_window.lua"),
     include_str!("../../lua/sliding_window_log.lua"),
     include_str!("../../lua/sliding_window_counter.lua"),
     include_str!("../../lua/gcra.lua"),
     include_str!("../../lua/warm_up.lua"),
-    include_str!("../../lua/decide.lua"),
+    include_str!("../../lua/dispatch.lua"),
 ];
 
-/// Integers in the reply per check.
+/// Integers in the decision script's reply per check.
 pub const REPLY_PER_CHECK: usize = 4;
 
-pub struct DecisionScript {
+pub struct LuaScript {
     pub source: String,
     pub sha1: String,
 }
 
-pub static DECISION: LazyLock<DecisionScript> = LazyLock::new(|| {
-    let source = PARTS.join("\n");
-    let sha1 = sha1_smol::Sha1::from(&source).digest().to_string();
-    DecisionScript { source, sha1 }
-});
+impl LuaScript {
+    fn assemble(entry_point: &str) -> Self {
+        let mut parts = LIBRARY.to_vec();
+        parts.push(entry_point);
+        let source = parts.join("\n");
+        let sha1 = sha1_smol::Sha1::from(&source).digest().to_string();
+        Self { source, sha1 }
+    }
+}
+
+/// Decides a batch of RLS checks (`lua/decide.lua`).
+pub static DECISION: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::assemble(include_str!("../../lua/decide.lua")));
+
+/// One operation on a named limiter (`lua/limiter.lua`).
+pub static LIMITER: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::assemble(include_str!("../../lua/limiter.lua")));
+
+/// Every script, for loading at start-up.
+pub fn all() -> [&'static LuaScript; 2] {
+    [&DECISION, &LIMITER]
+}
 
 /// Appends the KEYS count, KEYS and ARGV of one script call deciding `checks` to `cmd`.
 ///
@@ -64,30 +81,14 @@ pub fn encode(
                     .arg((window_start + window_secs) * 1000)
                     .arg(window_ms + ttl_jitter_ms());
             }
-            Rule::SlidingWindowLog { limit, window }
-            | Rule::SlidingWindowCounter { limit, window } => {
-                cmd.arg(limit).arg(window).arg("").arg("");
-            }
-            Rule::Gcra { interval, burst } => {
-                cmd.arg(interval).arg(burst).arg("").arg("");
-            }
-            Rule::WarmUp {
-                permits_per_window,
-                window,
-                warmup,
-                cold_factor,
-            } => {
-                // `{}` prints the shortest text that reads back as the same f64, in Lua too.
-                cmd.arg(permits_per_window)
-                    .arg(window)
-                    .arg(warmup)
-                    .arg(cold_factor.to_string());
+            ref rule => {
+                cmd.arg(&stored_args(rule)[..]);
             }
         }
     }
 }
 
-fn rule_name(rule: &Rule) -> &'static str {
+pub fn rule_name(rule: &Rule) -> &'static str {
     match rule {
         Rule::FixedWindow { .. } => "fixed_window",
         Rule::SlidingWindowLog { .. } => "sliding_window_log",
@@ -97,12 +98,121 @@ fn rule_name(rule: &Rule) -> &'static str {
     }
 }
 
+/// A rule's four parameters as a named limiter's config hash keeps them (`a`..`d`), which is
+/// also how the decision script receives them, except for the fixed window: stored as limit and
+/// window seconds, its window is picked by the script.
+pub fn stored_args(rule: &Rule) -> [String; 4] {
+    match *rule {
+        Rule::FixedWindow {
+            limit, window_secs, ..
+        } => [
+            limit.to_string(),
+            window_secs.to_string(),
+            String::new(),
+            String::new(),
+        ],
+        Rule::SlidingWindowLog { limit, window } | Rule::SlidingWindowCounter { limit, window } => {
+            [
+                limit.to_string(),
+                window.to_string(),
+                String::new(),
+                String::new(),
+            ]
+        }
+        Rule::Gcra { interval, burst } => [
+            interval.to_string(),
+            burst.to_string(),
+            String::new(),
+            String::new(),
+        ],
+        Rule::WarmUp {
+            permits_per_window,
+            window,
+            warmup,
+            cold_factor,
+        } => [
+            permits_per_window.to_string(),
+            window.to_string(),
+            warmup.to_string(),
+            // `{}` prints the shortest text that reads back as the same f64, in Lua too.
+            cold_factor.to_string(),
+        ],
+    }
+}
+
+/// The inverse of [`rule_name`] and [`stored_args`].
+pub fn parse_rule(name: &str, args: &[String; 4]) -> Result<Rule, StoreError> {
+    let bad = || StoreError::Protocol(format!("stored limiter rule {name} {args:?}"));
+    let int = |i: usize| args[i].parse::<u64>().map_err(|_| bad());
+    Ok(match name {
+        "fixed_window" => Rule::FixedWindow {
+            limit: int(0)?,
+            window_secs: int(1)?,
+            window_start: 0,
+        },
+        "sliding_window_log" => Rule::SlidingWindowLog {
+            limit: int(0)?,
+            window: int(1)?,
+        },
+        "sliding_window_counter" => Rule::SlidingWindowCounter {
+            limit: int(0)?,
+            window: int(1)?,
+        },
+        "gcra" => Rule::Gcra {
+            interval: int(0)?,
+            burst: int(1)?,
+        },
+        "warm_up" => Rule::WarmUp {
+            permits_per_window: int(0)?,
+            window: int(1)?,
+            warmup: int(2)?,
+            cold_factor: args[3].parse().map_err(|_| bad())?,
+        },
+        _ => return Err(bad()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Arguments per check after ARGV[1], as `lua/decide.lua` reads them.
     const ARGS_PER_CHECK: usize = 6;
+
+    #[test]
+    fn stored_rules_read_back() {
+        let rules = [
+            Rule::FixedWindow {
+                limit: 3,
+                window_secs: 60,
+                window_start: 0,
+            },
+            Rule::SlidingWindowLog {
+                limit: 3,
+                window: 5,
+            },
+            Rule::SlidingWindowCounter {
+                limit: 3,
+                window: 5,
+            },
+            Rule::Gcra {
+                interval: 7,
+                burst: 9,
+            },
+            Rule::WarmUp {
+                permits_per_window: 4,
+                window: 8,
+                warmup: 9,
+                cold_factor: 2.75,
+            },
+        ];
+        for rule in rules {
+            assert_eq!(
+                parse_rule(rule_name(&rule), &stored_args(&rule)).unwrap(),
+                rule
+            );
+        }
+    }
 
     #[test]
     fn entry_point_stride_matches() {

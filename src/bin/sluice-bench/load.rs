@@ -1,0 +1,287 @@
+//! The closed-loop load: `concurrency` tasks, each sending one `ShouldRateLimit` and waiting for
+//! its answer before sending the next, spread over `connections` HTTP/2 channels.
+//!
+//! A run is warm-up then the measured interval `[start, end)`. A call counts when it completes
+//! inside the interval; its latency (send to answer, in microseconds) goes into the task's own
+//! HDR histogram, merged at the end. Counters (`probe::Sampler`) are read at `start` and `end`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use hdrhistogram::Histogram;
+use sluice::proto::{
+    Code, DescriptorEntry, RateLimitDescriptor, RateLimitRequest, RateLimitServiceClient,
+};
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::probe::{Sampler, Snapshot};
+
+/// The domain of the generated config.
+pub const DOMAIN: &str = "bench";
+
+/// Highest latency the histograms track (longer ones are recorded as this).
+const MAX_LATENCY_US: u64 = 60_000_000;
+
+/// The shape of the load.
+#[derive(Clone, Debug)]
+pub struct LoadSpec {
+    pub concurrency: u32,
+    pub connections: u32,
+    pub keys: u64,
+    pub descriptors: u32,
+    pub hits_addend: u32,
+    pub warmup: Duration,
+    pub duration: Duration,
+    pub seed: u64,
+}
+
+/// What the tasks saw in the measured interval.
+pub struct LoadOutcome {
+    /// Answers with overall code OK.
+    pub ok: u64,
+    pub over_limit: u64,
+    /// Answers with overall code UNKNOWN (or a code this bench does not know).
+    pub unknown: u64,
+    /// Calls that failed with a gRPC status, by code.
+    pub errors: BTreeMap<String, u64>,
+    /// The first error message seen.
+    pub error_sample: Option<String>,
+    /// Latency of the answered calls, in microseconds.
+    pub latency: Histogram<u64>,
+    pub start: Snapshot,
+    pub end: Snapshot,
+}
+
+impl LoadOutcome {
+    pub fn answered(&self) -> u64 {
+        self.ok + self.over_limit + self.unknown
+    }
+
+    pub fn error_count(&self) -> u64 {
+        self.errors.values().sum()
+    }
+}
+
+struct TaskOutcome {
+    ok: u64,
+    over_limit: u64,
+    unknown: u64,
+    errors: BTreeMap<String, u64>,
+    error_sample: Option<String>,
+    latency: Histogram<u64>,
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("constant histogram bounds are valid")
+}
+
+/// Opens the channels, checks one request, runs the load and reads `sampler` at both ends of
+/// the measured interval.
+pub async fn run(addr: SocketAddr, spec: &LoadSpec, sampler: &mut Sampler) -> Result<LoadOutcome> {
+    let uri = format!("http://{addr}");
+    let endpoint = Endpoint::from_shared(uri.clone())
+        .with_context(|| format!("invalid address {uri}"))?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(5));
+    let mut clients = Vec::new();
+    for _ in 0..spec.connections.max(1) {
+        // Each connect() opens its own HTTP/2 connection.
+        let channel: Channel = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("cannot connect to {uri}"))?;
+        clients.push(RateLimitServiceClient::new(channel));
+    }
+
+    // One request first, so a wrong target fails with its reason instead of a run of errors.
+    let mut keys = KeyGen::new(spec, u64::MAX);
+    let mut client = clients[0].clone();
+    if let Err(status) = client.should_rate_limit(keys.request()).await {
+        bail!(
+            "the server refused the first request: {:?}: {}",
+            status.code(),
+            status.message()
+        );
+    }
+
+    let start = Instant::now() + spec.warmup;
+    let end = start + spec.duration;
+    let mut tasks = Vec::new();
+    for task in 0..spec.concurrency {
+        let client = clients[task as usize % clients.len()].clone();
+        let keys = KeyGen::new(spec, task as u64);
+        tasks.push(tokio::spawn(closed_loop(client, keys, start, end)));
+    }
+
+    tokio::time::sleep_until(start).await;
+    let first = sampler.snapshot().await?;
+    tokio::time::sleep_until(end).await;
+    let last = sampler.snapshot().await?;
+
+    let mut outcome = LoadOutcome {
+        ok: 0,
+        over_limit: 0,
+        unknown: 0,
+        errors: BTreeMap::new(),
+        error_sample: None,
+        latency: histogram(),
+        start: first,
+        end: last,
+    };
+    for task in tasks {
+        let t = task.await.context("a load task failed")?;
+        outcome.ok += t.ok;
+        outcome.over_limit += t.over_limit;
+        outcome.unknown += t.unknown;
+        for (code, n) in t.errors {
+            *outcome.errors.entry(code).or_default() += n;
+        }
+        if outcome.error_sample.is_none() {
+            outcome.error_sample = t.error_sample;
+        }
+        outcome
+            .latency
+            .add(&t.latency)
+            .context("cannot merge latency histograms")?;
+    }
+    Ok(outcome)
+}
+
+async fn closed_loop(
+    mut client: RateLimitServiceClient<Channel>,
+    mut keys: KeyGen,
+    start: Instant,
+    end: Instant,
+) -> TaskOutcome {
+    let mut out = TaskOutcome {
+        ok: 0,
+        over_limit: 0,
+        unknown: 0,
+        errors: BTreeMap::new(),
+        error_sample: None,
+        latency: histogram(),
+    };
+    loop {
+        let request = keys.request();
+        let sent = Instant::now();
+        if sent >= end {
+            return out;
+        }
+        let result = client.should_rate_limit(request).await;
+        let done = Instant::now();
+        if done < start || done >= end {
+            continue;
+        }
+        match result {
+            Ok(response) => {
+                let micros = (done - sent).as_micros().max(1);
+                out.latency
+                    .saturating_record(u64::try_from(micros).unwrap_or(u64::MAX));
+                match Code::try_from(response.get_ref().overall_code) {
+                    Ok(Code::Ok) => out.ok += 1,
+                    Ok(Code::OverLimit) => out.over_limit += 1,
+                    _ => out.unknown += 1,
+                }
+            }
+            Err(status) => {
+                *out.errors
+                    .entry(format!("{:?}", status.code()))
+                    .or_default() += 1;
+                if out.error_sample.is_none() {
+                    out.error_sample = Some(format!("{:?}: {}", status.code(), status.message()));
+                }
+            }
+        }
+    }
+}
+
+/// Builds requests: descriptor `i` is `(k{i}, v)` with `v` uniform over `0..keys`.
+struct KeyGen {
+    state: u64,
+    keys: u64,
+    names: Vec<String>,
+    hits_addend: u32,
+}
+
+impl KeyGen {
+    fn new(spec: &LoadSpec, stream: u64) -> KeyGen {
+        // A distinct, non-zero xorshift state per task.
+        let state = splitmix64(spec.seed ^ splitmix64(stream)) | 1;
+        KeyGen {
+            state,
+            keys: spec.keys.max(1),
+            names: (0..spec.descriptors).map(|i| format!("k{i}")).collect(),
+            hits_addend: spec.hits_addend,
+        }
+    }
+
+    /// xorshift64*: plenty for picking keys, and cheap.
+    fn next(&mut self) -> u64 {
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        self.state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn request(&mut self) -> RateLimitRequest {
+        let descriptors = (0..self.names.len())
+            .map(|i| {
+                // Multiply-shift maps the 64-bit draw onto 0..keys without modulo bias.
+                let value = ((self.next() as u128 * self.keys as u128) >> 64) as u64;
+                RateLimitDescriptor {
+                    entries: vec![DescriptorEntry {
+                        key: self.names[i].clone(),
+                        value: value.to_string(),
+                    }],
+                    ..Default::default()
+                }
+            })
+            .collect();
+        RateLimitRequest {
+            domain: DOMAIN.to_string(),
+            descriptors,
+            hits_addend: self.hits_addend,
+        }
+    }
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_stay_in_range_and_cover_it() {
+        let spec = LoadSpec {
+            concurrency: 1,
+            connections: 1,
+            keys: 7,
+            descriptors: 3,
+            hits_addend: 1,
+            warmup: Duration::ZERO,
+            duration: Duration::from_secs(1),
+            seed: 1,
+        };
+        let mut keys = KeyGen::new(&spec, 0);
+        let mut seen = [false; 7];
+        for _ in 0..1000 {
+            let request = keys.request();
+            assert_eq!(request.descriptors.len(), 3);
+            for (i, d) in request.descriptors.iter().enumerate() {
+                assert_eq!(d.entries[0].key, format!("k{i}"));
+                let v: usize = d.entries[0].value.parse().unwrap();
+                seen[v] = true;
+            }
+        }
+        assert!(seen.iter().all(|s| *s));
+    }
+}

@@ -1,0 +1,377 @@
+//! The native `sluice.v1.Limiter` API through the real binary, on both stores.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use sluice::proto::sluice::v1::limiter_client::LimiterClient;
+use sluice::proto::sluice::v1::{
+    AcquireRequest, Algorithm, AvailablePermitsRequest, DeleteRequest, GetConfigRequest,
+    LimiterConfig, Mode, SetMode, SetRateRequest, TryAcquireRequest,
+};
+use tonic::transport::Channel;
+
+fn config(name: &str, algorithm: Algorithm, rate: u64, interval: Duration) -> LimiterConfig {
+    LimiterConfig {
+        name: name.into(),
+        algorithm: algorithm as i32,
+        rate,
+        interval: Some(interval.try_into().unwrap()),
+        ..Default::default()
+    }
+}
+
+async fn client(sluice: &Sluice) -> LimiterClient<Channel> {
+    LimiterClient::connect(format!("http://{}", sluice.grpc))
+        .await
+        .unwrap()
+}
+
+async fn set(
+    c: &mut LimiterClient<Channel>,
+    config: LimiterConfig,
+    mode: SetMode,
+) -> (bool, LimiterConfig) {
+    let r = c
+        .set_rate(SetRateRequest {
+            config: Some(config),
+            set_mode: mode as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (r.applied, r.config.unwrap())
+}
+
+fn try_acquire(name: &str, permits: u64, timeout: Duration) -> TryAcquireRequest {
+    TryAcquireRequest {
+        name: name.into(),
+        permits,
+        timeout: Some(timeout.try_into().unwrap()),
+        client_id: String::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn set_get_acquire_and_delete_on_both_stores() {
+    for_each_store(|kind, redis| async move {
+        let dir = config_dir("domain: unused\n");
+        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[]);
+        let mut c = client(&sluice).await;
+        let ctx = format!("{kind:?}");
+
+        // try_set creates, then never overwrites.
+        let (applied, current) = set(
+            &mut c,
+            config(
+                "api",
+                Algorithm::SlidingWindowLog,
+                2,
+                Duration::from_secs(60),
+            ),
+            SetMode::TrySet,
+        )
+        .await;
+        assert!(applied, "{ctx}");
+        assert_eq!(current.rate, 2);
+        let (applied, current) = set(
+            &mut c,
+            config(
+                "api",
+                Algorithm::SlidingWindowLog,
+                9,
+                Duration::from_secs(60),
+            ),
+            SetMode::TrySet,
+        )
+        .await;
+        assert!(!applied, "{ctx}");
+        assert_eq!(current.rate, 2, "{ctx}");
+
+        for want in [true, true, false] {
+            let r = c
+                .try_acquire(try_acquire("api", 1, Duration::ZERO))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(r.acquired, want, "{ctx}");
+        }
+        // Update keeping state: 2 of 5 are used.
+        set(
+            &mut c,
+            config(
+                "api",
+                Algorithm::SlidingWindowLog,
+                5,
+                Duration::from_secs(60),
+            ),
+            SetMode::UpdateKeepState,
+        )
+        .await;
+        let available = |c: &mut LimiterClient<Channel>| {
+            let mut c = c.clone();
+            async move {
+                c.available_permits(AvailablePermitsRequest {
+                    name: "api".into(),
+                    client_id: String::new(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .permits
+            }
+        };
+        assert_eq!(available(&mut c).await, 3, "{ctx}");
+        // Update resetting state: all 5 back.
+        set(
+            &mut c,
+            config(
+                "api",
+                Algorithm::SlidingWindowLog,
+                5,
+                Duration::from_secs(60),
+            ),
+            SetMode::UpdateResetState,
+        )
+        .await;
+        assert_eq!(available(&mut c).await, 5, "{ctx}");
+
+        let got = c
+            .get_config(GetConfigRequest { name: "api".into() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (got.rate, got.algorithm),
+            (5, Algorithm::SlidingWindowLog as i32)
+        );
+
+        // More permits than the limiter can ever grant: refused at once, not waited for.
+        let started = Instant::now();
+        let status = c
+            .try_acquire(try_acquire("api", 6, Duration::from_secs(10)))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{ctx}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+
+        assert!(
+            c.delete(DeleteRequest { name: "api".into() })
+                .await
+                .unwrap()
+                .into_inner()
+                .deleted
+        );
+        let status = c
+            .get_config(GetConfigRequest { name: "api".into() })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::NotFound);
+        let status = c
+            .try_acquire(try_acquire("api", 1, Duration::ZERO))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::NotFound);
+
+        // Per client: separate budgets, and a client id is required.
+        let mut per_client = config("pc", Algorithm::FixedWindow, 1, Duration::from_secs(3600));
+        per_client.mode = Mode::PerClient as i32;
+        set(&mut c, per_client, SetMode::TrySet).await;
+        let as_client = |id: &str| TryAcquireRequest {
+            client_id: id.into(),
+            ..try_acquire("pc", 1, Duration::ZERO)
+        };
+        assert!(
+            c.try_acquire(as_client("a"))
+                .await
+                .unwrap()
+                .into_inner()
+                .acquired
+        );
+        assert!(
+            !c.try_acquire(as_client("a"))
+                .await
+                .unwrap()
+                .into_inner()
+                .acquired
+        );
+        assert!(
+            c.try_acquire(as_client("b"))
+                .await
+                .unwrap()
+                .into_inner()
+                .acquired
+        );
+        let status = c.try_acquire(as_client("")).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn try_acquire_waits_server_side_within_its_timeout() {
+    for_each_store(|kind, redis| async move {
+        let dir = config_dir("domain: unused\n");
+        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[("LIMITER_MAX_WAIT", "1s")]);
+        let mut c = client(&sluice).await;
+        // 5 per second, one at a time: the next permit is 200 ms after the last.
+        let mut paced = config("paced", Algorithm::Gcra, 5, Duration::from_secs(1));
+        paced.burst = 1;
+        set(&mut c, paced, SetMode::TrySet).await;
+        assert!(
+            c.try_acquire(try_acquire("paced", 1, Duration::ZERO))
+                .await
+                .unwrap()
+                .into_inner()
+                .acquired
+        );
+
+        // A timeout shorter than the wait: refused at once, with the wait to expect.
+        let started = Instant::now();
+        let r = c
+            .try_acquire(try_acquire("paced", 1, Duration::from_millis(20)))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!r.acquired, "{kind:?}");
+        assert!(
+            started.elapsed() < Duration::from_millis(150),
+            "{kind:?}: {:?}",
+            started.elapsed()
+        );
+        let retry: Duration = r.retry_after.unwrap().try_into().unwrap();
+        assert!(
+            retry > Duration::from_millis(100) && retry <= Duration::from_millis(200),
+            "{retry:?}"
+        );
+
+        // A timeout long enough: the server waits and then grants.
+        let r = c
+            .try_acquire(try_acquire("paced", 1, Duration::from_millis(800)))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.acquired, "{kind:?}");
+        let waited: Duration = r.waited.unwrap().try_into().unwrap();
+        assert!(
+            waited >= Duration::from_millis(100),
+            "{kind:?}: waited {waited:?}"
+        );
+
+        // Acquire is bounded by LIMITER_MAX_WAIT.
+        set(
+            &mut c,
+            config("slow", Algorithm::FixedWindow, 1, Duration::from_secs(3600)),
+            SetMode::TrySet,
+        )
+        .await;
+        let req = || AcquireRequest {
+            name: "slow".into(),
+            permits: 1,
+            client_id: String::new(),
+        };
+        assert!(c.acquire(req()).await.unwrap().into_inner().acquired);
+        let status = c.acquire(req()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{kind:?}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancelled_wait_takes_nothing() {
+    let dir = config_dir("domain: unused\n");
+    let sluice = Sluice::start(dir.path(), None, &[]);
+    let mut c = client(&sluice).await;
+    // One permit per 2 s.
+    let mut slow = config("slow", Algorithm::TokenBucket, 1, Duration::from_secs(2));
+    slow.burst = 1;
+    set(&mut c, slow, SetMode::TrySet).await;
+    assert!(
+        c.try_acquire(try_acquire("slow", 1, Duration::ZERO))
+            .await
+            .unwrap()
+            .into_inner()
+            .acquired
+    );
+
+    // A waiter that would get the next permit in ~2 s gives up (its call is cancelled) at 300 ms.
+    let mut waiter = c.clone();
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(300),
+        waiter.try_acquire(try_acquire("slow", 1, Duration::from_secs(10))),
+    )
+    .await;
+    assert!(
+        cancelled.is_err(),
+        "the call should still have been waiting"
+    );
+
+    // Once the permit is due, it is still there: the cancelled wait ended on the server too.
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    let r = c
+        .try_acquire(try_acquire("slow", 1, Duration::ZERO))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.acquired);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_share_limiters_through_redis() {
+    let redis = RedisServer::start();
+    let dir = config_dir("domain: unused\n");
+    let a = Sluice::start(dir.path(), Some(&redis), &[]);
+    let b = Sluice::start(dir.path(), Some(&redis), &[]);
+    let (mut ca, mut cb) = (client(&a).await, client(&b).await);
+    set(
+        &mut ca,
+        config(
+            "shared",
+            Algorithm::SlidingWindowCounter,
+            3,
+            Duration::from_secs(3600),
+        ),
+        SetMode::TrySet,
+    )
+    .await;
+    let mut admitted = 0;
+    for i in 0..6 {
+        let c = if i % 2 == 0 { &mut ca } else { &mut cb };
+        if c.try_acquire(try_acquire("shared", 1, Duration::ZERO))
+            .await
+            .unwrap()
+            .into_inner()
+            .acquired
+        {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 3);
+    // A rate change made through A applies to B's next call.
+    set(
+        &mut ca,
+        config(
+            "shared",
+            Algorithm::SlidingWindowCounter,
+            4,
+            Duration::from_secs(3600),
+        ),
+        SetMode::UpdateKeepState,
+    )
+    .await;
+    assert!(
+        cb.try_acquire(try_acquire("shared", 1, Duration::ZERO))
+            .await
+            .unwrap()
+            .into_inner()
+            .acquired
+    );
+    assert!(
+        !cb.try_acquire(try_acquire("shared", 1, Duration::ZERO))
+            .await
+            .unwrap()
+            .into_inner()
+            .acquired
+    );
+}
