@@ -27,7 +27,11 @@ fn used_memory(conn: &mut redis::Connection) -> anyhow::Result<i64> {
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
     pages * 4096
 }
 
@@ -44,8 +48,14 @@ fn key_for(algorithm: &str, i: u64, window_start: u64) -> String {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let url = args.next().ok_or_else(|| anyhow::anyhow!("usage: memory_per_key REDIS_URL [N]"))?;
-    let n: u64 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(200_000);
+    let url = args
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("usage: memory_per_key REDIS_URL [N]"))?;
+    let n: u64 = args
+        .next()
+        .map(|a| a.parse())
+        .transpose()?
+        .unwrap_or(200_000);
 
     let store = RedisStore::new(RedisOptions {
         url: url.clone(),
@@ -59,20 +69,48 @@ async fn main() -> anyhow::Result<()> {
     store.wait_until_ready(Some(Duration::from_secs(5))).await?;
     let mut conn = redis::Client::open(url.as_str())?.get_connection()?;
 
-    println!("| algorithm | Redis bytes per key ({n} keys) |");
+    println!("| algorithm | Redis bytes per key |");
     println!("|---|---|");
-    let cases: Vec<(&str, Algorithm, u64)> = vec![
-        ("fixed_window", Algorithm::FixedWindow, 100),
-        ("sliding_window_log (1 entry)", Algorithm::SlidingWindowLog, 100),
-        ("sliding_window_counter", Algorithm::SlidingWindowCounter, 100),
-        ("token_bucket / gcra / leaky_bucket", Algorithm::Gcra { burst: 100 }, 100),
+    // (label, algorithm, limit, hits per key)
+    let cases: Vec<(&str, Algorithm, u64, u64)> = vec![
+        ("fixed_window", Algorithm::FixedWindow, 100, 1),
         (
-            "warm_up",
-            Algorithm::WarmUp { warmup: Duration::from_secs(10), cold_factor: 3.0 },
+            "sliding_window_log (1 entry)",
+            Algorithm::SlidingWindowLog,
+            100,
+            1,
+        ),
+        (
+            "sliding_window_log (100 entries)",
+            Algorithm::SlidingWindowLog,
+            100,
             100,
         ),
+        (
+            "sliding_window_counter",
+            Algorithm::SlidingWindowCounter,
+            100,
+            1,
+        ),
+        (
+            "token_bucket / gcra / leaky_bucket",
+            Algorithm::Gcra { burst: 100 },
+            100,
+            1,
+        ),
+        (
+            "warm_up",
+            Algorithm::WarmUp {
+                warmup: Duration::from_secs(10),
+                cold_factor: 3.0,
+            },
+            100,
+            1,
+        ),
     ];
-    for (label, algorithm, limit) in cases {
+    for (label, algorithm, limit, hits) in cases {
+        // Fewer keys when each holds many entries, to keep the run short.
+        let n = n / hits;
         redis::cmd("FLUSHDB").query::<()>(&mut conn)?;
         let before = used_memory(&mut conn)?;
         let now = SystemClock.now_secs();
@@ -88,21 +126,31 @@ async fn main() -> anyhow::Result<()> {
                         Rule::FixedWindow { window_start, .. } => window_start,
                         _ => 0,
                     };
-                    Check { key: key_for(algorithm.name(), j, window_start), hits: 1, rule }
+                    Check {
+                        key: key_for(algorithm.name(), j, window_start),
+                        hits,
+                        rule,
+                    }
                 })
                 .collect();
             store.check(&batch).await?;
             i += 500;
         }
         let after = used_memory(&mut conn)?;
-        println!("| {label} | {:.0} |", (after - before) as f64 / n as f64);
+        println!(
+            "| {label} | {:.0} ({n} keys) |",
+            (after - before) as f64 / n as f64
+        );
     }
     redis::cmd("FLUSHDB").query::<()>(&mut conn)?;
 
     // The memory store: RSS growth over N fixed-window counters.
     let clock = Arc::new(SystemClock);
     let memory = MemoryStore::new(
-        MemoryStoreOptions { max_counters: n as usize * 2, ..Default::default() },
+        MemoryStoreOptions {
+            max_counters: n as usize * 2,
+            ..Default::default()
+        },
         clock.clone(),
     );
     let before = rss_bytes();
@@ -111,7 +159,11 @@ async fn main() -> anyhow::Result<()> {
         let check = Check {
             key: key_for("fixed_window", j, window_start),
             hits: 1,
-            rule: Rule::FixedWindow { limit: 100, window_secs: 3600, window_start },
+            rule: Rule::FixedWindow {
+                limit: 100,
+                window_secs: 3600,
+                window_start,
+            },
         };
         memory.check(std::slice::from_ref(&check)).await?;
     }
