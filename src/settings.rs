@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::config::LoadOptions;
 use crate::limiter::{HeaderNames, InputLimits, LimiterOptions};
-use crate::store::redis::{RedisAuth, redact_url};
+use crate::store::redis::{RedisAuth, Target, redact_url};
 use crate::store::{MemoryStoreOptions, RedisOptions, TlsFiles};
 
 /// Everything `sluice serve` needs.
@@ -216,17 +216,18 @@ impl Settings {
 }
 
 fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend, SettingsError> {
-    match env
+    let cluster = match env
         .string("REDIS_TYPE", "single")
         .to_ascii_lowercase()
         .as_str()
     {
-        "single" => {}
-        "cluster" | "sentinel" => {
-            return Err(env.error("REDIS_TYPE", "only single is supported in this version"));
+        "single" => false,
+        "cluster" => true,
+        "sentinel" => {
+            return Err(env.error("REDIS_TYPE", "sentinel is not supported in this version"));
         }
-        _ => return Err(env.error("REDIS_TYPE", "expected single")),
-    }
+        _ => return Err(env.error("REDIS_TYPE", "expected single or cluster")),
+    };
     let tls = env.bool("REDIS_TLS", false)?;
     if env.bool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)? {
         return Err(env.error(
@@ -234,14 +235,30 @@ fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend,
             "not supported: use a certificate that names the host (REDIS_TLS_CACERT for a private CA)",
         ));
     }
-    let mut url = redis_url(
-        &env.string("REDIS_URL", "/var/run/nutcracker/ratelimit.sock"),
-        &env.string("REDIS_SOCKET_TYPE", "unix"),
-    )
-    .map_err(|reason| env.error("REDIS_URL", reason))?;
-    if tls && let Some(rest) = url.strip_prefix("redis://") {
-        url = format!("rediss://{rest}");
-    }
+    let url = env.string("REDIS_URL", "/var/run/nutcracker/ratelimit.sock");
+    let with_tls = |url: String| match url.strip_prefix("redis://") {
+        Some(rest) if tls => format!("rediss://{rest}"),
+        _ => url,
+    };
+    let target = if cluster || url.starts_with("redis+cluster://") {
+        // Upstream's form is a comma-separated list of host:port.
+        let list = url.strip_prefix("redis+cluster://").unwrap_or(&url);
+        let nodes = list
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(|n| redis_url(n, "tcp").map(with_tls))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|reason| env.error("REDIS_URL", reason))?;
+        if nodes.is_empty() {
+            return Err(env.error("REDIS_URL", "a cluster needs at least one node address"));
+        }
+        Target::Cluster(nodes)
+    } else {
+        let url = redis_url(&url, &env.string("REDIS_SOCKET_TYPE", "unix"))
+            .map_err(|reason| env.error("REDIS_URL", reason))?;
+        Target::Single(with_tls(url))
+    };
     let client_cert_and_key = match (
         env.raw("REDIS_TLS_CLIENT_CERT"),
         env.raw("REDIS_TLS_CLIENT_KEY"),
@@ -265,7 +282,11 @@ fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend,
         ca_cert: env.raw("REDIS_TLS_CACERT").map(PathBuf::from),
         client_cert_and_key,
     };
-    if tls_files != TlsFiles::default() && !url.starts_with("rediss://") {
+    let uses_tls = match &target {
+        Target::Single(url) => url.starts_with("rediss://"),
+        Target::Cluster(nodes) => nodes.iter().all(|n| n.starts_with("rediss://")),
+    };
+    if tls_files != TlsFiles::default() && !uses_tls {
         return Err(env.error(
             "REDIS_TLS",
             "certificate files are set but TLS is off (set REDIS_TLS=true or use rediss://)",
@@ -275,7 +296,7 @@ fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend,
     let max_wait = env.duration("REDIS_STARTUP_MAX_ELAPSED_TIME", Duration::ZERO)?;
     Ok(Backend::Redis {
         options: RedisOptions {
-            url,
+            target,
             auth: env.raw("REDIS_AUTH").map(|a| RedisAuth::parse(&a)),
             tls: tls_files,
             pool_size: env.number("REDIS_POOL_SIZE", 10)?,
@@ -395,7 +416,10 @@ mod tests {
         let Backend::Redis { options, .. } = &s.backend else {
             panic!("not redis")
         };
-        assert_eq!(options.url, "redis://redis.local:6379");
+        assert_eq!(
+            options.target,
+            Target::Single("redis://redis.local:6379".into())
+        );
         assert_eq!(options.timeout, Duration::from_millis(250));
         assert_eq!(options.pool_size, 4);
         assert_eq!(

@@ -72,7 +72,7 @@ pub async fn serve(
                 source,
             };
             let store = RedisStore::new(options.clone()).map_err(store_error)?;
-            tracing::info!(url = %crate::store::redis::redact_url(&options.url), "waiting for redis");
+            tracing::info!(target = ?options.target, "waiting for redis");
             store
                 .wait_until_ready(*startup_max_wait)
                 .await

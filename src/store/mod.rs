@@ -7,9 +7,11 @@
 //! semantics and are tested against each other.
 
 pub mod algorithms;
+mod cluster;
 pub mod memory;
 pub mod redis;
 mod script;
+pub mod slot;
 
 use std::fmt::Debug;
 use std::future::Future;

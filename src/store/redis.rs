@@ -10,6 +10,7 @@
 //! on restart, failover and `SCRIPT FLUSH`; a `NOSCRIPT` reply means the script did not run, so
 //! the store loads it again and retries once, and the caller sees no error.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::path::PathBuf;
@@ -19,13 +20,15 @@ use std::time::{Duration, Instant};
 
 use bb8_redis::RedisConnectionManager;
 use rand::Rng;
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{
     ClientTlsConfig, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
     TlsCertificates,
 };
 
+use super::cluster::Cluster;
 use super::script::{self, DECISION, LIMITER, LuaScript, REPLY_PER_CHECK};
+use super::slot;
 use super::{
     Acquisition, Check, LimiterKeys, LimiterRecord, Outcome, SetMode, Store, StoreError,
     StoreFuture,
@@ -72,10 +75,39 @@ pub struct TlsFiles {
     pub client_cert_and_key: Option<(PathBuf, PathBuf)>,
 }
 
+/// Which Redis deployment to talk to.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Target {
+    /// One server (or a proxy): `redis://host:port`, `rediss://…` (TLS) or `unix:///path`.
+    Single(String),
+    /// A Redis Cluster, by the URLs of some of its nodes (the rest are discovered).
+    Cluster(Vec<String>),
+}
+
+impl Target {
+    fn tls(&self) -> bool {
+        match self {
+            Target::Single(url) => url.starts_with("rediss://"),
+            Target::Cluster(nodes) => nodes.iter().any(|n| n.starts_with("rediss://")),
+        }
+    }
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Single(url) => write!(f, "Single({})", redact_url(url)),
+            Target::Cluster(nodes) => {
+                let nodes: Vec<String> = nodes.iter().map(|n| redact_url(n)).collect();
+                write!(f, "Cluster({nodes:?})")
+            }
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct RedisOptions {
-    /// `redis://host:port`, `rediss://…` (TLS) or `unix:///path`.
-    pub url: String,
+    pub target: Target,
     pub auth: Option<RedisAuth>,
     pub tls: TlsFiles,
     pub pool_size: u32,
@@ -91,7 +123,7 @@ pub struct RedisOptions {
 impl fmt::Debug for RedisOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisOptions")
-            .field("url", &redact_url(&self.url))
+            .field("target", &self.target)
             .field("auth", &self.auth)
             .field("tls", &self.tls)
             .field("pool_size", &self.pool_size)
@@ -120,12 +152,12 @@ pub fn redact_url(url: &str) -> String {
 /// A pooled connection and the flag that retires it from the pool.
 #[derive(Clone)]
 pub struct Connection {
-    redis: MultiplexedConnection,
+    pub(super) redis: MultiplexedConnection,
     broken: Arc<AtomicBool>,
 }
 
 /// bb8-redis's manager, plus broken-connection tracking.
-pub struct Manager {
+pub(super) struct Manager {
     inner: RedisConnectionManager,
 }
 
@@ -158,8 +190,16 @@ impl bb8::ManageConnection for Manager {
 }
 
 pub struct RedisStore {
-    pool: bb8::Pool<Manager>,
+    connector: Connector,
     options: RedisOptions,
+}
+
+/// How calls reach Redis.
+enum Connector {
+    /// bb8 pool of multiplexed connections to one server.
+    Single(bb8::Pool<Manager>),
+    /// A bb8 pool per master, routed by slot (see `cluster.rs`).
+    Cluster(Arc<Cluster>),
 }
 
 impl fmt::Debug for RedisStore {
@@ -171,39 +211,41 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Sets up the pool without connecting; call [`RedisStore::wait_until_ready`] next.
+    /// Sets up the connections without connecting; call [`RedisStore::wait_until_ready`] next.
     pub fn new(options: RedisOptions) -> Result<Self, StoreError> {
-        let mut info = options
-            .url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| StoreError::Setup(format!("invalid redis url ({:?})", e.kind())))?;
-        if let Some(auth) = &options.auth {
-            let mut settings = info.redis_settings().clone().set_password(&auth.password);
-            if let Some(user) = &auth.username {
-                settings = settings.set_username(user);
-            }
-            info = info.set_redis_settings(settings);
-        }
-        if options.url.starts_with("rediss://") {
+        if options.target.tls() {
             // rustls needs one process-wide crypto provider; a second install is a no-op error.
             let _ = rustls::crypto::ring::default_provider().install_default();
-            if options.tls != TlsFiles::default() {
-                info = with_tls_files(info, &options.tls)?;
-            }
         }
-        let manager = Manager {
-            inner: RedisConnectionManager::new(info).map_err(redis_error)?,
+        let connector = match &options.target {
+            Target::Single(url) => {
+                let mut info = connection_info(url, &options)?;
+                if url.starts_with("rediss://") && options.tls != TlsFiles::default() {
+                    info = with_tls_files(info, &options.tls)?;
+                }
+                Connector::Single(new_pool(info, options.pool_size, options.timeout)?)
+            }
+            Target::Cluster(nodes) => {
+                let mut template = connection_info(&nodes[0], &options)?;
+                if options.target.tls() && options.tls != TlsFiles::default() {
+                    template = with_tls_files(template, &options.tls)?;
+                }
+                let seeds = nodes
+                    .iter()
+                    .map(|n| host_port(n))
+                    .collect::<Result<Vec<_>, _>>()?;
+                // Connecting may take longer than a decision's deadline (TLS); requests are
+                // bounded by their own deadline anyway.
+                let connect = options.timeout.max(Duration::from_secs(1));
+                Connector::Cluster(Arc::new(Cluster::new(
+                    template,
+                    seeds,
+                    options.pool_size,
+                    connect,
+                )))
+            }
         };
-        let pool = bb8::Pool::builder()
-            .max_size(options.pool_size.max(1))
-            .test_on_check_out(true)
-            // Fail fast and let the caller decide: start-up retries with backoff, requests answer
-            // UNAVAILABLE at once instead of waiting out their deadline.
-            .retry_connection(false)
-            .connection_timeout(options.timeout)
-            .build_unchecked(manager);
-        Ok(Self { pool, options })
+        Ok(Self { connector, options })
     }
 
     /// Pings Redis and loads the script, retrying with backoff until `max_wait` has passed
@@ -226,61 +268,121 @@ impl RedisStore {
         }
     }
 
-    async fn connection(&self) -> Result<Connection, StoreError> {
-        let pooled = self.pool.get().await.map_err(|e| match e {
+    /// A connection to one server (single mode), handed back to the pool at once: the
+    /// multiplexed handle is shared by clones.
+    async fn connection(&self, pool: &bb8::Pool<Manager>) -> Result<Connection, StoreError> {
+        let pooled = pool.get().await.map_err(|e| match e {
             bb8::RunError::User(e) => StoreError::Unavailable(describe(&e)),
             bb8::RunError::TimedOut => {
                 StoreError::Unavailable("timed out waiting for a connection".into())
             }
         })?;
-        // Hand the connection back at once: the multiplexed handle is shared by clones.
         Ok(Connection::clone(&pooled))
     }
 
-    /// Loads every script; Redis must compute the SHA1s we call them by.
+    /// Loads every script (on every master of a cluster); Redis must compute the SHA1s we call
+    /// them by.
     async fn load_script(&self) -> Result<(), StoreError> {
-        let mut conn = self.connection().await?;
-        for script in script::all() {
-            let sha = load(&mut conn, script).await?;
-            if sha != script.sha1 {
-                return Err(StoreError::Protocol(format!(
-                    "redis computed script sha {sha}, expected {}",
-                    script.sha1
-                )));
+        let connections = match &self.connector {
+            Connector::Single(pool) => vec![self.connection(pool).await?],
+            Connector::Cluster(cluster) => {
+                cluster.refresh().await?;
+                let mut connections = Vec::new();
+                for node in cluster.masters() {
+                    connections.push(cluster.connection(&node).await?);
+                }
+                connections
+            }
+        };
+        for mut conn in connections {
+            for script in script::all() {
+                let sha = load(&mut conn.redis, script)
+                    .await
+                    .map_err(|e| fail(&conn, e))?;
+                if sha != script.sha1 {
+                    return Err(StoreError::Protocol(format!(
+                        "redis computed script sha {sha}, expected {}",
+                        script.sha1
+                    )));
+                }
             }
         }
         Ok(())
     }
 
-    /// Runs `script` by SHA1 with the arguments `build` appends. `NOSCRIPT` means it did not
-    /// run: load it and try once more, so a flushed or restarted Redis costs callers nothing.
+    /// Runs `script` by SHA1 with the arguments `build` appends; every key is in `slot`.
     async fn eval<T: redis::FromRedisValue>(
         &self,
+        slot: u16,
         script: &'static LuaScript,
         build: impl FnOnce(&mut redis::Cmd, Option<u64>),
     ) -> Result<T, StoreError> {
-        let mut conn = self.connection().await?;
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.sha1.as_str());
         build(
             &mut cmd,
             self.options.pinned_clock.as_ref().map(|c| c.now_micros()),
         );
-        let reply = match cmd.query_async(&mut conn.redis).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                tracing::info!("redis lost a script; loading it again");
-                load(&mut conn, script).await?;
-                cmd.query_async(&mut conn.redis).await
+        match &self.connector {
+            Connector::Single(pool) => {
+                let mut conn = self.connection(pool).await?;
+                eval_on(&mut conn.redis, script, &cmd, false)
+                    .await
+                    .map_err(|e| fail(&conn, e))
             }
-            other => other,
-        };
-        reply.map_err(|e| fail(&conn, e))
+            Connector::Cluster(cluster) => {
+                let cmd = &cmd;
+                cluster
+                    .run(slot, |mut conn, asking| async move {
+                        match eval_on(&mut conn.redis, script, cmd, asking).await {
+                            Ok(value) => Ok(value),
+                            Err(e) => Err((conn, e)),
+                        }
+                    })
+                    .await
+            }
+        }
     }
 
+    /// Decides the checks: one script call for a single server; one per slot for a cluster
+    /// (a script may only touch keys of one slot), sent concurrently and merged back in order.
     async fn run(&self, checks: &[Check]) -> Result<Vec<Outcome>, StoreError> {
+        if matches!(self.connector, Connector::Single(_)) {
+            return self.run_batch(0, checks).await;
+        }
+        let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (index, check) in checks.iter().enumerate() {
+            by_slot
+                .entry(slot::slot(check.key.as_bytes()))
+                .or_default()
+                .push(index);
+        }
+        if by_slot.len() == 1 {
+            let slot = *by_slot.keys().next().expect("one group");
+            return self.run_batch(slot, checks).await;
+        }
+        let groups: Vec<(u16, Vec<usize>)> = by_slot.into_iter().collect();
+        let calls = groups.iter().map(|(slot, indexes)| async move {
+            let group: Vec<Check> = indexes.iter().map(|&i| checks[i].clone()).collect();
+            self.run_batch(*slot, &group).await
+        });
+        let replies = futures::future::try_join_all(calls).await?;
+        let mut outcomes = vec![None; checks.len()];
+        for ((_, indexes), reply) in groups.iter().zip(replies) {
+            for (&i, outcome) in indexes.iter().zip(reply) {
+                outcomes[i] = Some(outcome);
+            }
+        }
+        Ok(outcomes
+            .into_iter()
+            .map(|o| o.expect("every check belongs to one group"))
+            .collect())
+    }
+
+    async fn run_batch(&self, slot: u16, checks: &[Check]) -> Result<Vec<Outcome>, StoreError> {
         let jitter_ms = self.options.expiration_jitter_max.as_millis() as u64;
         let reply: Vec<i64> = self
-            .eval(&DECISION, |cmd, pinned| {
+            .eval(slot, &DECISION, |cmd, pinned| {
                 let mut rng = rand::rng();
                 script::encode(cmd, checks, pinned, || {
                     if jitter_ms == 0 {
@@ -303,7 +405,8 @@ impl RedisStore {
         args: impl FnOnce(&mut redis::Cmd),
     ) -> Result<T, StoreError> {
         let client = keys.client.as_ref().unwrap_or(&keys.shared);
-        self.eval(&LIMITER, |cmd, pinned| {
+        let slot = slot::slot(keys.config.as_bytes());
+        self.eval(slot, &LIMITER, |cmd, pinned| {
             cmd.arg(5)
                 .arg(&keys.config)
                 .arg(&keys.shared.state)
@@ -319,13 +422,50 @@ impl RedisStore {
     }
 }
 
-async fn load(conn: &mut Connection, script: &LuaScript) -> Result<String, StoreError> {
+/// `cmd` (an EVALSHA of `script`), after `ASKING` when a cluster slot is migrating to this
+/// node. `NOSCRIPT` means the script did not run (Redis restarted, failed over or was flushed):
+/// load it on this node and try once more, so callers never see it.
+async fn eval_on<C: ConnectionLike, T: redis::FromRedisValue>(
+    conn: &mut C,
+    script: &LuaScript,
+    cmd: &redis::Cmd,
+    asking: bool,
+) -> redis::RedisResult<T> {
+    match once(conn, cmd, asking).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            tracing::info!("redis lost a script; loading it again");
+            load(conn, script).await?;
+            once(conn, cmd, asking).await
+        }
+        other => other,
+    }
+}
+
+async fn once<C: ConnectionLike, T: redis::FromRedisValue>(
+    conn: &mut C,
+    cmd: &redis::Cmd,
+    asking: bool,
+) -> redis::RedisResult<T> {
+    if asking {
+        let (value,): (T,) = redis::pipe()
+            .cmd("ASKING")
+            .ignore()
+            .add_command(cmd.clone())
+            .query_async(conn)
+            .await?;
+        Ok(value)
+    } else {
+        cmd.query_async(conn).await
+    }
+}
+
+/// `SCRIPT LOAD` on the node `conn` is connected to.
+async fn load<C: ConnectionLike>(conn: &mut C, script: &LuaScript) -> redis::RedisResult<String> {
     redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(script.source.as_str())
-        .query_async(&mut conn.redis)
+        .query_async(conn)
         .await
-        .map_err(|e| fail(conn, e))
 }
 
 /// The stored fields of a limiter (`rule`, `a`..`d`, `cap`, `pc`, `desc`), as HMGET returns
@@ -356,13 +496,67 @@ fn parse_record(fields: RecordFields) -> Result<Option<LimiterRecord>, StoreErro
     }))
 }
 
+fn connection_info(url: &str, options: &RedisOptions) -> Result<ConnectionInfo, StoreError> {
+    let mut info = url
+        .into_connection_info()
+        .map_err(|e| StoreError::Setup(format!("invalid redis url ({:?})", e.kind())))?;
+    if let Some(auth) = &options.auth {
+        let mut settings = info.redis_settings().clone().set_password(&auth.password);
+        if let Some(user) = &auth.username {
+            settings = settings.set_username(user);
+        }
+        info = info.set_redis_settings(settings);
+    }
+    Ok(info)
+}
+
+/// A bb8 pool of connections to one server (or one cluster node).
+pub(super) fn new_pool(
+    info: ConnectionInfo,
+    pool_size: u32,
+    connect_timeout: Duration,
+) -> Result<bb8::Pool<Manager>, StoreError> {
+    let manager = Manager {
+        inner: RedisConnectionManager::new(info).map_err(redis_error)?,
+    };
+    Ok(bb8::Pool::builder()
+        .max_size(pool_size.max(1))
+        .test_on_check_out(true)
+        // Fail fast and let the caller decide: start-up retries with backoff, requests answer
+        // UNAVAILABLE at once instead of waiting out their deadline.
+        .retry_connection(false)
+        .connection_timeout(connect_timeout)
+        .build_unchecked(manager))
+}
+
+/// `host:port` of a node URL.
+fn host_port(url: &str) -> Result<String, StoreError> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let rest = rest.split('/').next().unwrap_or(rest);
+    if rest.contains(':') {
+        Ok(rest.to_string())
+    } else {
+        Err(StoreError::Setup(format!(
+            "cluster node {} needs host:port",
+            redact_url(url)
+        )))
+    }
+}
+
 /// Attaches CA and client certificates to the connection info (read once, at start-up).
 fn with_tls_files(info: ConnectionInfo, files: &TlsFiles) -> Result<ConnectionInfo, StoreError> {
+    let client = redis::Client::build_with_tls(info, tls_certificates(files)?)
+        .map_err(|e| StoreError::Setup(format!("invalid TLS files: {}", describe(&e))))?;
+    Ok(client.get_connection_info().clone())
+}
+
+fn tls_certificates(files: &TlsFiles) -> Result<TlsCertificates, StoreError> {
     let read = |path: &PathBuf| {
         std::fs::read(path)
             .map_err(|e| StoreError::Setup(format!("cannot read {}: {e}", path.display())))
     };
-    let certificates = TlsCertificates {
+    Ok(TlsCertificates {
         root_cert: files.ca_cert.as_ref().map(read).transpose()?,
         client_tls: match &files.client_cert_and_key {
             Some((cert, key)) => Some(ClientTlsConfig {
@@ -371,10 +565,7 @@ fn with_tls_files(info: ConnectionInfo, files: &TlsFiles) -> Result<ConnectionIn
             }),
             None => None,
         },
-    };
-    let client = redis::Client::build_with_tls(info, certificates)
-        .map_err(|e| StoreError::Setup(format!("invalid TLS files: {}", describe(&e))))?;
-    Ok(client.get_connection_info().clone())
+    })
 }
 
 fn decode(reply: &[i64], checks: usize) -> Result<Vec<Outcome>, StoreError> {
@@ -398,7 +589,7 @@ fn decode(reply: &[i64], checks: usize) -> Result<Vec<Outcome>, StoreError> {
 }
 
 /// Records a failed call: connection-level failures retire the connection.
-fn fail(conn: &Connection, e: RedisError) -> StoreError {
+pub(super) fn fail(conn: &Connection, e: RedisError) -> StoreError {
     if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
         conn.broken.store(true, Ordering::Relaxed);
     }
@@ -411,7 +602,7 @@ fn redis_error(e: RedisError) -> StoreError {
 
 /// Error text for logs and clients. redis-rs errors carry the server's message or an I/O error,
 /// never the connection URL or credentials.
-fn describe(e: &RedisError) -> String {
+pub(super) fn describe(e: &RedisError) -> String {
     e.to_string()
 }
 
@@ -425,7 +616,15 @@ impl RedisStore {
         Box::pin(async move {
             match tokio::time::timeout(timeout, call).await {
                 Ok(result) => result,
-                Err(_) => Err(StoreError::Timeout(timeout)),
+                Err(_) => {
+                    if let Connector::Cluster(cluster) = &self.connector {
+                        // A node may have failed over without telling us: look again, in the
+                        // background, so the next calls find the new master.
+                        let cluster = cluster.clone();
+                        tokio::spawn(async move { cluster.refresh().await });
+                    }
+                    Err(StoreError::Timeout(timeout))
+                }
             }
         })
     }
@@ -511,7 +710,7 @@ mod tests {
     #[test]
     fn secrets_stay_out_of_debug_output() {
         let options = RedisOptions {
-            url: "redis://admin:hunter2@localhost:6379".into(),
+            target: Target::Single("redis://admin:hunter2@localhost:6379".into()),
             auth: Some(RedisAuth::parse("user:s3cret")),
             tls: TlsFiles::default(),
             pool_size: 1,

@@ -216,12 +216,15 @@ impl Sluice {
             .unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
+        // SLUICE_TEST_ECHO=1 copies the server's log to the test output, for debugging.
+        let echo = std::env::var_os("SLUICE_TEST_ECHO").is_some();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
+                if echo {
+                    eprintln!("sluice: {line}");
                 }
+                let _ = tx.send(line);
             }
         });
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -389,5 +392,124 @@ pub async fn avoid_window_edge(window_secs: u64, margin: u64) {
     let left = window_secs - now % window_secs;
     if left < margin {
         tokio::time::sleep(Duration::from_secs(left + 1)).await;
+    }
+}
+
+/// A Redis Cluster of our own: `masters` masters with `replicas` replicas each, created with
+/// `redis-cli --cluster create`, torn down on drop.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+    pub masters: usize,
+}
+
+impl RedisCluster {
+    pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        let cluster_args = |node_timeout: &str| -> Vec<String> {
+            [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                node_timeout,
+                // No delay before a replica's first sync: a replica that never synced cannot be
+                // promoted, and tests kill masters soon after start.
+                "--repl-diskless-sync-delay",
+                "0",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+        };
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
+            .map(|_| RedisServer::start_with(&cluster_args("1000"), &[]))
+            .collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = RedisCluster { nodes, masters };
+        cluster.wait_healthy();
+        cluster
+    }
+
+    /// Waits until every live node reports `cluster_state:ok` and sees `masters` masters with slots.
+    pub fn wait_healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            // Healthy: cluster state ok everywhere, and every replica synced with its master
+            // (a replica that never synced cannot be promoted).
+            let ok = self.nodes.iter().filter(|n| n.is_alive()).all(|n| {
+                n.cli(&["CLUSTER", "INFO"])
+                    .is_some_and(|info| info.contains("cluster_state:ok"))
+                    && n.cli(&["INFO", "replication"]).is_some_and(|info| {
+                        info.contains("role:master") || info.contains("master_link_status:up")
+                    })
+            });
+            if ok && self.master_ports().len() == self.masters {
+                return;
+            }
+            assert!(Instant::now() < deadline, "cluster did not become healthy");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Ports of the nodes that are masters now (and alive).
+    pub fn master_ports(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .filter(|n| n.is_alive())
+            .filter(|n| n.cli(&["ROLE"]).is_some_and(|r| r.starts_with("master")))
+            .map(|n| n.port)
+            .collect()
+    }
+
+    /// The `REDIS_URL` for sluice: every node, comma-separated, as upstream lists them.
+    pub fn url(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn node(&self, port: u16) -> &RedisServer {
+        self.nodes.iter().find(|n| n.port == port).unwrap()
+    }
+
+    pub fn node_mut(&mut self, port: u16) -> &mut RedisServer {
+        self.nodes.iter_mut().find(|n| n.port == port).unwrap()
+    }
+}
+
+impl RedisServer {
+    pub fn is_alive(&self) -> bool {
+        self.cli(&["PING"]).is_some_and(|o| o.trim() == "PONG")
+    }
+
+    /// This node's cluster id.
+    pub fn node_id(&self) -> String {
+        self.cli(&["CLUSTER", "MYID"]).unwrap().trim().to_string()
+    }
+
+    /// The last lines of this server's log, for failure messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    pub fn dbsize(&self) -> u64 {
+        self.cli(&["DBSIZE"]).unwrap().trim().parse().unwrap()
     }
 }

@@ -119,7 +119,7 @@ pub struct CommonArgs {
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub connections: u32,
     /// Worker threads of the generator's async runtime.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: u32,
     /// hits_addend of every request.
     #[arg(long, default_value_t = 1)]
@@ -240,11 +240,14 @@ fn runtime(threads: u32) -> Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-/// Runs `work` until it ends or Ctrl-C; dropping it stops every process it started.
+/// Runs `work` until it ends, Ctrl-C or SIGTERM; dropping it stops every process it started.
 async fn interruptible(work: impl Future<Output = Result<()>>) -> Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot install a SIGTERM handler")?;
     tokio::select! {
         result = work => result,
         _ = tokio::signal::ctrl_c() => bail!("interrupted"),
+        _ = terminate.recv() => bail!("terminated"),
     }
 }
 

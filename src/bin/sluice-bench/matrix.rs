@@ -56,6 +56,14 @@ pub struct MatrixArgs {
     /// Base name of the result files [default: latest, or quick with --quick].
     #[arg(long)]
     name: Option<String>,
+    /// Rounds of the whole matrix; each configuration reports its median round by req/s
+    /// [default: 3, or 1 with --quick].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+    repeat: Option<u32>,
+    /// Revision shown in the report [default: `git rev-parse --short HEAD`, plus
+    /// "+uncommitted changes" when tracked files differ].
+    #[arg(long)]
+    revision: Option<String>,
     /// Before each run, wait up to this many seconds for the machine to go quiet (at most
     /// --quiet-cores busy), so other work (say, a compiler) does not skew the figures; 0: don't.
     #[arg(long, default_value = "60", value_parser = parse_seconds_or_zero)]
@@ -63,6 +71,10 @@ pub struct MatrixArgs {
     /// Busy CPUs that still count as quiet.
     #[arg(long, default_value_t = 0.25)]
     quiet_cores: f64,
+    /// Repeat a run disturbed by other work (see the ⚠ mark) up to this many times, keeping the
+    /// least disturbed attempt.
+    #[arg(long, default_value_t = 2)]
+    retries: u32,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -75,6 +87,15 @@ struct Plan {
     concurrency: u32,
     keys: u64,
     descriptors: u32,
+}
+
+impl Plan {
+    fn same_config(&self, other: &Plan) -> bool {
+        self.kind == other.kind
+            && self.concurrency == other.concurrency
+            && self.keys == other.keys
+            && self.descriptors == other.descriptors
+    }
 }
 
 const BASE_KEYS: u64 = 10_000;
@@ -158,83 +179,172 @@ async fn run_matrix(mut args: MatrixArgs) -> Result<()> {
         .with_context(|| format!("cannot write {}", jsonl_path.display()))?;
 
     let runs = plan(&args.stores, &args.levels);
+    let rounds = args.repeat.unwrap_or(if args.quick { 1 } else { 3 });
     let started = std::time::SystemTime::now();
     eprintln!(
-        "sluice-bench matrix: {} runs of {:.0} s (+{:.0} s warm-up) → {}",
+        "sluice-bench matrix: {} runs × {rounds} round(s) of {:.0} s (+{:.0} s warm-up) → {}",
         runs.len(),
         duration.as_secs_f64(),
         warmup.as_secs_f64(),
         jsonl_path.display()
     );
-    let mut results: Vec<(Plan, RunResult)> = Vec::new();
+    // Rounds are interleaved (every run once, then again), so slow drift of the machine
+    // touches every configuration alike; each configuration then reports its median round.
+    let mut measured: Vec<Vec<Measured>> = vec![Vec::new(); runs.len()];
     let mut failures: Vec<(Plan, String)> = Vec::new();
-    for (i, run) in runs.iter().enumerate() {
-        let label = format!(
-            "[{}/{}] {} c={} D={} K={}",
-            i + 1,
-            runs.len(),
-            Kind::from(run.kind).label(),
-            run.concurrency,
-            run.descriptors,
-            run.keys
-        );
-        eprint!("{label} … ");
-        wait_quiet(args.quiet_wait, args.quiet_cores).await;
-        match one_run(run, duration, warmup, &args.common).await {
-            Ok(mut result) => {
-                if let Some(null) = null_reference(&results, run) {
-                    result.rps_vs_null = (null.rps > 0.0).then(|| result.rps / null.rps);
-                    result.cpu_vs_null =
-                        match (result.server_cpu_us_per_req, null.server_cpu_us_per_req) {
-                            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-                            _ => None,
-                        };
-                }
-                eprintln!(
-                    "{:.0} req/s, p99 {} µs, {} errors{}",
-                    result.rps,
-                    result.latency.p99,
-                    result.errors,
-                    result
-                        .rps_vs_null
-                        .map(|r| format!(", {r:.2}× null"))
-                        .unwrap_or_default()
-                );
-                let mut line = result.to_json();
-                line["group"] = run.group.into();
-                writeln!(jsonl, "{line}")
-                    .with_context(|| format!("cannot write {}", jsonl_path.display()))?;
-                results.push((run.clone(), result));
+    for round in 1..=rounds {
+        for (i, run) in runs.iter().enumerate() {
+            if failures.iter().any(|(p, _)| p.same_config(run)) {
+                continue;
             }
-            Err(error) => {
-                eprintln!("FAILED: {error:#}");
-                failures.push((run.clone(), format!("{error:#}")));
+            eprint!(
+                "[round {round}/{rounds}, {}/{}] {} c={} D={} K={} … ",
+                i + 1,
+                runs.len(),
+                Kind::from(run.kind).label(),
+                run.concurrency,
+                run.descriptors,
+                run.keys
+            );
+            match best_of(run, duration, warmup, &args).await {
+                Ok((result, attempts)) => {
+                    eprintln!(
+                        "{:.0} req/s, p99 {} µs, {} errors",
+                        result.rps, result.latency.p99, result.errors
+                    );
+                    measured[i].push(Measured {
+                        result,
+                        round,
+                        attempts,
+                    });
+                }
+                Err(error) => {
+                    eprintln!("FAILED: {error:#}");
+                    failures.push((run.clone(), format!("{error:#}")));
+                }
             }
         }
     }
 
-    let markdown = markdown(&results, &failures, &args, duration, warmup, started);
+    // The median round of each configuration (by req/s), then the ratios between medians.
+    let mut results: Vec<(Plan, RunResult)> = Vec::new();
+    let mut spreads: Vec<(f64, f64)> = Vec::new();
+    for (run, rounds) in runs.iter().zip(&measured) {
+        if let Some(median) = median_by_rps(rounds) {
+            let lo = rounds
+                .iter()
+                .map(|m| m.result.rps)
+                .fold(f64::INFINITY, f64::min);
+            let hi = rounds.iter().map(|m| m.result.rps).fold(0.0, f64::max);
+            results.push((run.clone(), rounds[median].result.clone()));
+            spreads.push((lo, hi));
+        }
+    }
+    let nulls = results.clone();
+    let ratios = |run: &Plan, result: &mut RunResult| {
+        if let Some(null) = null_reference(&nulls, run) {
+            result.rps_vs_null = (null.rps > 0.0).then(|| result.rps / null.rps);
+            result.cpu_vs_null = match (result.server_cpu_us_per_req, null.server_cpu_us_per_req) {
+                (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                _ => None,
+            };
+        }
+    };
+    for (run, result) in &mut results {
+        ratios(run, result);
+    }
+    for (run, rounds) in runs.iter().zip(&measured) {
+        let median = median_by_rps(rounds);
+        for (k, m) in rounds.iter().enumerate() {
+            let mut result = m.result.clone();
+            ratios(run, &mut result);
+            let mut line = result.to_json();
+            line["group"] = run.group.into();
+            line["round"] = m.round.into();
+            line["attempts"] = m.attempts.into();
+            line["selected"] = (Some(k) == median).into();
+            writeln!(jsonl, "{line}")
+                .with_context(|| format!("cannot write {}", jsonl_path.display()))?;
+        }
+    }
+
+    let markdown = markdown(
+        &results, &spreads, &failures, &args, rounds, duration, warmup, started,
+    );
     std::fs::write(&md_path, &markdown)
         .with_context(|| format!("cannot write {}", md_path.display()))?;
     println!("{markdown}");
     eprintln!("wrote {} and {}", jsonl_path.display(), md_path.display());
     if !failures.is_empty() {
-        bail!("{} of {} runs failed", failures.len(), runs.len());
+        bail!("{} of {} configurations failed", failures.len(), runs.len());
     }
     Ok(())
 }
 
-/// Waits up to `limit` until at most `cores` CPUs are busy (sampled over 1 s).
+/// One round of one configuration.
+#[derive(Clone)]
+struct Measured {
+    result: RunResult,
+    round: u32,
+    attempts: u32,
+}
+
+/// Index of the median round by req/s (the lower middle one of an even count).
+fn median_by_rps(rounds: &[Measured]) -> Option<usize> {
+    let mut order: Vec<usize> = (0..rounds.len()).collect();
+    order.sort_by(|&a, &b| rounds[a].result.rps.total_cmp(&rounds[b].result.rps));
+    order.get(rounds.len().saturating_sub(1) / 2).copied()
+}
+
+/// Runs `run` after waiting for a quiet machine; a run disturbed by other work (more than
+/// [`DISTURBED_CORES`] busy outside the measured processes) is repeated up to `--retries` times,
+/// and the least disturbed attempt is kept. Returns it with the number of attempts.
+async fn best_of(
+    run: &Plan,
+    duration: Duration,
+    warmup: Duration,
+    args: &MatrixArgs,
+) -> Result<(RunResult, u32)> {
+    let mut best: Option<RunResult> = None;
+    let mut attempts = 0;
+    while attempts <= args.retries {
+        attempts += 1;
+        wait_quiet(args.quiet_wait, args.quiet_cores).await;
+        let result = one_run(run, duration, warmup, &args.common).await?;
+        let other = result.other_busy_cores.unwrap_or(0.0);
+        if best
+            .as_ref()
+            .is_none_or(|b| other < b.other_busy_cores.unwrap_or(0.0))
+        {
+            best = Some(result);
+        }
+        if other <= DISTURBED_CORES {
+            break;
+        }
+        if attempts <= args.retries {
+            eprint!("(disturbed: {other:.2} other busy cores; again) ");
+        }
+    }
+    best.map(|b| (b, attempts)).context("no attempt was made")
+}
+
+/// Waits up to `limit` until at most `cores` CPUs have been busy for 3 s in a row.
 async fn wait_quiet(limit: Duration, cores: f64) {
     if limit.is_zero() {
         return;
     }
     let deadline = tokio::time::Instant::now() + limit;
     let mut announced = false;
+    let mut quiet_seconds = 0;
     while let Some(busy) = probe::machine_busy_cores(Duration::from_secs(1)).await {
         if busy <= cores {
-            return;
+            quiet_seconds += 1;
+            if quiet_seconds >= 3 {
+                return;
+            }
+            continue;
         }
+        quiet_seconds = 0;
         if tokio::time::Instant::now() >= deadline {
             eprint!("(still {busy:.1} busy cores, running anyway) ");
             return;
@@ -305,10 +415,13 @@ fn find(
         .map(|(_, r)| r)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn markdown(
     results: &[(Plan, RunResult)],
+    spreads: &[(f64, f64)],
     failures: &[(Plan, String)],
     args: &MatrixArgs,
+    rounds: u32,
     duration: Duration,
     warmup: Duration,
     started: std::time::SystemTime,
@@ -321,13 +434,16 @@ fn markdown(
     let _ = writeln!(md, "# Sluice benchmark results\n");
     let _ = writeln!(
         md,
-        "Generated by `sluice-bench matrix{}` at {stamp}, commit {}, on {}. Each run: {:.0} s \
-         measured after {:.0} s warm-up, {} HTTP/2 connection(s) (at most one per in-flight \
-         request), {} generator thread(s), hits_addend {}, limits of {} per hour (so answers are \
-         OK). Latency in µs. CPU per request is the CPU time over the measured interval divided \
-         by the requests answered in it.\n",
+        "Generated by `sluice-bench matrix{}` at {stamp}, revision {}, on {}. Each run: {:.0} s \
+         measured after {:.0} s warm-up against a freshly started server (and Redis), {} HTTP/2 \
+         connection(s) (at most one per in-flight request), {} generator thread(s), hits_addend \
+         {}, limits of {} per hour (so answers are OK). The whole matrix ran {rounds} time(s), \
+         interleaved; each row is the median round by req/s, and \"range\" spans all rounds. A \
+         round disturbed by other work on the machine was repeated up to {} times. Latency in \
+         µs. CPU per request is the CPU time over the measured interval divided by the requests \
+         answered in it.\n",
         if args.quick { " --quick" } else { "" },
-        git_commit(),
+        args.revision.clone().unwrap_or_else(git_revision),
         crate::probe::machine_description(),
         duration.as_secs_f64(),
         warmup.as_secs_f64(),
@@ -335,30 +451,31 @@ fn markdown(
         args.common.threads,
         args.common.hits_addend,
         args.common.limit,
+        args.retries,
     );
     let _ = writeln!(md, "## Runs\n");
     let _ = writeln!(
         md,
-        "| store | conc | D | K | req/s | × null | p50 | p90 | p99 | p99.9 | max | errors | \
+        "| store | conc | D | K | req/s | range | × null | p50 | p90 | p99 | p99.9 | max | errors | \
          OVER_LIMIT | server CPU µs/req | × null CPU | Redis scripts/req | Redis CPU µs/req | \
          generator CPU µs/req | other busy cores |"
     );
     let _ = writeln!(
         md,
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
     let f = |x: Option<f64>, digits: usize| match x {
         Some(x) => format!("{x:.digits$}"),
         None => "–".to_string(),
     };
     let mut disturbed = false;
-    for (plan, r) in results {
+    for ((plan, r), (lo, hi)) in results.iter().zip(spreads) {
         let l = &r.latency;
         let busy = r.other_busy_cores.is_some_and(|c| c > DISTURBED_CORES);
         disturbed |= busy;
         let _ = writeln!(
             md,
-            "| {}{} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} \
+            "| {}{} | {} | {} | {} | {:.0} | {:.0}–{:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} \
              | {} | {} | {} |",
             r.store,
             if busy { " ⚠" } else { "" },
@@ -366,6 +483,8 @@ fn markdown(
             plan.descriptors,
             plan.keys,
             r.rps,
+            lo,
+            hi,
             f(r.rps_vs_null, 2),
             l.p50,
             l.p90,
@@ -616,16 +735,28 @@ fn at_most(measured: f64, goal: f64) -> String {
     }
 }
 
-fn git_commit() -> String {
-    std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "unknown".into())
+/// `abc1234`, or `abc1234+uncommitted changes` when tracked files differ from it.
+fn git_revision() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some(head) if !head.trim().is_empty() => {
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.trim().is_empty());
+            format!(
+                "{}{}",
+                head.trim(),
+                if dirty { "+uncommitted changes" } else { "" }
+            )
+        }
+        _ => "unknown".into(),
+    }
 }
 
 /// `2024-05-01 12:34 UTC` from Unix seconds (proleptic Gregorian calendar).

@@ -1,0 +1,399 @@
+//! Redis Cluster routing: the slot map, one bb8-redis pool per master, and the cluster's replies
+//! that move a call (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, a dead node).
+//!
+//! We route ourselves instead of using redis-rs's cluster client because a rate limiter needs
+//! bounded, predictable behaviour when the cluster changes: redis-rs refreshes its slot map only
+//! on `MOVED`, so after a master dies its calls fail until something else triggers a refresh,
+//! and under resharding its refreshes held calls past their deadline (we measured both with
+//! `tests/redis_cluster.rs`). Here:
+//!
+//! - the slot map comes from `CLUSTER SLOTS`, asked of any known node (the seeds from
+//!   `REDIS_URL` and every master seen since), and is refreshed after a `MOVED`, after a
+//!   connection failure, and at most every [`MIN_REFRESH_INTERVAL`];
+//! - `MOVED` retries on the named node at once; `ASK` sends `ASKING` and the call to the named
+//!   node in one pipeline; `TRYAGAIN`/`CLUSTERDOWN`/`MASTERDOWN` wait briefly and retry; all
+//!   within the caller's deadline. None of these replies means the script ran, so retrying them
+//!   cannot count twice;
+//! - a call whose connection broke after it was sent is *not* retried: the script may have run,
+//!   and a retry could count its hits twice. The caller gets an error (and the failure policy).
+//!
+//! Scripts are loaded on every master at start-up; a master that joins or is promoted later
+//! answers `NOSCRIPT` once and gets them then (see `redis.rs`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use redis::{ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind, Value};
+
+use super::StoreError;
+use super::redis::{Connection, Manager, describe, fail, new_pool};
+use super::slot::SLOTS;
+
+/// Refreshes of the slot map are at least this far apart.
+pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_millis(100);
+/// Pause before retrying a call the cluster asked us to retry (`TRYAGAIN` and the like).
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+/// Redirections one call may follow.
+const MAX_REDIRECTS: usize = 5;
+
+/// Which master serves each slot.
+struct Topology {
+    /// Index into `masters` per slot; `None` while a slot has no master.
+    owner: Vec<Option<usize>>,
+    masters: Vec<String>,
+}
+
+pub struct Cluster {
+    /// Settings to connect with (auth, TLS); the address is replaced per node.
+    template: ConnectionInfo,
+    seeds: Vec<String>,
+    pool_size: u32,
+    connect_timeout: Duration,
+    topology: ArcSwap<Topology>,
+    pools: Mutex<HashMap<String, bb8::Pool<Manager>>>,
+    /// Nodes that could not be reached, and until when calls to them fail at once instead of
+    /// waiting for a connection that will not come.
+    down: Mutex<HashMap<String, Instant>>,
+    refresh: tokio::sync::Mutex<Instant>,
+}
+
+/// How long a node that could not be reached is skipped.
+const DOWN_FOR: Duration = Duration::from_millis(500);
+/// Longest wait for a connection to a node before it counts as unreachable. New connections
+/// are made in the background and are not cancelled by this.
+const CHECKOUT_WAIT: Duration = Duration::from_millis(200);
+
+/// How a call to one node ended.
+enum Attempt<T> {
+    Done(T),
+    Moved(String),
+    Ask(String),
+    RetryLater,
+    /// Could not reach the node; nothing was sent.
+    Unreachable(StoreError),
+}
+
+impl Cluster {
+    /// `seeds` are `host:port` addresses; `template` carries auth and TLS settings.
+    pub fn new(
+        template: ConnectionInfo,
+        seeds: Vec<String>,
+        pool_size: u32,
+        connect_timeout: Duration,
+    ) -> Self {
+        Self {
+            template,
+            seeds,
+            pool_size,
+            connect_timeout,
+            topology: ArcSwap::from_pointee(Topology {
+                owner: vec![None; usize::from(SLOTS)],
+                masters: Vec::new(),
+            }),
+            pools: Mutex::new(HashMap::new()),
+            down: Mutex::new(HashMap::new()),
+            refresh: tokio::sync::Mutex::new(Instant::now() - MIN_REFRESH_INTERVAL),
+        }
+    }
+
+    /// The masters currently known.
+    pub fn masters(&self) -> Vec<String> {
+        self.topology.load().masters.clone()
+    }
+
+    /// A connection to `node`, from its pool (created on first use). A node that could not be
+    /// reached recently fails at once.
+    pub async fn connection(&self, node: &str) -> Result<Connection, StoreError> {
+        if self.is_down(node) {
+            return Err(StoreError::Unavailable(format!("{node}: unreachable")));
+        }
+        let pool = {
+            let mut pools = lock(&self.pools);
+            match pools.get(node) {
+                Some(pool) => pool.clone(),
+                None => {
+                    let pool =
+                        new_pool(self.node_info(node)?, self.pool_size, self.connect_timeout)?;
+                    pools.insert(node.to_string(), pool.clone());
+                    pool
+                }
+            }
+        };
+        // bb8 waits out its whole connection timeout even when the node refuses at once; a
+        // checkout that takes this long means the node is gone (connections are shared, so a
+        // live node hands one out immediately).
+        let checkout = tokio::time::timeout(CHECKOUT_WAIT, pool.get()).await;
+        match checkout {
+            Ok(Ok(pooled)) => Ok(Connection::clone(&pooled)),
+            failed => {
+                lock(&self.down).insert(node.to_string(), Instant::now() + DOWN_FOR);
+                Err(match failed {
+                    Ok(Err(bb8::RunError::User(e))) => {
+                        StoreError::Unavailable(format!("{node}: {}", describe(&e)))
+                    }
+                    _ => StoreError::Unavailable(format!("{node}: no connection")),
+                })
+            }
+        }
+    }
+
+    fn is_down(&self, node: &str) -> bool {
+        let mut down = lock(&self.down);
+        match down.get(node) {
+            Some(until) if *until > Instant::now() => true,
+            Some(_) => {
+                down.remove(node);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn node_info(&self, node: &str) -> Result<ConnectionInfo, StoreError> {
+        let (host, port) = node
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h.to_string(), p.parse().ok()?)))
+            .ok_or_else(|| StoreError::Setup(format!("bad cluster node address {node:?}")))?;
+        let addr = match self.template.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host, port),
+        };
+        Ok(self.template.clone().set_addr(addr))
+    }
+
+    /// Reloads the slot map from the first node that answers `CLUSTER SLOTS`. Calls closer
+    /// together than [`MIN_REFRESH_INTERVAL`] share one refresh.
+    pub async fn refresh(&self) -> Result<(), StoreError> {
+        let mut last = self.refresh.lock().await;
+        if last.elapsed() < MIN_REFRESH_INTERVAL {
+            return Ok(());
+        }
+        let mut candidates = self.masters();
+        candidates.extend(self.seeds.iter().cloned());
+        candidates.sort();
+        candidates.dedup();
+        if candidates.is_empty() {
+            return Err(StoreError::Unavailable("no cluster node known".into()));
+        }
+        // Ask every known node at once and take the first good answer: a dead node must not
+        // hold the refresh up.
+        let asks = candidates.iter().map(|node| {
+            Box::pin(async move {
+                let mut conn = self.connection(node).await?;
+                let slots = redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async::<Value>(&mut conn.redis)
+                    .await
+                    .map_err(|e| fail(&conn, e))?;
+                let topology = parse_slots(&slots, node)?;
+                if topology.owner.iter().any(Option::is_some) {
+                    Ok(topology)
+                } else {
+                    Err(StoreError::Unavailable(format!(
+                        "{node}: no slots assigned"
+                    )))
+                }
+            })
+        });
+        let result = futures::future::select_ok(asks).await;
+        *last = Instant::now();
+        match result {
+            Ok((topology, _)) => {
+                tracing::debug!(masters = ?topology.masters, "cluster slot map refreshed");
+                self.topology.store(Arc::new(topology));
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs `call` on the master of `slot`, following the cluster's redirections until the call
+    /// completes or fails for good. `call` gets a connection and whether to send `ASKING` first.
+    pub async fn run<T, F, Fut>(&self, slot: u16, call: F) -> Result<T, StoreError>
+    where
+        F: Fn(Connection, bool) -> Fut,
+        Fut: std::future::Future<Output = Result<T, (Connection, RedisError)>>,
+    {
+        let mut target: Option<(String, bool)> = None;
+        for _ in 0..=MAX_REDIRECTS {
+            let (node, asking) = match target.take() {
+                Some(t) => t,
+                None => match self.owner(slot) {
+                    Some(node) => (node, false),
+                    None => {
+                        self.refresh().await?;
+                        let node = self.owner(slot).ok_or_else(|| {
+                            StoreError::Unavailable(format!("no master serves slot {slot}"))
+                        })?;
+                        (node, false)
+                    }
+                },
+            };
+            let attempt = match self.connection(&node).await {
+                Err(e) => Attempt::Unreachable(e),
+                Ok(conn) => match call(conn, asking).await {
+                    Ok(value) => Attempt::Done(value),
+                    Err((conn, e)) => classify(&conn, e)?,
+                },
+            };
+            match &attempt {
+                Attempt::Done(_) => {}
+                Attempt::Moved(to) => tracing::debug!(slot, node, to, "MOVED"),
+                Attempt::Ask(to) => tracing::debug!(slot, node, to, "ASK"),
+                Attempt::RetryLater => tracing::debug!(slot, node, "cluster asked to retry"),
+                Attempt::Unreachable(e) => {
+                    tracing::debug!(slot, node, error = %e, "node unreachable")
+                }
+            }
+            match attempt {
+                Attempt::Done(value) => return Ok(value),
+                Attempt::Moved(to) => {
+                    // The map is stale: use the named node now, refresh for everyone else.
+                    let _ = self.refresh().await;
+                    target = Some((to, false));
+                }
+                Attempt::Ask(to) => target = Some((to, true)),
+                Attempt::RetryLater => tokio::time::sleep(RETRY_PAUSE).await,
+                Attempt::Unreachable(e) => {
+                    // Its master may have failed over: look again, then retry once the map
+                    // names another node (nothing was sent, so a retry cannot count twice).
+                    let _ = self.refresh().await;
+                    if self.owner(slot).is_none_or(|owner| owner == node) {
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                        let _ = self.refresh().await;
+                        if self.owner(slot).is_none_or(|owner| owner == node) {
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "slot {slot}: more than {MAX_REDIRECTS} redirections"
+        )))
+    }
+
+    fn owner(&self, slot: u16) -> Option<String> {
+        let topology = self.topology.load();
+        topology.owner[usize::from(slot)].map(|i| topology.masters[i].clone())
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sorts a failed call into what to do next. Errors that may mean the script ran are final.
+fn classify<T>(conn: &Connection, e: RedisError) -> Result<Attempt<T>, StoreError> {
+    match e.kind() {
+        ErrorKind::Server(ServerErrorKind::Moved) => match e.redirect_node() {
+            Some((node, _)) => Ok(Attempt::Moved(node.to_string())),
+            None => Err(fail(conn, e)),
+        },
+        ErrorKind::Server(ServerErrorKind::Ask) => match e.redirect_node() {
+            Some((node, _)) => Ok(Attempt::Ask(node.to_string())),
+            None => Err(fail(conn, e)),
+        },
+        ErrorKind::Server(
+            ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown,
+        ) => Ok(Attempt::RetryLater),
+        _ => Err(fail(conn, e)),
+    }
+}
+
+/// Builds the slot map from a `CLUSTER SLOTS` reply: `[[start, end, [host, port, id], replicas…], …]`.
+/// An empty host means "the node you asked".
+fn parse_slots(reply: &Value, asked: &str) -> Result<Topology, StoreError> {
+    let bad = || StoreError::Protocol("malformed CLUSTER SLOTS reply".into());
+    let Value::Array(ranges) = reply else {
+        return Err(bad());
+    };
+    let asked_host = asked.rsplit_once(':').map_or(asked, |(h, _)| h);
+    let mut topology = Topology {
+        owner: vec![None; usize::from(SLOTS)],
+        masters: Vec::new(),
+    };
+    for range in ranges {
+        let Value::Array(parts) = range else {
+            return Err(bad());
+        };
+        let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(master))) =
+            (parts.first(), parts.get(1), parts.get(2))
+        else {
+            return Err(bad());
+        };
+        let host = match master.first() {
+            Some(Value::BulkString(h)) => String::from_utf8_lossy(h).into_owned(),
+            Some(Value::SimpleString(h)) => h.clone(),
+            _ => return Err(bad()),
+        };
+        let host = if host.is_empty() || host == "?" {
+            asked_host.to_string()
+        } else {
+            host
+        };
+        let Some(Value::Int(port)) = master.get(1) else {
+            return Err(bad());
+        };
+        let node = format!("{host}:{port}");
+        let index = match topology.masters.iter().position(|m| *m == node) {
+            Some(i) => i,
+            None => {
+                topology.masters.push(node);
+                topology.masters.len() - 1
+            }
+        };
+        let (start, end) = (*start as usize, *end as usize);
+        if start > end || end >= usize::from(SLOTS) {
+            return Err(bad());
+        }
+        for owner in &mut topology.owner[start..=end] {
+            *owner = Some(index);
+        }
+    }
+    Ok(topology)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::BulkString(host.as_bytes().to_vec()),
+            Value::Int(port),
+            Value::BulkString(b"id".to_vec()),
+        ])
+    }
+
+    #[test]
+    fn parses_cluster_slots() {
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node("10.0.0.1", 7000),
+                node("10.0.0.4", 7003),
+            ]),
+            Value::Array(vec![Value::Int(5461), Value::Int(16383), node("", 7001)]),
+        ]);
+        let t = parse_slots(&reply, "10.0.0.9:7001").unwrap();
+        assert_eq!(t.masters, ["10.0.0.1:7000", "10.0.0.9:7001"]);
+        assert_eq!(t.owner[0], Some(0));
+        assert_eq!(t.owner[5460], Some(0));
+        assert_eq!(t.owner[5461], Some(1));
+        assert_eq!(t.owner[16383], Some(1));
+        assert!(parse_slots(&Value::Int(1), "x:1").is_err());
+    }
+}

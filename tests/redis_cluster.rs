@@ -1,0 +1,352 @@
+//! Redis Cluster: a real 3-master cluster (with replicas for failover), started by the tests.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use sluice::proto::{Code, RateLimitRequest};
+
+/// Ten keys with limits 1..=10, so each status says which descriptor it answers; a token bucket;
+/// a sliding log.
+fn config() -> tempfile::TempDir {
+    let mut yaml = String::from("domain: c\ndescriptors:\n");
+    for i in 1..=10 {
+        yaml.push_str(&format!(
+            "  - key: k{i}\n    rate_limit: {{unit: hour, requests_per_unit: {i}}}\n"
+        ));
+    }
+    yaml.push_str("  - key: bucket\n    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: token_bucket, burst: 50}\n");
+    yaml.push_str("  - key: log\n    rate_limit: {unit: hour, requests_per_unit: 50, algorithm: sliding_window_log}\n");
+    config_dir(&yaml)
+}
+
+fn start(cluster: &RedisCluster, dir: &tempfile::TempDir, env: &[(&str, &str)]) -> Sluice {
+    let mut vars = vec![("BACKEND_TYPE", "redis"), ("REDIS_TYPE", "cluster")];
+    vars.extend_from_slice(env);
+    let url = cluster.url();
+    let mut cmd = sluice_command(dir.path());
+    cmd.env("REDIS_URL", &url);
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    Sluice::spawn(cmd)
+}
+
+/// All ten k-descriptors with one value, in order.
+fn ten(value: &str) -> RateLimitRequest {
+    request(
+        "c",
+        (1..=10)
+            .map(|i| descriptor(&[(&format!("k{i}"), value)]))
+            .collect(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_split_across_nodes_are_correct_and_in_order() {
+    let cluster = RedisCluster::start(3, 0);
+    let dir = config();
+    let sluice = start(&cluster, &dir, &[]);
+    let mut c = sluice.client().await;
+    avoid_window_edge(3600, 10).await;
+
+    // Each round spends one hit of every limit; descriptor i allows i.
+    for round in 1..=11u32 {
+        let r = ask(&mut c, ten("v")).await;
+        assert_eq!(r.statuses.len(), 10);
+        for (i, status) in r.statuses.iter().enumerate() {
+            let limit = (i + 1) as u32;
+            assert_eq!(
+                status.current_limit.as_ref().unwrap().requests_per_unit,
+                limit,
+                "order"
+            );
+            let want = if round <= limit {
+                Code::Ok
+            } else {
+                Code::OverLimit
+            };
+            assert_eq!(
+                status.code, want as i32,
+                "round {round}, descriptor k{limit}"
+            );
+            assert_eq!(status.limit_remaining, limit.saturating_sub(round));
+        }
+    }
+
+    // Many descriptor values: keys land on every master.
+    for i in 0..300 {
+        ask(
+            &mut c,
+            request(
+                "c",
+                vec![
+                    descriptor(&[("k5", &format!("user{i}"))]),
+                    descriptor(&[("bucket", &format!("user{i}"))]),
+                ],
+            ),
+        )
+        .await;
+    }
+    for port in cluster.master_ports() {
+        assert!(
+            cluster.node(port).dbsize() > 20,
+            "master {port} holds few keys"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_multi_slot_requests_never_fail() {
+    // Values with braces, colons and underscores, several algorithms in one request: every
+    // request spans several slots, and no script call may ever see CROSSSLOT.
+    let cluster = RedisCluster::start(3, 0);
+    let dir = config();
+    let sluice = start(&cluster, &dir, &[]);
+    let mut c = sluice.client().await;
+    let values = [
+        "{a}", "}{", "x:{y}", "{}", "a_b", "{{z}}", "plain", "%7B", "*",
+    ];
+    for i in 0..400 {
+        let v = format!("{}{}", values[i % values.len()], i);
+        let mut descriptors: Vec<_> = (1..=10)
+            .map(|k| descriptor(&[(&format!("k{k}"), &v)]))
+            .collect();
+        descriptors.push(descriptor(&[("bucket", &v)]));
+        descriptors.push(descriptor(&[("log", &v)]));
+        let r = c.should_rate_limit(request("c", descriptors)).await;
+        assert!(r.is_ok(), "request {i} failed: {r:?}");
+    }
+}
+
+/// Sends the same descriptor from 32 callers until `stop`, counting answers and errors.
+struct Load {
+    stop: Arc<AtomicBool>,
+    admitted: Arc<AtomicUsize>,
+    errors: Arc<AtomicUsize>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    async fn start(sluice: &Sluice, make: fn(usize) -> RateLimitRequest) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let admitted = Arc::new(AtomicUsize::new(0));
+        let errors = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for t in 0..32 {
+            let mut c = sluice.client().await;
+            let (stop, admitted, errors) = (stop.clone(), admitted.clone(), errors.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    match c.should_rate_limit(make(t * 1_000_000 + n)).await {
+                        Ok(r) if r.get_ref().overall_code == Code::Ok as i32 => {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(_) => {}
+                        Err(status) => {
+                            if errors.fetch_add(1, Ordering::Relaxed) < 3 {
+                                eprintln!("load error: {status:?}");
+                            }
+                        }
+                    }
+                    n += 1;
+                }
+            }));
+        }
+        Load {
+            stop,
+            admitted,
+            errors,
+            tasks,
+        }
+    }
+
+    async fn finish(self) -> (usize, usize) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        (
+            self.admitted.load(Ordering::Relaxed),
+            self.errors.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Spread over many slots (a fresh value per request) plus one hot shared counter.
+fn mixed(n: usize) -> RateLimitRequest {
+    request(
+        "c",
+        vec![
+            descriptor(&[("k10", &format!("spread{n}"))]),
+            descriptor(&[("bucket", &format!("spread{n}"))]),
+        ],
+    )
+}
+
+fn hot(_: usize) -> RateLimitRequest {
+    request("c", vec![descriptor(&[("log", "hot")])])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn script_flush_on_every_node_under_load_is_invisible() {
+    let cluster = RedisCluster::start(3, 0);
+    let dir = config();
+    let sluice = start(&cluster, &dir, &[("REDIS_TIMEOUT", "2s")]);
+    avoid_window_edge(3600, 30).await;
+    let load = Load::start(&sluice, mixed).await;
+    let hot_load = Load::start(&sluice, hot).await;
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for port in cluster.master_ports() {
+            assert_eq!(
+                cluster.node(port).cli(&["SCRIPT", "FLUSH"]).unwrap().trim(),
+                "OK"
+            );
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_, errors) = load.finish().await;
+    let (hot_admitted, hot_errors) = hot_load.finish().await;
+    assert_eq!(errors + hot_errors, 0, "callers saw errors");
+    assert_eq!(
+        hot_admitted, 50,
+        "the hot sliding log admits exactly its limit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn resharding_under_load_keeps_answers_correct() {
+    let cluster = RedisCluster::start(3, 0);
+    let dir = config();
+    let sluice = start(
+        &cluster,
+        &dir,
+        &[("REDIS_TIMEOUT", "3s"), ("LOG_LEVEL", "info,redis=debug")],
+    );
+    avoid_window_edge(3600, 60).await;
+    let load = Load::start(&sluice, mixed).await;
+    let hot_load = Load::start(&sluice, hot).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Move 2000 slots from one master to another while the load runs.
+    let masters = cluster.master_ports();
+    let (from, to) = (
+        cluster.node(masters[0]).node_id(),
+        cluster.node(masters[1]).node_id(),
+    );
+    let out = std::process::Command::new("redis-cli")
+        .args(["--cluster", "reshard", &format!("127.0.0.1:{}", masters[0])])
+        .args([
+            "--cluster-from",
+            &from,
+            "--cluster-to",
+            &to,
+            "--cluster-slots",
+            "2000",
+            "--cluster-yes",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "reshard failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let (admitted, errors) = load.finish().await;
+    let (hot_admitted, hot_errors) = hot_load.finish().await;
+    assert_eq!(
+        errors + hot_errors,
+        0,
+        "callers saw errors during resharding"
+    );
+    assert!(admitted > 100, "load ran ({admitted} admitted)");
+    assert_eq!(hot_admitted, 50, "no double counting and no lost counts");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_master_is_replaced_without_restarting_sluice() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let dir = config();
+    let sluice = start(&cluster, &dir, &[("REDIS_TIMEOUT", "500ms")]);
+    let mut c = sluice.client().await;
+    let victim = cluster.master_ports()[0];
+    assert!(ask(&mut c, ten("before")).await.overall_code == Code::Ok as i32);
+
+    cluster.node_mut(victim).kill();
+    let killed = Instant::now();
+    // Until a replica is promoted, some calls fail (UNAVAILABLE, within the deadline); then all
+    // succeed again, on the same sluice process.
+    let mut failures = 0;
+    let recovered = loop {
+        let started = Instant::now();
+        match c.should_rate_limit(ten(&format!("after{failures}"))).await {
+            Ok(_) => break killed.elapsed(),
+            Err(status) => {
+                if failures % 20 == 0 {
+                    eprintln!("during failover: {}", status.message());
+                }
+                assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+                assert!(
+                    started.elapsed() < Duration::from_secs(3),
+                    "answer took {:?}",
+                    started.elapsed()
+                );
+                failures += 1;
+            }
+        }
+        if killed.elapsed() > Duration::from_secs(30) {
+            for node in &cluster.nodes {
+                eprintln!("== node {}\n{}", node.port, node.log_tail(12));
+            }
+            panic!("no recovery");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!("master killed: {failures} failed calls, recovered after {recovered:?}");
+    for i in 0..50 {
+        let r = c.should_rate_limit(ten(&format!("steady{i}"))).await;
+        assert!(r.is_ok(), "after recovery: {r:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exact_admission_across_two_replicas_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let dir = config();
+    let a = start(&cluster, &dir, &[("REDIS_TIMEOUT", "2s")]);
+    let b = start(&cluster, &dir, &[("REDIS_TIMEOUT", "2s")]);
+    avoid_window_edge(3600, 30).await;
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let mut c = if i % 2 == 0 {
+            a.client().await
+        } else {
+            b.client().await
+        };
+        let admitted = admitted.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..40 {
+                let r = ask(
+                    &mut c,
+                    request("c", vec![descriptor(&[("bucket", "shared")])]),
+                )
+                .await;
+                if r.overall_code == Code::Ok as i32 {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(admitted.load(Ordering::Relaxed), 50);
+}
