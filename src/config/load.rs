@@ -149,7 +149,7 @@ pub fn load_sources(
     let mut config = RateLimitConfig::default();
     for (name, descriptors) in domains {
         let mut domain = Domain::default();
-        domain.root = build_level(&mut domain.nodes, &name, &[], descriptors, &mut errors);
+        domain.root = build_level(&mut domain.nodes, &name, 0, &[], descriptors, &mut errors);
         config.domains.insert(name.into(), domain);
     }
     if errors.is_empty() {
@@ -191,11 +191,11 @@ struct LimitSpec {
 fn build_level(
     nodes: &mut Vec<TreeNode>,
     parent_path: &str,
+    depth: usize,
     parent_shared: &[(usize, Box<str>)],
     specs: Vec<DescriptorSpec>,
     errors: &mut Vec<ConfigError>,
 ) -> Level {
-    let depth = parent_path.matches('.').count();
     let mut level = Level::default();
     let mut seen = HashSet::new();
     for spec in specs {
@@ -237,7 +237,7 @@ fn build_level(
             limit,
             children: Level::default(),
         });
-        nodes[id].children = build_level(nodes, &path, &shared, spec.children, errors);
+        nodes[id].children = build_level(nodes, &path, depth + 1, &shared, spec.children, errors);
 
         let children: &mut Children = level.by_key.entry(spec.key.into()).or_default();
         match wildcard {

@@ -44,6 +44,15 @@ impl Node {
             if text.is_empty() || text == "~" || text.eq_ignore_ascii_case("null"))
     }
 
+    /// Nodes in this subtree (itself included). Depth is bounded by [`MAX_DEPTH`].
+    fn size(&self) -> usize {
+        1 + match &self.value {
+            Value::Scalar { .. } => 0,
+            Value::Sequence(items) => items.iter().map(Node::size).sum(),
+            Value::Mapping(pairs) => pairs.iter().map(|(k, v)| k.size() + v.size()).sum(),
+        }
+    }
+
     /// Short human description used in "expected X, found Y" messages.
     pub fn kind(&self) -> &'static str {
         match &self.value {
@@ -55,14 +64,32 @@ impl Node {
     }
 }
 
+/// Deepest nesting accepted. Real configs nest a few levels; the limit keeps hostile input from
+/// exhausting the stack of any recursive walk over the tree.
+pub const MAX_DEPTH: usize = 64;
+
+/// Most nodes one document may expand to, aliases included: a few hundred bytes of nested
+/// aliases can otherwise expand to billions of nodes.
+pub const MAX_NODES: usize = 1_000_000;
+
 /// Parses the first document of `text`. An empty stream gives `None`.
+///
+/// Events are pulled one at a time (yaml-rust2's own `load` recurses once per nesting level,
+/// which a deeply nested file turns into a stack overflow).
 pub fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
     let mut builder = TreeBuilder::default();
     let mut parser = Parser::new_from_str(text);
-    parser.load(&mut builder, false).map_err(|e| SyntaxError {
-        line: e.marker().line(),
-        message: e.info().to_string(),
-    })?;
+    while !builder.done && builder.error.is_none() {
+        let (event, mark) = parser.next_token().map_err(|e| SyntaxError {
+            line: e.marker().line(),
+            message: e.info().to_string(),
+        })?;
+        let end = matches!(event, Event::StreamEnd | Event::DocumentEnd);
+        builder.on_event(event, mark);
+        if end {
+            break;
+        }
+    }
     if let Some(err) = builder.error {
         return Err(err);
     }
@@ -73,10 +100,13 @@ pub fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
 #[derive(Default)]
 struct TreeBuilder {
     stack: Vec<Partial>,
-    anchors: HashMap<usize, Node>,
+    /// Anchored nodes with their size in nodes.
+    anchors: HashMap<usize, (Node, usize)>,
     document: Option<Node>,
     done: bool,
     error: Option<SyntaxError>,
+    /// Nodes made so far, counting every node an alias copies.
+    nodes: usize,
 }
 
 struct Partial {
@@ -87,9 +117,43 @@ struct Partial {
 }
 
 impl TreeBuilder {
+    fn fail(&mut self, line: usize, message: String) {
+        if self.error.is_none() {
+            self.error = Some(SyntaxError { line, message });
+        }
+    }
+
+    /// Counts `count` more nodes against [`MAX_NODES`].
+    fn grow(&mut self, line: usize, count: usize) {
+        self.nodes = self.nodes.saturating_add(count);
+        if self.nodes > MAX_NODES {
+            self.fail(
+                line,
+                format!(
+                    "the document expands to more than {MAX_NODES} nodes (excessive aliasing?)"
+                ),
+            );
+        }
+    }
+
+    fn open(&mut self, line: usize, anchor: usize, is_mapping: bool) {
+        if self.stack.len() >= MAX_DEPTH {
+            self.fail(line, format!("nesting deeper than {MAX_DEPTH} levels"));
+            return;
+        }
+        self.grow(line, 1);
+        self.stack.push(Partial {
+            line,
+            anchor,
+            items: Vec::new(),
+            is_mapping,
+        });
+    }
+
     fn finish(&mut self, node: Node, anchor: usize) {
         if anchor > 0 {
-            self.anchors.insert(anchor, node.clone());
+            let size = node.size();
+            self.anchors.insert(anchor, (node.clone(), size));
         }
         match self.stack.last_mut() {
             Some(parent) => parent.items.push(node),
@@ -109,6 +173,7 @@ impl MarkedEventReceiver for TreeBuilder {
         let line = mark.line();
         match event {
             Event::Scalar(text, style, anchor, _tag) => {
+                self.grow(line, 1);
                 let plain = style == TScalarStyle::Plain;
                 self.finish(
                     Node {
@@ -118,18 +183,8 @@ impl MarkedEventReceiver for TreeBuilder {
                     anchor,
                 );
             }
-            Event::SequenceStart(anchor, _) => self.stack.push(Partial {
-                line,
-                anchor,
-                items: Vec::new(),
-                is_mapping: false,
-            }),
-            Event::MappingStart(anchor, _) => self.stack.push(Partial {
-                line,
-                anchor,
-                items: Vec::new(),
-                is_mapping: true,
-            }),
+            Event::SequenceStart(anchor, _) => self.open(line, anchor, false),
+            Event::MappingStart(anchor, _) => self.open(line, anchor, true),
             Event::SequenceEnd | Event::MappingEnd => {
                 let Some(partial) = self.stack.pop() else {
                     return;
@@ -152,14 +207,16 @@ impl MarkedEventReceiver for TreeBuilder {
                     partial.anchor,
                 );
             }
-            Event::Alias(anchor) => match self.anchors.get(&anchor).cloned() {
-                Some(node) => self.finish(node, 0),
-                None => {
-                    self.error = Some(SyntaxError {
-                        line,
-                        message: "alias refers to an unknown anchor".into(),
-                    })
+            Event::Alias(anchor) => match self.anchors.get(&anchor).map(|(_, size)| *size) {
+                Some(size) => {
+                    // Counted before copying, so the copy itself stays bounded.
+                    self.grow(line, size);
+                    if self.error.is_none() {
+                        let node = self.anchors[&anchor].0.clone();
+                        self.finish(node, 0);
+                    }
                 }
+                None => self.fail(line, "alias refers to an unknown anchor".into()),
             },
             Event::Nothing
             | Event::StreamStart
@@ -214,6 +271,30 @@ mod tests {
     fn syntax_error_has_line() {
         let err = parse("domain: a\n  bad: [unclosed\n").unwrap_err();
         assert!(err.line >= 2, "{err:?}");
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        // Flow style: yaml-rust2's scanner has its own limit.
+        let deep = format!("a: {}x{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(parse(&deep).is_err());
+        // Block style has none; ours applies.
+        let block = format!("a:\n{}x\n", "- ".repeat(50_000));
+        let err = parse(&block).unwrap_err();
+        assert!(err.message.contains("nesting deeper than"), "{err:?}");
+        let fine = format!("a:\n{}x\n", "- ".repeat(MAX_DEPTH - 2));
+        assert!(parse(&fine).is_ok());
+    }
+
+    #[test]
+    fn alias_bombs_are_refused() {
+        let mut text = String::from("l0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for level in 1..9 {
+            let refs = vec![format!("*a{}", level - 1); 10].join(", ");
+            text.push_str(&format!("l{level}: &a{level} [{refs}]\n"));
+        }
+        let err = parse(&text).unwrap_err();
+        assert!(err.message.contains("excessive aliasing"), "{err:?}");
     }
 
     #[test]

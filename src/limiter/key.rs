@@ -170,9 +170,10 @@ impl KeyBuilder {
             escape_into(key, &entry.key, reserved_in_name);
             key.push('_');
             match limit.shared_value(index) {
-                // The pattern comes from the config, not the request: it is kept as written,
-                // which is what makes it distinct from every (escaped) runtime value.
-                Some(pattern) => key.push_str(pattern),
+                // The pattern comes from the config, not the request: its `*` stays raw, which
+                // no escaped runtime value can contain, so the two never meet; its braces are
+                // escaped like a name's so they cannot form a hash tag.
+                Some(pattern) => escape_into(key, pattern, reserved_in_name),
                 None => escape_into(key, &entry.value, reserved_in_value),
             }
         }
@@ -283,22 +284,35 @@ mod tests {
     #[test]
     fn upstream_collisions_are_separated() {
         let keys = KeyBuilder::new("").unwrap();
+        let upstream = |pairs: &[(&str, &str)]| {
+            let mut key = String::from("d_");
+            for (k, v) in pairs {
+                key.push_str(&format!("{k}_{v}_"));
+            }
+            key + "60"
+        };
         type Entries<'a> = &'a [(&'a str, &'a str)];
         let pairs: &[(Entries, Entries)] = &[
             // One entry whose value spells a second entry, vs two entries.
             (&[("a", "x_b_y")], &[("a", "x"), ("b", "y")]),
-            // Underscores moved between two values.
-            (&[("a", "x_b"), ("c", "y")], &[("a", "x"), ("c", "b_c_y")]),
-            // A value that spells the window start.
-            (&[("a", "x_60")], &[("a", "x")]),
-            // Percent signs cannot forge an escape.
-            (&[("a", "%5F")], &[("a", "_")]),
+            // The same depth, underscores moved from one value into the next entry.
+            (&[("a", "x_c"), ("d", "y")], &[("a", "x"), ("c", "d_y")]),
         ];
         for (left, right) in pairs {
+            assert_eq!(
+                upstream(left),
+                upstream(right),
+                "upstream collides on {left:?}"
+            );
             let l = keys.fixed_window("d", &e(left), &limit(), 60);
             let r = keys.fixed_window("d", &e(right), &limit(), 60);
             assert_ne!(l, r, "{left:?} vs {right:?}");
         }
+        // Percent signs cannot forge an escape.
+        assert_ne!(
+            keys.fixed_window("d", &e(&[("a", "%5F")]), &limit(), 60),
+            keys.fixed_window("d", &e(&[("a", "_")]), &limit(), 60)
+        );
     }
 
     #[test]

@@ -8,9 +8,14 @@
 //! 3. key cardinality: memory and redis at the highest concurrency with K = 1 (one hot key) and
 //!    K = 1 000 000.
 //!
-//! The null run of a concurrency (and descriptor count) comes first, so each later run gets its
-//! ratio as soon as it ends. Results go to `OUT/NAME.jsonl` (one line per run, appended as runs
-//! finish) and `OUT/NAME.md`; NAME is `latest`, or `quick` with `--quick`.
+//! The whole list runs `--repeat` times (rounds interleaved, so drift of a shared machine touches
+//! every configuration alike); each configuration reports its median round by req/s, and every
+//! ratio compares medians: "× null" divides by the null server's median at the same concurrency
+//! and descriptor count. Before each run the matrix waits for a quiet machine, and repeats a run
+//! that other work disturbed (`--quiet-wait`, `--retries`).
+//!
+//! Results go to `OUT/NAME.jsonl` (every round, one line each, `selected` marking the medians)
+//! and `OUT/NAME.md` (the medians and the targets); NAME is `latest`, or `quick` with `--quick`.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
