@@ -10,7 +10,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::config::LoadOptions;
-use crate::limiter::{HeaderNames, InputLimits, LimiterOptions};
+use crate::limiter::{FailurePolicy, HeaderNames, InputLimits, LimiterOptions};
+use crate::store::breaker::BreakerOptions;
 use crate::store::redis::{RedisAuth, Target, redact_url};
 use crate::store::{MemoryStoreOptions, RedisOptions, TlsFiles};
 
@@ -29,6 +30,8 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// Longest wait of the native API's `Acquire`/`TryAcquire`.
     pub limiter_max_wait: Duration,
+    /// The Redis store's circuit breaker.
+    pub breaker: BreakerOptions,
 }
 
 #[derive(Debug, Clone)]
@@ -38,6 +41,9 @@ pub enum Backend {
         options: RedisOptions,
         /// `REDIS_STARTUP_MAX_ELAPSED_TIME`; `None` waits forever (upstream's 0).
         startup_max_wait: Option<Duration>,
+        /// `REDIS_STARTUP_DEGRADED`: start anyway when Redis is not ready by then (health
+        /// NOT_SERVING, requests follow the failure policy until it answers).
+        start_degraded: bool,
     },
 }
 
@@ -203,6 +209,13 @@ impl Settings {
                 response_headers,
                 dynamic_metadata: env.bool("RESPONSE_DYNAMIC_METADATA", false)?,
                 input_limits,
+                failure_policy: match env.string("FAILURE_POLICY", "fail_closed").as_str() {
+                    "fail_closed" => FailurePolicy::FailClosed,
+                    "fail_open" => FailurePolicy::FailOpen,
+                    _ => {
+                        return Err(env.error("FAILURE_POLICY", "expected fail_closed or fail_open"));
+                    }
+                },
             },
             log: LogSettings {
                 // Upstream defaults to WARN; we log start-up and config events at INFO.
@@ -211,6 +224,11 @@ impl Settings {
             },
             shutdown_grace: env.duration("SHUTDOWN_GRACE_PERIOD", Duration::from_secs(10))?,
             limiter_max_wait: env.duration("LIMITER_MAX_WAIT", Duration::from_secs(30))?,
+            breaker: BreakerOptions {
+                failures_to_open: env.number("BREAKER_FAILURES", 5)?,
+                cool_down: env.duration("BREAKER_COOL_DOWN", Duration::from_millis(250))?,
+                ..BreakerOptions::default()
+            },
         })
     }
 }
@@ -307,6 +325,7 @@ fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend,
             pinned_clock: None,
         },
         startup_max_wait: (!max_wait.is_zero()).then_some(max_wait),
+        start_degraded: env.bool("REDIS_STARTUP_DEGRADED", false)?,
     })
 }
 

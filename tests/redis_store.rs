@@ -275,3 +275,105 @@ async fn tls_with_client_certificates_and_acl_user() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+fn health(sluice: &Sluice) -> u16 {
+    sluice.http("GET", "/healthcheck", "").0
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_redis_opens_the_breaker_and_health_follows() {
+    let mut redis = RedisServer::start();
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(dir.path(), Some(&redis), &[("REDIS_TIMEOUT", "200ms")]);
+    let mut c = sluice.client().await;
+    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
+    assert_eq!(health(&sluice), 200);
+
+    redis.kill();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let started = Instant::now();
+        let status = c.should_rate_limit(alice()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        slowest = slowest.max(started.elapsed());
+    }
+    // Every answer within the deadline plus a margin; the breaker is open by now.
+    assert!(
+        slowest < Duration::from_millis(700),
+        "slowest answer {slowest:?}"
+    );
+    assert_eq!(health(&sluice), 500, "health follows the open breaker");
+    let started = Instant::now();
+    let status = c.should_rate_limit(alice()).await.unwrap_err();
+    assert!(
+        status.message().contains("circuit breaker open"),
+        "{status:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(50),
+        "an open breaker answers at once"
+    );
+
+    redis.restart();
+    let back = Instant::now();
+    loop {
+        if c.should_rate_limit(alice()).await.is_ok() {
+            break;
+        }
+        assert!(back.elapsed() < Duration::from_secs(3), "not recovered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("recovered {:?} after redis came back", back.elapsed());
+    assert!(back.elapsed() < Duration::from_millis(1_500));
+    assert_eq!(health(&sluice), 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fail_open_answers_ok_while_redis_is_down() {
+    let mut redis = RedisServer::start();
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(
+        dir.path(),
+        Some(&redis),
+        &[("REDIS_TIMEOUT", "200ms"), ("FAILURE_POLICY", "fail_open")],
+    );
+    let mut c = sluice.client().await;
+    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
+    redis.kill();
+    for _ in 0..10 {
+        let r = ask(&mut c, alice()).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert!(r.statuses[0].current_limit.is_none(), "nothing was counted");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn degraded_start_serves_once_redis_arrives() {
+    let mut redis = RedisServer::start();
+    redis.kill();
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(
+        dir.path(),
+        Some(&redis),
+        &[
+            ("REDIS_TIMEOUT", "200ms"),
+            ("REDIS_STARTUP_MAX_ELAPSED_TIME", "300ms"),
+            ("REDIS_STARTUP_DEGRADED", "true"),
+        ],
+    );
+    assert_eq!(health(&sluice), 500, "not serving without its store");
+    let mut c = sluice.client().await;
+    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
+    assert_eq!(
+        c.should_rate_limit(alice()).await.unwrap_err().code(),
+        tonic::Code::Unavailable
+    );
+
+    redis.restart();
+    let back = Instant::now();
+    while c.should_rate_limit(alice()).await.is_err() {
+        assert!(back.elapsed() < Duration::from_secs(3), "never served");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(health(&sluice), 200);
+}

@@ -12,6 +12,7 @@ mod response;
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwapOption;
 use tracing::Instrument;
@@ -67,6 +68,19 @@ pub struct LimiterOptions {
     /// `RESPONSE_DYNAMIC_METADATA`.
     pub dynamic_metadata: bool,
     pub input_limits: InputLimits,
+    /// `FAILURE_POLICY`: what to answer when the store cannot decide.
+    pub failure_policy: FailurePolicy,
+}
+
+/// What the service answers when the store cannot decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailurePolicy {
+    /// A gRPC `UNAVAILABLE` error: Envoy then applies its `failure_mode_deny` (allow by default,
+    /// refuse with `failure_mode_deny: true`).
+    #[default]
+    FailClosed,
+    /// Answer OK here, counted and logged (at most once a second).
+    FailOpen,
 }
 
 /// Why a request got no decision. Each maps to one gRPC status (see `server::grpc`).
@@ -90,6 +104,10 @@ pub struct RateLimiter {
     keys: KeyBuilder,
     clock: Arc<dyn Clock>,
     options: LimiterOptions,
+    /// Requests answered OK because the store failed and the policy is fail-open.
+    failed_open: AtomicU64,
+    /// Second of the last fail-open log line, so the log says it once a second at most.
+    last_fail_open_log: AtomicU64,
 }
 
 /// What became of one request descriptor before the store call.
@@ -113,7 +131,14 @@ impl RateLimiter {
             keys,
             clock,
             options,
+            failed_open: AtomicU64::new(0),
+            last_fail_open_log: AtomicU64::new(0),
         }
+    }
+
+    /// Requests answered OK under the fail-open policy since start.
+    pub fn failed_open(&self) -> u64 {
+        self.failed_open.load(Ordering::Relaxed)
     }
 
     /// Installs a new configuration; requests already running finish with the old one.
@@ -194,7 +219,13 @@ impl RateLimiter {
         } else {
             let span =
                 tracing::debug_span!("store", kind = self.store.kind(), checks = checks.len());
-            self.store.check(&checks).instrument(span).await?
+            match self.store.check(&checks).instrument(span).await {
+                Ok(outcomes) => outcomes,
+                Err(e) if self.options.failure_policy == FailurePolicy::FailOpen => {
+                    return Ok(self.fail_open(request, &e));
+                }
+                Err(e) => return Err(e.into()),
+            }
         };
 
         let mut statuses = Vec::with_capacity(plans.len());
@@ -211,6 +242,22 @@ impl RateLimiter {
             limits.push(limit);
         }
         Ok(self.finish(request, statuses, &limits))
+    }
+
+    /// The fail-open answer: OK, and each descriptor OK with no limit (nothing was counted).
+    fn fail_open(&self, request: &RateLimitRequest, error: &StoreError) -> RateLimitResponse {
+        let total = self.failed_open.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = self.clock.now_secs();
+        let last = self.last_fail_open_log.load(Ordering::Relaxed);
+        if now > last
+            && self
+                .last_fail_open_log
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(%error, failed_open_total = total, "store failed; answering OK (FAILURE_POLICY=fail_open)");
+        }
+        response::all_ok(request.descriptors.len())
     }
 
     /// Overall code, global shadow mode, headers and metadata.

@@ -10,10 +10,13 @@ use tonic_health::server::HealthReporter;
 /// The gRPC health service name upstream registers.
 pub const SERVICE_NAME: &str = "ratelimit";
 
+/// SERVING while the store answers and the service is not shutting down (upstream's health is
+/// likewise the AND of its components).
 #[derive(Clone)]
 pub struct Health {
     reporter: HealthReporter,
-    serving: Arc<AtomicBool>,
+    store_usable: Arc<AtomicBool>,
+    stopping: Arc<AtomicBool>,
 }
 
 impl Health {
@@ -21,20 +24,36 @@ impl Health {
     pub async fn new(reporter: HealthReporter) -> Self {
         let health = Self {
             reporter,
-            serving: Arc::new(AtomicBool::new(true)),
+            store_usable: Arc::new(AtomicBool::new(true)),
+            stopping: Arc::new(AtomicBool::new(false)),
         };
         health.report(ServingStatus::Serving).await;
         health
     }
 
     pub fn is_serving(&self) -> bool {
-        self.serving.load(Ordering::Relaxed)
+        self.store_usable.load(Ordering::Relaxed) && !self.stopping.load(Ordering::Relaxed)
+    }
+
+    /// Follows the store's circuit breaker.
+    pub async fn set_store_usable(&self, usable: bool) {
+        self.store_usable.store(usable, Ordering::Relaxed);
+        self.publish().await;
     }
 
     /// Called once on shutdown, so load balancers stop sending traffic while requests drain.
     pub async fn set_not_serving(&self) {
-        self.serving.store(false, Ordering::Relaxed);
-        self.report(ServingStatus::NotServing).await;
+        self.stopping.store(true, Ordering::Relaxed);
+        self.publish().await;
+    }
+
+    async fn publish(&self) {
+        let status = if self.is_serving() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        self.report(status).await;
     }
 
     async fn report(&self, status: ServingStatus) {

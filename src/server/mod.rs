@@ -23,6 +23,7 @@ use crate::config::{self, ConfigErrors};
 use crate::limiter::{KeyBuilder, PrefixError, RateLimiter};
 use crate::limiters::NamedLimiters;
 use crate::settings::{Backend, Settings};
+use crate::store::breaker::Breaker;
 use crate::store::{MemoryStore, RedisStore, Store, StoreError};
 
 /// Why the service could not start or stopped with an error.
@@ -61,11 +62,14 @@ pub async fn serve(
     }
     let keys = KeyBuilder::new(&settings.cache_key_prefix)?;
     let clock = Arc::new(SystemClock);
+    // The Redis store sits behind a circuit breaker whose state becomes the health status.
+    let mut store_usable = None;
     let store: Arc<dyn Store> = match &settings.backend {
         Backend::Memory(options) => Arc::new(MemoryStore::new(options.clone(), clock.clone())),
         Backend::Redis {
             options,
             startup_max_wait,
+            start_degraded,
         } => {
             let store_error = |source| ServeError::Store {
                 backend: "redis",
@@ -73,11 +77,18 @@ pub async fn serve(
             };
             let store = RedisStore::new(options.clone()).map_err(store_error)?;
             tracing::info!(target = ?options.target, "waiting for redis");
-            store
-                .wait_until_ready(*startup_max_wait)
-                .await
-                .map_err(store_error)?;
-            Arc::new(store)
+            let ready = store.wait_until_ready(*startup_max_wait).await;
+            let breaker = Breaker::new(store, settings.breaker.clone());
+            match ready {
+                Ok(()) => {}
+                Err(e) if *start_degraded => {
+                    tracing::warn!(error = %e, "redis is not ready; starting degraded");
+                    breaker.force_open();
+                }
+                Err(e) => return Err(store_error(e)),
+            }
+            store_usable = Some(breaker.usable());
+            Arc::new(breaker)
         }
     };
     let named = Arc::new(NamedLimiters::new(
@@ -131,6 +142,17 @@ pub async fn serve(
             let _ = rx.wait_for(|stop| *stop).await;
         }
     };
+
+    if let Some(mut usable) = store_usable {
+        let health = health.clone();
+        health.set_store_usable(*usable.borrow_and_update()).await;
+        tokio::spawn(async move {
+            while usable.changed().await.is_ok() {
+                let now = *usable.borrow_and_update();
+                health.set_store_usable(now).await;
+            }
+        });
+    }
 
     let grpc = grpc::serve(
         grpc_listener,

@@ -7,6 +7,7 @@
 //! semantics and are tested against each other.
 
 pub mod algorithms;
+pub mod breaker;
 mod cluster;
 pub mod memory;
 pub mod redis;
