@@ -38,7 +38,7 @@ pub struct Settings {
 pub enum Backend {
     Memory(MemoryStoreOptions),
     Redis {
-        options: RedisOptions,
+        options: Box<RedisOptions>,
         /// `REDIS_STARTUP_MAX_ELAPSED_TIME`; `None` waits forever (upstream's 0).
         startup_max_wait: Option<Duration>,
         /// `REDIS_STARTUP_DEGRADED`: start anyway when Redis is not ready by then (health
@@ -213,7 +213,9 @@ impl Settings {
                     "fail_closed" => FailurePolicy::FailClosed,
                     "fail_open" => FailurePolicy::FailOpen,
                     _ => {
-                        return Err(env.error("FAILURE_POLICY", "expected fail_closed or fail_open"));
+                        return Err(
+                            env.error("FAILURE_POLICY", "expected fail_closed or fail_open")
+                        );
                     }
                 },
             },
@@ -313,7 +315,7 @@ fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend,
     let jitter_secs: u64 = env.number("EXPIRATION_JITTER_MAX_SECONDS", 300)?;
     let max_wait = env.duration("REDIS_STARTUP_MAX_ELAPSED_TIME", Duration::ZERO)?;
     Ok(Backend::Redis {
-        options: RedisOptions {
+        options: Box::new(RedisOptions {
             target,
             auth: env.raw("REDIS_AUTH").map(|a| RedisAuth::parse(&a)),
             tls: tls_files,
@@ -323,7 +325,7 @@ fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend,
             timeout: env.duration("REDIS_TIMEOUT", Duration::from_millis(15))?,
             expiration_jitter_max: Duration::from_secs(jitter_secs),
             pinned_clock: None,
-        },
+        }),
         startup_max_wait: (!max_wait.is_zero()).then_some(max_wait),
         start_degraded: env.bool("REDIS_STARTUP_DEGRADED", false)?,
     })

@@ -75,7 +75,7 @@ pub async fn serve(
                 backend: "redis",
                 source,
             };
-            let store = RedisStore::new(options.clone()).map_err(store_error)?;
+            let store = RedisStore::new((**options).clone()).map_err(store_error)?;
             tracing::info!(target = ?options.target, "waiting for redis");
             let ready = store.wait_until_ready(*startup_max_wait).await;
             let breaker = Breaker::new(store, settings.breaker.clone());

@@ -133,10 +133,15 @@ impl<S: Store> Breaker<S> {
         *state = next;
     }
 
-    fn guarded<'a, T: Send + 'a>(&'a self, call: StoreFuture<'a, T>) -> StoreFuture<'a, T> {
+    /// Runs `call` only if the breaker admits it: some stores do their work when the future is
+    /// made, not when it is polled.
+    fn guarded<'a, T: Send + 'a>(
+        &'a self,
+        call: impl FnOnce() -> StoreFuture<'a, T> + Send + 'a,
+    ) -> StoreFuture<'a, T> {
         Box::pin(async move {
             self.admit()?;
-            let result = call.await;
+            let result = call().await;
             self.record(&result);
             result
         })
@@ -145,7 +150,7 @@ impl<S: Store> Breaker<S> {
 
 impl<S: Store> Store for Breaker<S> {
     fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
-        self.guarded(self.store.check(checks))
+        self.guarded(|| self.store.check(checks))
     }
 
     fn set_limiter<'a>(
@@ -154,19 +159,19 @@ impl<S: Store> Store for Breaker<S> {
         record: &'a LimiterRecord,
         mode: SetMode,
     ) -> StoreFuture<'a, (bool, LimiterRecord)> {
-        self.guarded(self.store.set_limiter(keys, record, mode))
+        self.guarded(move || self.store.set_limiter(keys, record, mode))
     }
 
     fn get_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, Option<LimiterRecord>> {
-        self.guarded(self.store.get_limiter(keys))
+        self.guarded(|| self.store.get_limiter(keys))
     }
 
     fn delete_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
-        self.guarded(self.store.delete_limiter(keys))
+        self.guarded(|| self.store.delete_limiter(keys))
     }
 
     fn acquire<'a>(&'a self, keys: &'a LimiterKeys, permits: u64) -> StoreFuture<'a, Acquisition> {
-        self.guarded(self.store.acquire(keys, permits))
+        self.guarded(move || self.store.acquire(keys, permits))
     }
 
     fn kind(&self) -> &'static str {
