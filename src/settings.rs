@@ -39,6 +39,9 @@ pub enum Backend {
     Memory(MemoryStoreOptions),
     Redis {
         options: Box<RedisOptions>,
+        /// `REDIS_PERSECOND=true`: limits whose unit is the second go to this Redis, configured
+        /// by the `REDIS_PERSECOND_*` twins of the `REDIS_*` variables.
+        per_second: Option<Box<RedisOptions>>,
         /// `REDIS_STARTUP_MAX_ELAPSED_TIME`; `None` waits forever (upstream's 0).
         startup_max_wait: Option<Duration>,
         /// `REDIS_STARTUP_DEGRADED`: start anyway when Redis is not ready by then (health
@@ -235,27 +238,33 @@ impl Settings {
     }
 }
 
-fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend, SettingsError> {
+/// The options of one Redis deployment from the variables that start with `prefix` (`REDIS_`,
+/// or `REDIS_PERSECOND_` for the per-second Redis).
+fn redis_options<F: Fn(&str) -> Option<String>>(
+    env: &Env<F>,
+    prefix: &str,
+) -> Result<RedisOptions, SettingsError> {
+    let var = |name: &str| format!("{prefix}{name}");
     let cluster = match env
-        .string("REDIS_TYPE", "single")
+        .string(&var("TYPE"), "single")
         .to_ascii_lowercase()
         .as_str()
     {
         "single" => false,
         "cluster" => true,
         "sentinel" => {
-            return Err(env.error("REDIS_TYPE", "sentinel is not supported in this version"));
+            return Err(env.error(&var("TYPE"), "sentinel is not supported in this version"));
         }
-        _ => return Err(env.error("REDIS_TYPE", "expected single or cluster")),
+        _ => return Err(env.error(&var("TYPE"), "expected single or cluster")),
     };
-    let tls = env.bool("REDIS_TLS", false)?;
-    if env.bool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)? {
+    let tls = env.bool(&var("TLS"), false)?;
+    if env.bool(&var("TLS_SKIP_HOSTNAME_VERIFICATION"), false)? {
         return Err(env.error(
-            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+            &var("TLS_SKIP_HOSTNAME_VERIFICATION"),
             "not supported: use a certificate that names the host (REDIS_TLS_CACERT for a private CA)",
         ));
     }
-    let url = env.string("REDIS_URL", "/var/run/nutcracker/ratelimit.sock");
+    let url = env.string(&var("URL"), "/var/run/nutcracker/ratelimit.sock");
     let with_tls = |url: String| match url.strip_prefix("redis://") {
         Some(rest) if tls => format!("rediss://{rest}"),
         _ => url,
@@ -269,37 +278,37 @@ fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend,
             .filter(|n| !n.is_empty())
             .map(|n| redis_url(n, "tcp").map(with_tls))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|reason| env.error("REDIS_URL", reason))?;
+            .map_err(|reason| env.error(&var("URL"), reason))?;
         if nodes.is_empty() {
-            return Err(env.error("REDIS_URL", "a cluster needs at least one node address"));
+            return Err(env.error(&var("URL"), "a cluster needs at least one node address"));
         }
         Target::Cluster(nodes)
     } else {
-        let url = redis_url(&url, &env.string("REDIS_SOCKET_TYPE", "unix"))
-            .map_err(|reason| env.error("REDIS_URL", reason))?;
+        let url = redis_url(&url, &env.string(&var("SOCKET_TYPE"), "unix"))
+            .map_err(|reason| env.error(&var("URL"), reason))?;
         Target::Single(with_tls(url))
     };
     let client_cert_and_key = match (
-        env.raw("REDIS_TLS_CLIENT_CERT"),
-        env.raw("REDIS_TLS_CLIENT_KEY"),
+        env.raw(&var("TLS_CLIENT_CERT")),
+        env.raw(&var("TLS_CLIENT_KEY")),
     ) {
         (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
         (None, None) => None,
         (Some(_), None) => {
             return Err(env.error(
-                "REDIS_TLS_CLIENT_KEY",
+                &var("TLS_CLIENT_KEY"),
                 "must be set with REDIS_TLS_CLIENT_CERT",
             ));
         }
         (None, Some(_)) => {
             return Err(env.error(
-                "REDIS_TLS_CLIENT_CERT",
+                &var("TLS_CLIENT_CERT"),
                 "must be set with REDIS_TLS_CLIENT_KEY",
             ));
         }
     };
     let tls_files = TlsFiles {
-        ca_cert: env.raw("REDIS_TLS_CACERT").map(PathBuf::from),
+        ca_cert: env.raw(&var("TLS_CACERT")).map(PathBuf::from),
         client_cert_and_key,
     };
     let uses_tls = match &target {
@@ -308,24 +317,34 @@ fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend,
     };
     if tls_files != TlsFiles::default() && !uses_tls {
         return Err(env.error(
-            "REDIS_TLS",
+            &var("TLS"),
             "certificate files are set but TLS is off (set REDIS_TLS=true or use rediss://)",
         ));
     }
     let jitter_secs: u64 = env.number("EXPIRATION_JITTER_MAX_SECONDS", 300)?;
+    Ok(RedisOptions {
+        target,
+        auth: env.raw(&var("AUTH")).map(|a| RedisAuth::parse(&a)),
+        tls: tls_files,
+        pool_size: env.number(&var("POOL_SIZE"), 10)?,
+        // Envoy gives the whole rate limit call 20 ms by default; an answer after that is
+        // thrown away, so the store's deadline sits below it (upstream: 10 s).
+        timeout: env.duration(&var("TIMEOUT"), Duration::from_millis(15))?,
+        expiration_jitter_max: Duration::from_secs(jitter_secs),
+        pinned_clock: None,
+    })
+}
+
+fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend, SettingsError> {
     let max_wait = env.duration("REDIS_STARTUP_MAX_ELAPSED_TIME", Duration::ZERO)?;
+    let per_second = if env.bool("REDIS_PERSECOND", false)? {
+        Some(Box::new(redis_options(env, "REDIS_PERSECOND_")?))
+    } else {
+        None
+    };
     Ok(Backend::Redis {
-        options: Box::new(RedisOptions {
-            target,
-            auth: env.raw("REDIS_AUTH").map(|a| RedisAuth::parse(&a)),
-            tls: tls_files,
-            pool_size: env.number("REDIS_POOL_SIZE", 10)?,
-            // Envoy gives the whole rate limit call 20 ms by default; an answer after that is
-            // thrown away, so the store's deadline sits below it (upstream: 10 s).
-            timeout: env.duration("REDIS_TIMEOUT", Duration::from_millis(15))?,
-            expiration_jitter_max: Duration::from_secs(jitter_secs),
-            pinned_clock: None,
-        }),
+        options: Box::new(redis_options(env, "REDIS_")?),
+        per_second,
         startup_max_wait: (!max_wait.is_zero()).then_some(max_wait),
         start_degraded: env.bool("REDIS_STARTUP_DEGRADED", false)?,
     })

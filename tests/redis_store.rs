@@ -377,3 +377,43 @@ async fn degraded_start_serves_once_redis_arrives() {
     }
     assert_eq!(health(&sluice), 200);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn second_limits_go_to_the_per_second_redis() {
+    let main = RedisServer::start();
+    let fast = RedisServer::start();
+    let dir = config_dir(
+        "domain: app\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: burst\n    rate_limit: {unit: second, requests_per_unit: 2}\n",
+    );
+    let fast_url = format!("127.0.0.1:{}", fast.port);
+    let sluice = Sluice::start(
+        dir.path(),
+        Some(&main),
+        &[
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+            ("REDIS_PERSECOND_URL", &fast_url),
+            ("REDIS_PERSECOND_TIMEOUT", "5s"),
+        ],
+    );
+    let mut c = sluice.client().await;
+    avoid_window_edge(60, 3).await;
+    let both = || {
+        request(
+            "app",
+            vec![descriptor(&[("burst", "b")]), descriptor(&[("user", "u")])],
+        )
+    };
+    let r = ask(&mut c, both()).await;
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    assert_eq!(r.statuses[1].limit_remaining, 4);
+    let keys = |server: &RedisServer| -> Vec<String> {
+        let mut conn = server.connection();
+        conn.keys("*").unwrap()
+    };
+    let (main_keys, fast_keys) = (keys(&main), keys(&fast));
+    assert_eq!(main_keys.len(), 1, "{main_keys:?}");
+    assert!(main_keys[0].starts_with("app_user_u_"), "{main_keys:?}");
+    assert_eq!(fast_keys.len(), 1, "{fast_keys:?}");
+    assert!(fast_keys[0].starts_with("app_burst_b_"), "{fast_keys:?}");
+}

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::RedisServer;
 use sluice::clock::{Clock, ManualClock};
+use sluice::store::redis::Target;
 use sluice::store::{
     Check, MemoryStore, MemoryStoreOptions, Outcome, RedisOptions, RedisStore, Rule, Store,
 };
@@ -28,7 +29,7 @@ async fn pair() -> Pair {
     let clock = Arc::new(ManualClock::new(T0));
     let memory = MemoryStore::new(MemoryStoreOptions::default(), clock.clone());
     let redis = RedisStore::new(RedisOptions {
-        url: server.url(),
+        target: Target::Single(server.url()),
         auth: None,
         tls: Default::default(),
         pool_size: 2,

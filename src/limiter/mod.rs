@@ -25,7 +25,7 @@ use crate::config::{Algorithm as ConfigAlgorithm, Limit, Quota, RateLimitConfig,
 use crate::proto::{
     Code, DescriptorStatus, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
 };
-use crate::store::{Check, Rule, Store, StoreError};
+use crate::store::{Check, Outcome, Rule, Store, StoreError};
 
 /// Remaining count reported for `unlimited` descriptors, as upstream does.
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
@@ -101,6 +101,8 @@ pub enum LimitError {
 pub struct RateLimiter {
     config: ArcSwapOption<RateLimitConfig>,
     store: Arc<dyn Store>,
+    /// Where limits whose unit is the second go, when set (upstream's `REDIS_PERSECOND`).
+    per_second: Option<Arc<dyn Store>>,
     keys: KeyBuilder,
     clock: Arc<dyn Clock>,
     options: LimiterOptions,
@@ -128,12 +130,19 @@ impl RateLimiter {
         Self {
             config: ArcSwapOption::empty(),
             store,
+            per_second: None,
             keys,
             clock,
             options,
             failed_open: AtomicU64::new(0),
             last_fail_open_log: AtomicU64::new(0),
         }
+    }
+
+    /// Sends limits whose unit is the second to `store` (upstream's per-second Redis).
+    pub fn with_per_second_store(mut self, store: Arc<dyn Store>) -> Self {
+        self.per_second = Some(store);
+        self
     }
 
     /// Requests answered OK under the fail-open policy since start.
@@ -183,6 +192,7 @@ impl RateLimiter {
         // Plan the store call.
         let now_secs = self.clock.now_secs();
         let mut checks = Vec::new();
+        let mut per_second = Vec::new();
         let plans: Vec<Plan> = matched
             .into_iter()
             .zip(&request.descriptors)
@@ -205,6 +215,7 @@ impl RateLimiter {
                     (requests_per_unit, unit, algorithm),
                     now_secs,
                 );
+                per_second.push(unit == Unit::Second);
                 checks.push(Check {
                     key,
                     hits: hits(request, descriptor),
@@ -219,7 +230,7 @@ impl RateLimiter {
         } else {
             let span =
                 tracing::debug_span!("store", kind = self.store.kind(), checks = checks.len());
-            match self.store.check(&checks).instrument(span).await {
+            match self.decide(&checks, &per_second).instrument(span).await {
                 Ok(outcomes) => outcomes,
                 Err(e) if self.options.failure_policy == FailurePolicy::FailOpen => {
                     return Ok(self.fail_open(request, &e));
@@ -242,6 +253,49 @@ impl RateLimiter {
             limits.push(limit);
         }
         Ok(self.finish(request, statuses, &limits))
+    }
+
+    /// Asks the store(s): one call, or two concurrent ones when second-unit limits have their
+    /// own store; outcomes come back in the order of `checks`.
+    async fn decide(
+        &self,
+        checks: &[Check],
+        per_second: &[bool],
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let Some(second_store) = &self.per_second else {
+            return self.store.check(checks).await;
+        };
+        let (fast, slow): (Vec<usize>, Vec<usize>) =
+            (0..checks.len()).partition(|&i| per_second[i]);
+        if fast.is_empty() {
+            return self.store.check(checks).await;
+        }
+        let pick = |indexes: &[usize]| {
+            indexes
+                .iter()
+                .map(|&i| checks[i].clone())
+                .collect::<Vec<_>>()
+        };
+        let (fast_checks, slow_checks) = (pick(&fast), pick(&slow));
+        let (fast_out, slow_out) = tokio::try_join!(second_store.check(&fast_checks), async {
+            if slow_checks.is_empty() {
+                Ok(Vec::new())
+            } else {
+                self.store.check(&slow_checks).await
+            }
+        })?;
+        let mut outcomes = vec![None; checks.len()];
+        for (i, o) in fast
+            .into_iter()
+            .zip(fast_out)
+            .chain(slow.into_iter().zip(slow_out))
+        {
+            outcomes[i] = Some(o);
+        }
+        Ok(outcomes
+            .into_iter()
+            .map(|o| o.expect("every check was answered"))
+            .collect())
     }
 
     /// The fail-open answer: OK, and each descriptor OK with no limit (nothing was counted).

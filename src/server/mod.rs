@@ -24,7 +24,7 @@ use crate::limiter::{KeyBuilder, PrefixError, RateLimiter};
 use crate::limiters::NamedLimiters;
 use crate::settings::{Backend, Settings};
 use crate::store::breaker::Breaker;
-use crate::store::{MemoryStore, RedisStore, Store, StoreError};
+use crate::store::{MemoryStore, RedisOptions, RedisStore, Store, StoreError};
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -62,33 +62,26 @@ pub async fn serve(
     }
     let keys = KeyBuilder::new(&settings.cache_key_prefix)?;
     let clock = Arc::new(SystemClock);
-    // The Redis store sits behind a circuit breaker whose state becomes the health status.
-    let mut store_usable = None;
+    // Redis stores sit behind a circuit breaker whose state becomes the health status.
+    let mut store_usable = Vec::new();
+    let mut per_second_store = None;
     let store: Arc<dyn Store> = match &settings.backend {
         Backend::Memory(options) => Arc::new(MemoryStore::new(options.clone(), clock.clone())),
         Backend::Redis {
             options,
+            per_second,
             startup_max_wait,
             start_degraded,
         } => {
-            let store_error = |source| ServeError::Store {
-                backend: "redis",
-                source,
-            };
-            let store = RedisStore::new((**options).clone()).map_err(store_error)?;
-            tracing::info!(target = ?options.target, "waiting for redis");
-            let ready = store.wait_until_ready(*startup_max_wait).await;
-            let breaker = Breaker::new(store, settings.breaker.clone());
-            match ready {
-                Ok(()) => {}
-                Err(e) if *start_degraded => {
-                    tracing::warn!(error = %e, "redis is not ready; starting degraded");
-                    breaker.force_open();
-                }
-                Err(e) => return Err(store_error(e)),
+            let (wait, degraded) = (*startup_max_wait, *start_degraded);
+            let main = open_redis(options, wait, degraded, &settings).await?;
+            store_usable.push(main.usable());
+            if let Some(options) = per_second {
+                let store = open_redis(options, wait, degraded, &settings).await?;
+                store_usable.push(store.usable());
+                per_second_store = Some(Arc::new(store) as Arc<dyn Store>);
             }
-            store_usable = Some(breaker.usable());
-            Arc::new(breaker)
+            Arc::new(main)
         }
     };
     let named = Arc::new(NamedLimiters::new(
@@ -96,12 +89,11 @@ pub async fn serve(
         keys.clone(),
         settings.limiter_max_wait,
     ));
-    let limiter = Arc::new(RateLimiter::new(
-        store,
-        keys,
-        clock,
-        settings.limiter.clone(),
-    ));
+    let mut limiter = RateLimiter::new(store, keys, clock, settings.limiter.clone());
+    if let Some(store) = per_second_store {
+        limiter = limiter.with_per_second_store(store);
+    }
+    let limiter = Arc::new(limiter);
     let domains = config.domain_names().count();
     let limits = config.limits().len();
     limiter.set_config(Arc::new(config));
@@ -143,15 +135,8 @@ pub async fn serve(
         }
     };
 
-    if let Some(mut usable) = store_usable {
-        let health = health.clone();
-        health.set_store_usable(*usable.borrow_and_update()).await;
-        tokio::spawn(async move {
-            while usable.changed().await.is_ok() {
-                let now = *usable.borrow_and_update();
-                health.set_store_usable(now).await;
-            }
-        });
+    if !store_usable.is_empty() {
+        tokio::spawn(follow_stores(health.clone(), store_usable));
     }
 
     let grpc = grpc::serve(
@@ -182,6 +167,44 @@ pub async fn serve(
         Err(_) => {
             tracing::warn!("in-flight requests did not finish within the grace period");
             Ok(())
+        }
+    }
+}
+
+/// Connects a Redis store behind its circuit breaker, waiting for Redis as configured.
+async fn open_redis(
+    options: &RedisOptions,
+    max_wait: Option<std::time::Duration>,
+    start_degraded: bool,
+    settings: &Settings,
+) -> Result<Breaker<RedisStore>, ServeError> {
+    let store_error = |source| ServeError::Store {
+        backend: "redis",
+        source,
+    };
+    let store = RedisStore::new(options.clone()).map_err(store_error)?;
+    tracing::info!(target = ?options.target, "waiting for redis");
+    let ready = store.wait_until_ready(max_wait).await;
+    let breaker = Breaker::new(store, settings.breaker.clone());
+    match ready {
+        Ok(()) => {}
+        Err(e) if start_degraded => {
+            tracing::warn!(error = %e, "redis is not ready; starting degraded");
+            breaker.force_open();
+        }
+        Err(e) => return Err(store_error(e)),
+    }
+    Ok(breaker)
+}
+
+/// Keeps health SERVING only while every store's breaker is closed.
+async fn follow_stores(health: Health, mut stores: Vec<watch::Receiver<bool>>) {
+    loop {
+        let usable = stores.iter_mut().all(|s| *s.borrow_and_update());
+        health.set_store_usable(usable).await;
+        let changes = stores.iter_mut().map(|s| Box::pin(s.changed()));
+        if futures::future::select_all(changes).await.0.is_err() {
+            return;
         }
     }
 }
