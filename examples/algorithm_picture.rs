@@ -35,17 +35,25 @@ fn algorithms() -> Vec<(&'static str, Algorithm)> {
         ("fixed_window", Algorithm::FixedWindow),
         ("sliding_window_log", Algorithm::SlidingWindowLog),
         ("sliding_window_counter", Algorithm::SlidingWindowCounter),
-        ("token_bucket / gcra / leaky_bucket (burst 10)", Algorithm::TokenBucket { burst: 10 }),
+        (
+            "token_bucket / gcra / leaky_bucket (burst 10)",
+            Algorithm::TokenBucket { burst: 10 },
+        ),
         (
             "warm_up (warm-up 2 s, cold factor 3)",
-            Algorithm::WarmUp { warmup: std::time::Duration::from_secs(2), cold_factor: 3.0 },
+            Algorithm::WarmUp {
+                warmup: std::time::Duration::from_secs(2),
+                cold_factor: 3.0,
+            },
         ),
     ]
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
-    let out = std::env::args().nth(1).unwrap_or_else(|| "docs/algorithms.svg".into());
+    let out = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "docs/algorithms.svg".into());
     let arrivals = traffic();
     let bins = (DURATION / BIN) as usize;
     let mut rows = Vec::new();
@@ -128,7 +136,11 @@ fn svg(rows: &[(&str, Vec<u32>, Vec<u32>)]) -> String {
         );
         for second in 0..=8 {
             let x = left + f64::from(second) * 10.0 * bar;
-            let _ = writeln!(s, r#"<text x="{x:.1}" y="{}" font-size="10">{second}s</text>"#, base + 12.0);
+            let _ = writeln!(
+                s,
+                r#"<text x="{x:.1}" y="{}" font-size="10">{second}s</text>"#,
+                base + 12.0
+            );
         }
     }
     s.push_str("</svg>\n");

@@ -11,6 +11,7 @@ use std::time::Duration;
 use sluice::clock::{Clock, SystemClock};
 use sluice::config::Algorithm;
 use sluice::limiter::rule_for;
+use sluice::store::redis::Target;
 use sluice::store::{
     Check, MemoryStore, MemoryStoreOptions, RedisOptions, RedisStore, Rule, Store,
 };
@@ -58,8 +59,9 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(200_000);
 
     let store = RedisStore::new(RedisOptions {
-        url: url.clone(),
+        target: Target::Single(url.clone()),
         auth: None,
+        sentinel_auth: None,
         tls: Default::default(),
         pool_size: 4,
         timeout: Duration::from_secs(10),

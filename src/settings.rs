@@ -245,18 +245,10 @@ fn redis_options<F: Fn(&str) -> Option<String>>(
     prefix: &str,
 ) -> Result<RedisOptions, SettingsError> {
     let var = |name: &str| format!("{prefix}{name}");
-    let cluster = match env
-        .string(&var("TYPE"), "single")
-        .to_ascii_lowercase()
-        .as_str()
-    {
-        "single" => false,
-        "cluster" => true,
-        "sentinel" => {
-            return Err(env.error(&var("TYPE"), "sentinel is not supported in this version"));
-        }
-        _ => return Err(env.error(&var("TYPE"), "expected single or cluster")),
-    };
+    let kind = env.string(&var("TYPE"), "single").to_ascii_lowercase();
+    if !["single", "cluster", "sentinel"].contains(&kind.as_str()) {
+        return Err(env.error(&var("TYPE"), "expected single, cluster or sentinel"));
+    }
     let tls = env.bool(&var("TLS"), false)?;
     if env.bool(&var("TLS_SKIP_HOSTNAME_VERIFICATION"), false)? {
         return Err(env.error(
@@ -269,7 +261,22 @@ fn redis_options<F: Fn(&str) -> Option<String>>(
         Some(rest) if tls => format!("rediss://{rest}"),
         _ => url,
     };
-    let target = if cluster || url.starts_with("redis+cluster://") {
+    let target = if kind == "sentinel" {
+        // Upstream's form: the master's name, then the sentinels' host:port.
+        let mut items = url.split(',').map(str::trim).filter(|i| !i.is_empty());
+        let master = items.next().unwrap_or_default().to_string();
+        let sentinels = items
+            .map(|n| redis_url(n, "tcp"))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|reason| env.error(&var("URL"), reason))?;
+        if sentinels.is_empty() {
+            return Err(env.error(&var("URL"), "expected master-name,host:port[,host:port…]"));
+        }
+        if tls {
+            return Err(env.error(&var("TLS"), "TLS through sentinel is not supported"));
+        }
+        Target::Sentinel { master, sentinels }
+    } else if kind == "cluster" || url.starts_with("redis+cluster://") {
         // Upstream's form is a comma-separated list of host:port.
         let list = url.strip_prefix("redis+cluster://").unwrap_or(&url);
         let nodes = list
@@ -314,6 +321,7 @@ fn redis_options<F: Fn(&str) -> Option<String>>(
     let uses_tls = match &target {
         Target::Single(url) => url.starts_with("rediss://"),
         Target::Cluster(nodes) => nodes.iter().all(|n| n.starts_with("rediss://")),
+        Target::Sentinel { .. } => false,
     };
     if tls_files != TlsFiles::default() && !uses_tls {
         return Err(env.error(
@@ -325,6 +333,7 @@ fn redis_options<F: Fn(&str) -> Option<String>>(
     Ok(RedisOptions {
         target,
         auth: env.raw(&var("AUTH")).map(|a| RedisAuth::parse(&a)),
+        sentinel_auth: env.raw(&var("SENTINEL_AUTH")).map(|a| RedisAuth::parse(&a)),
         tls: tls_files,
         pool_size: env.number(&var("POOL_SIZE"), 10)?,
         // Envoy gives the whole rate limit call 20 ms by default; an answer after that is

@@ -31,6 +31,7 @@ async fn pair() -> Pair {
     let redis = RedisStore::new(RedisOptions {
         target: Target::Single(server.url()),
         auth: None,
+        sentinel_auth: None,
         tls: Default::default(),
         pool_size: 2,
         timeout: Duration::from_secs(5),

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use bb8_redis::RedisConnectionManager;
 use rand::Rng;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     ClientTlsConfig, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
     TlsCertificates,
@@ -82,6 +83,11 @@ pub enum Target {
     Single(String),
     /// A Redis Cluster, by the URLs of some of its nodes (the rest are discovered).
     Cluster(Vec<String>),
+    /// A master watched by Redis Sentinel: its name and the sentinels' URLs.
+    Sentinel {
+        master: String,
+        sentinels: Vec<String>,
+    },
 }
 
 impl Target {
@@ -89,6 +95,7 @@ impl Target {
         match self {
             Target::Single(url) => url.starts_with("rediss://"),
             Target::Cluster(nodes) => nodes.iter().any(|n| n.starts_with("rediss://")),
+            Target::Sentinel { .. } => false,
         }
     }
 }
@@ -101,6 +108,10 @@ impl fmt::Debug for Target {
                 let nodes: Vec<String> = nodes.iter().map(|n| redact_url(n)).collect();
                 write!(f, "Cluster({nodes:?})")
             }
+            Target::Sentinel { master, sentinels } => {
+                let sentinels: Vec<String> = sentinels.iter().map(|n| redact_url(n)).collect();
+                write!(f, "Sentinel({master}, {sentinels:?})")
+            }
         }
     }
 }
@@ -109,6 +120,8 @@ impl fmt::Debug for Target {
 pub struct RedisOptions {
     pub target: Target,
     pub auth: Option<RedisAuth>,
+    /// `REDIS_SENTINEL_AUTH`: credentials for the sentinels themselves.
+    pub sentinel_auth: Option<RedisAuth>,
     pub tls: TlsFiles,
     pub pool_size: u32,
     /// Deadline of one decision, connection checkout included.
@@ -125,6 +138,7 @@ impl fmt::Debug for RedisOptions {
         f.debug_struct("RedisOptions")
             .field("target", &self.target)
             .field("auth", &self.auth)
+            .field("sentinel_auth", &self.sentinel_auth)
             .field("tls", &self.tls)
             .field("pool_size", &self.pool_size)
             .field("timeout", &self.timeout)
@@ -158,7 +172,16 @@ pub struct Connection {
 
 /// bb8-redis's manager, plus broken-connection tracking.
 pub(super) struct Manager {
-    inner: RedisConnectionManager,
+    source: Source,
+}
+
+/// Where new connections go.
+enum Source {
+    /// A fixed address, through bb8-redis.
+    Direct(RedisConnectionManager),
+    /// Whichever server the sentinels name as master right now, so a new connection after a
+    /// failover reaches the new master.
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
 }
 
 impl bb8::ManageConnection for Manager {
@@ -166,8 +189,12 @@ impl bb8::ManageConnection for Manager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Connection, RedisError> {
+        let redis = match &self.source {
+            Source::Direct(manager) => manager.connect().await?,
+            Source::Sentinel(client) => client.lock().await.get_async_connection().await?,
+        };
         Ok(Connection {
-            redis: self.inner.connect().await?,
+            redis,
             broken: Arc::new(AtomicBool::new(false)),
         })
     }
@@ -224,6 +251,9 @@ impl RedisStore {
                     info = with_tls_files(info, &options.tls)?;
                 }
                 Connector::Single(new_pool(info, options.pool_size, options.timeout)?)
+            }
+            Target::Sentinel { master, sentinels } => {
+                Connector::Single(sentinel_pool(master, sentinels, &options)?)
             }
             Target::Cluster(nodes) => {
                 let mut template = connection_info(&nodes[0], &options)?;
@@ -517,16 +547,66 @@ pub(super) fn new_pool(
     connect_timeout: Duration,
 ) -> Result<bb8::Pool<Manager>, StoreError> {
     let manager = Manager {
-        inner: RedisConnectionManager::new(info).map_err(redis_error)?,
+        source: Source::Direct(RedisConnectionManager::new(info).map_err(redis_error)?),
     };
-    Ok(bb8::Pool::builder()
+    Ok(pool_of(manager, pool_size, connect_timeout))
+}
+
+/// A pool of connections to the master the sentinels name (`Target::Sentinel`).
+fn sentinel_pool(
+    master: &str,
+    sentinels: &[String],
+    options: &RedisOptions,
+) -> Result<bb8::Pool<Manager>, StoreError> {
+    let sentinel_infos = sentinels
+        .iter()
+        .map(|s| {
+            let mut info = s.as_str().into_connection_info().map_err(|e| {
+                StoreError::Setup(format!("invalid sentinel address ({:?})", e.kind()))
+            })?;
+            if let Some(auth) = &options.sentinel_auth {
+                let mut settings = info.redis_settings().clone().set_password(&auth.password);
+                if let Some(user) = &auth.username {
+                    settings = settings.set_username(user);
+                }
+                info = info.set_redis_settings(settings);
+            }
+            Ok(info)
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let mut node = redis::RedisConnectionInfo::default();
+    if let Some(auth) = &options.auth {
+        node = node.set_password(&auth.password);
+        if let Some(user) = &auth.username {
+            node = node.set_username(user);
+        }
+    }
+    let client = SentinelClient::build(
+        sentinel_infos,
+        master,
+        Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(node)),
+        SentinelServerType::Master,
+    )
+    .map_err(|e| StoreError::Setup(format!("invalid sentinel settings: {}", describe(&e))))?;
+    let manager = Manager {
+        source: Source::Sentinel(tokio::sync::Mutex::new(client)),
+    };
+    Ok(pool_of(
+        manager,
+        options.pool_size,
+        options.timeout.max(Duration::from_secs(1)),
+    ))
+}
+
+fn pool_of(manager: Manager, pool_size: u32, connect_timeout: Duration) -> bb8::Pool<Manager> {
+    bb8::Pool::builder()
         .max_size(pool_size.max(1))
         .test_on_check_out(true)
         // Fail fast and let the caller decide: start-up retries with backoff, requests answer
         // UNAVAILABLE at once instead of waiting out their deadline.
         .retry_connection(false)
         .connection_timeout(connect_timeout)
-        .build_unchecked(manager))
+        .build_unchecked(manager)
 }
 
 /// `host:port` of a node URL.
@@ -590,7 +670,10 @@ fn decode(reply: &[i64], checks: usize) -> Result<Vec<Outcome>, StoreError> {
 
 /// Records a failed call: connection-level failures retire the connection.
 pub(super) fn fail(conn: &Connection, e: RedisError) -> StoreError {
-    if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+    // READONLY: the server was demoted to replica by a failover; a new connection (through the
+    // sentinels) reaches the new master.
+    let demoted = e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
+    if demoted || e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
         conn.broken.store(true, Ordering::Relaxed);
     }
     redis_error(e)
@@ -712,6 +795,7 @@ mod tests {
         let options = RedisOptions {
             target: Target::Single("redis://admin:hunter2@localhost:6379".into()),
             auth: Some(RedisAuth::parse("user:s3cret")),
+            sentinel_auth: None,
             tls: TlsFiles::default(),
             pool_size: 1,
             timeout: Duration::from_millis(10),
