@@ -417,3 +417,82 @@ async fn second_limits_go_to_the_per_second_redis() {
     assert_eq!(fast_keys.len(), 1, "{fast_keys:?}");
     assert!(fast_keys[0].starts_with("app_burst_b_"), "{fast_keys:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_killed_under_load_keeps_answers_within_the_deadline() {
+    use std::sync::{Arc, Mutex};
+    let mut redis = RedisServer::start();
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(dir.path(), Some(&redis), &[("REDIS_TIMEOUT", "200ms")]);
+    let started = Instant::now();
+    // (time since start, latency, ok)
+    let log: Arc<Mutex<Vec<(Duration, Duration, bool)>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..16 {
+        let mut c = sluice.client().await;
+        let (log, stop) = (log.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let req = request("app", vec![descriptor(&[("user", &format!("u{t}-{n}"))])]);
+                let sent = Instant::now();
+                let result = c.should_rate_limit(req).await;
+                if let Err(status) = &result {
+                    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+                }
+                log.lock()
+                    .unwrap()
+                    .push((started.elapsed(), sent.elapsed(), result.is_ok()));
+                n += 1;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    redis.kill();
+    let killed = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    redis.restart();
+    let restarted = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let log = log.lock().unwrap();
+    let slowest = log.iter().map(|e| e.1).max().unwrap();
+    let failed = log.iter().filter(|e| !e.2).count();
+    let last_failure = log
+        .iter()
+        .filter(|e| !e.2)
+        .map(|e| e.0)
+        .max()
+        .unwrap_or_default();
+    let recovery = last_failure.saturating_sub(restarted);
+    println!(
+        "redis killed under load: {} calls, {failed} failed, slowest {slowest:?}, answers back {recovery:?} after restart",
+        log.len()
+    );
+    assert!(
+        failed > 0 && log.iter().any(|e| e.0 < killed && e.2),
+        "the run covered both states"
+    );
+    assert!(
+        slowest < Duration::from_millis(600),
+        "an answer took {slowest:?} (deadline 200 ms)"
+    );
+    assert!(
+        recovery < Duration::from_millis(1_500),
+        "answers came back {recovery:?} after Redis"
+    );
+    assert!(
+        log.iter()
+            .filter(|e| e.0 > restarted + Duration::from_millis(1_500))
+            .all(|e| e.2)
+    );
+    assert_eq!(
+        sluice.http("GET", "/healthcheck", "").0,
+        200,
+        "alive and serving"
+    );
+}

@@ -103,3 +103,39 @@ fn check_config_prints_limits_or_errors() {
     );
     assert!(stderr.contains("2 error(s)"), "{stderr}");
 }
+
+#[test]
+fn serve_reads_upstreams_environment_without_flags() {
+    // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, as upstream's manifests set them.
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ratelimit").join("config");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("limits.yaml"),
+        "domain: env\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1, name: from_env}\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.arg("serve")
+        .env_clear()
+        .env("RUNTIME_ROOT", root.path())
+        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", "0")
+        .env("HOST", "127.0.0.1")
+        .env("PORT", "0")
+        .env("LOG_FORMAT", "json");
+    let sluice = Sluice::spawn(cmd);
+    let (status, _) = sluice.http("GET", "/healthcheck", "");
+    assert_eq!(status, 200);
+    let (status, body) = sluice.http(
+        "POST",
+        "/json",
+        r#"{"domain":"env","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("from_env"),
+        "the limit came from the env-named directory: {body}"
+    );
+}

@@ -303,3 +303,49 @@ async fn shared_pair() -> &'static Pair {
     let p = pair().await;
     PAIR.get_or_init(|| p)
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fixed_window_admits_twice_the_limit_across_a_boundary_and_the_log_does_not() {
+    // The same traffic on both algorithms: 5 requests at the last millisecond of a 10 s window
+    // and 5 at the first millisecond of the next (limit 5 per 10 s).
+    let p = pair().await;
+    let window_start = T0 / 1_000_000 / 10 * 10 + 10;
+    let at = |ms: u64| window_start * 1_000_000 + ms * 1000;
+    let mut admitted = [0, 0];
+    for (slot, rule) in [
+        Rule::FixedWindow {
+            limit: 5,
+            window_secs: 10,
+            window_start: 0,
+        },
+        Rule::SlidingWindowLog {
+            limit: 5,
+            window: 10_000_000,
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for t in [at(9_999), at(10_000)] {
+            for _ in 0..5 {
+                p.clock.set_micros(t);
+                let mut rule = rule.clone();
+                let key = match &mut rule {
+                    Rule::FixedWindow { window_start, .. } => {
+                        *window_start = t / 1_000_000 / 10 * 10;
+                        format!("edge_fixed_{window_start}")
+                    }
+                    _ => "edge_log".to_string(),
+                };
+                if p.both(&[Check { key, hits: 1, rule }]).await[0].admitted {
+                    admitted[slot] += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(
+        admitted,
+        [10, 5],
+        "fixed window: 2N within 2 ms; sliding log: N"
+    );
+}
