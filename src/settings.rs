@@ -32,6 +32,8 @@ pub struct Settings {
     pub limiter_max_wait: Duration,
     /// The Redis store's circuit breaker.
     pub breaker: BreakerOptions,
+    /// How often the config directory is checked for changes; zero turns live reload off.
+    pub reload_interval: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -229,6 +231,7 @@ impl Settings {
             },
             shutdown_grace: env.duration("SHUTDOWN_GRACE_PERIOD", Duration::from_secs(10))?,
             limiter_max_wait: env.duration("LIMITER_MAX_WAIT", Duration::from_secs(30))?,
+            reload_interval: env.duration("CONFIG_RELOAD_INTERVAL", Duration::from_secs(1))?,
             breaker: BreakerOptions {
                 failures_to_open: env.number("BREAKER_FAILURES", 5)?,
                 cool_down: env.duration("BREAKER_COOL_DOWN", Duration::from_millis(250))?,

@@ -8,6 +8,7 @@ mod grpc;
 mod health;
 mod http;
 mod limiter_api;
+pub mod reload;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -125,6 +126,17 @@ pub async fn serve(
             source,
         })?;
 
+    let reloader = (!settings.reload_interval.is_zero()).then(|| {
+        tokio::spawn(reload::watch(
+            settings.config_dir.clone(),
+            settings.load.clone(),
+            limiter.clone(),
+            Arc::new(reload::ReloadStats::default()),
+            settings.reload_interval,
+        ))
+    });
+    let _stop_reloader = reloader.map(AbortOnDrop);
+
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -168,6 +180,15 @@ pub async fn serve(
             tracing::warn!("in-flight requests did not finish within the grace period");
             Ok(())
         }
+    }
+}
+
+/// Ends a background task when `serve` returns, however it returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
