@@ -10,6 +10,7 @@ pub mod clock;
 pub mod config;
 pub mod limiter;
 pub mod limiters;
+pub mod metrics;
 pub mod proto;
 pub mod server;
 pub mod settings;

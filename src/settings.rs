@@ -34,6 +34,8 @@ pub struct Settings {
     pub breaker: BreakerOptions,
     /// How often the config directory is checked for changes; zero turns live reload off.
     pub reload_interval: Duration,
+    /// `NEAR_LIMIT_RATIO`: where the near_limit metric starts, as a share of the limit.
+    pub near_limit_ratio: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -232,6 +234,13 @@ impl Settings {
             shutdown_grace: env.duration("SHUTDOWN_GRACE_PERIOD", Duration::from_secs(10))?,
             limiter_max_wait: env.duration("LIMITER_MAX_WAIT", Duration::from_secs(30))?,
             reload_interval: env.duration("CONFIG_RELOAD_INTERVAL", Duration::from_secs(1))?,
+            near_limit_ratio: match env.raw("NEAR_LIMIT_RATIO").map(|v| v.parse::<f64>()) {
+                None => 0.8,
+                Some(Ok(r)) if (0.0..=1.0).contains(&r) => r,
+                Some(_) => {
+                    return Err(env.error("NEAR_LIMIT_RATIO", "expected a number from 0 to 1"));
+                }
+            },
             breaker: BreakerOptions {
                 failures_to_open: env.number("BREAKER_FAILURES", 5)?,
                 cool_down: env.duration("BREAKER_COOL_DOWN", Duration::from_millis(250))?,

@@ -14,7 +14,7 @@ use prost_types::value::Kind;
 use super::yaml::{self, Node, Value};
 use super::{
     Algorithm, AlgorithmField, Children, ConfigError, ConfigErrors, Domain, Level, Limit, Origin,
-    Quota, RateLimitConfig, TreeNode, Unit, Wildcard,
+    Quota, RateLimitConfig, Stats, TreeNode, Unit, Wildcard,
 };
 
 /// Loader switches that come from the environment (upstream's variable names in brackets).
@@ -149,7 +149,15 @@ pub fn load_sources(
     let mut config = RateLimitConfig::default();
     for (name, descriptors) in domains {
         let mut domain = Domain::default();
-        domain.root = build_level(&mut domain.nodes, &name, 0, &[], descriptors, &mut errors);
+        domain.root = build_level(
+            &mut domain.nodes,
+            &name,
+            0,
+            &[],
+            &StatsPath::default(),
+            descriptors,
+            &mut errors,
+        );
         config.domains.insert(name.into(), domain);
     }
     if errors.is_empty() {
@@ -176,6 +184,8 @@ struct DescriptorSpec {
     shadow_mode: bool,
     quota_mode: bool,
     share_threshold: bool,
+    detailed_metric: bool,
+    value_to_metric: bool,
     metadata: Option<prost_types::Struct>,
     children: Vec<DescriptorSpec>,
 }
@@ -193,6 +203,7 @@ fn build_level(
     parent_path: &str,
     depth: usize,
     parent_shared: &[(usize, Box<str>)],
+    parent_stats: &StatsPath,
     specs: Vec<DescriptorSpec>,
     errors: &mut Vec<ConfigError>,
 ) -> Level {
@@ -205,7 +216,7 @@ fn build_level(
             format!("{}_{}", spec.key, spec.value)
         };
         let path = format!("{parent_path}.{composite}");
-        if !seen.insert(composite) {
+        if !seen.insert(composite.clone()) {
             errors.push(ConfigError {
                 file: spec.file.to_path_buf(),
                 line: Some(spec.line),
@@ -218,6 +229,11 @@ fn build_level(
         if spec.share_threshold {
             shared.push((depth, spec.value.as_str().into()));
         }
+        let mut stats = parent_stats.clone();
+        stats.segments.push(composite.clone());
+        if spec.value_to_metric {
+            stats.value_levels.push(depth);
+        }
         let limit = spec.limit.map(|l| Limit {
             name: l.name,
             quota: l.quota,
@@ -226,6 +242,12 @@ fn build_level(
             quota_mode: spec.quota_mode,
             metadata: spec.metadata,
             shared_values: shared.clone(),
+            stats: Stats {
+                key: stats.segments.join("."),
+                segments: stats.segments.clone(),
+                value_levels: stats.value_levels.clone(),
+                detailed: spec.detailed_metric,
+            },
             path: path.clone(),
             origin: Some(Origin {
                 file: spec.file.clone(),
@@ -237,7 +259,15 @@ fn build_level(
             limit,
             children: Level::default(),
         });
-        nodes[id].children = build_level(nodes, &path, depth + 1, &shared, spec.children, errors);
+        nodes[id].children = build_level(
+            nodes,
+            &path,
+            depth + 1,
+            &shared,
+            &stats,
+            spec.children,
+            errors,
+        );
 
         let children: &mut Children = level.by_key.entry(spec.key.into()).or_default();
         match wildcard {
@@ -249,6 +279,13 @@ fn build_level(
         }
     }
     level
+}
+
+/// The stats naming gathered on the way down the tree.
+#[derive(Debug, Clone, Default)]
+struct StatsPath {
+    segments: Vec<String>,
+    value_levels: Vec<usize>,
 }
 
 /// Validates one file's YAML tree, recording errors and warnings against its path.
@@ -360,9 +397,9 @@ impl FileChecker<'_> {
         let shadow_mode = flag(self, "shadow_mode");
         let quota_mode = flag(self, "quota_mode");
         let share_threshold = flag(self, "share_threshold");
-        // Stats-only switches: validated so typos surface; they do not change decisions.
-        flag(self, "detailed_metric");
-        flag(self, "value_to_metric");
+        // Stats-only switches: they name metrics, they never change decisions.
+        let detailed_metric = flag(self, "detailed_metric");
+        let value_to_metric = flag(self, "value_to_metric");
         if share_threshold && !value.contains('*') {
             self.error(
                 node.line,
@@ -390,6 +427,8 @@ impl FileChecker<'_> {
             shadow_mode,
             quota_mode,
             share_threshold,
+            detailed_metric,
+            value_to_metric,
             metadata,
             children,
         })

@@ -290,6 +290,8 @@ pub struct Limit {
     /// Entry positions whose counter key uses the wildcard pattern instead of the runtime value
     /// (`share_threshold`), with that pattern.
     pub shared_values: Vec<(usize, Box<str>)>,
+    /// How its metrics are named (upstream's stats key rules).
+    pub stats: Stats,
     /// `<domain>.<key_value>.<key>…`: upstream's composite path of the descriptor, for the dump.
     pub path: String,
     /// `None` for a limit override that came with a request.
@@ -312,6 +314,7 @@ impl Limit {
             quota_mode: false,
             metadata: None,
             shared_values: Vec::new(),
+            stats: Stats::default(),
             path: String::new(),
             origin: None,
         }
@@ -324,6 +327,19 @@ impl Limit {
             .find(|(i, _)| *i == index)
             .map(|(_, p)| &**p)
     }
+}
+
+/// What a limit's metrics are called: upstream's stats key, `<key>_<value>` or `<key>` per level as
+/// the config wrote it (the pattern for a wildcard), joined with dots.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// The segments joined: the key when no runtime value is asked for.
+    pub key: String,
+    pub segments: Vec<String>,
+    /// `value_to_metric` levels: their segment becomes `<key>_<runtime value>`.
+    pub value_levels: Vec<usize>,
+    /// `detailed_metric`: every segment becomes `<key>_<runtime value>`.
+    pub detailed: bool,
 }
 
 /// A whole loaded configuration: every domain of every file.

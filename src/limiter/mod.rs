@@ -22,6 +22,7 @@ pub use response::HeaderNames;
 
 use crate::clock::Clock;
 use crate::config::{Algorithm as ConfigAlgorithm, Limit, Quota, RateLimitConfig, Unit};
+use crate::metrics::Metrics;
 use crate::proto::{
     Code, DescriptorStatus, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
 };
@@ -103,6 +104,7 @@ pub struct RateLimiter {
     store: Arc<dyn Store>,
     /// Where limits whose unit is the second go, when set (upstream's `REDIS_PERSECOND`).
     per_second: Option<Arc<dyn Store>>,
+    metrics: Option<Arc<Metrics>>,
     keys: KeyBuilder,
     clock: Arc<dyn Clock>,
     options: LimiterOptions,
@@ -113,6 +115,8 @@ pub struct RateLimiter {
 }
 
 /// What became of one request descriptor before the store call.
+// Plans live in one short Vec per request; boxing the large variant would allocate per request.
+#[allow(clippy::large_enum_variant)]
 enum Plan<'c> {
     NoLimit,
     Unlimited,
@@ -131,6 +135,7 @@ impl RateLimiter {
             config: ArcSwapOption::empty(),
             store,
             per_second: None,
+            metrics: None,
             keys,
             clock,
             options,
@@ -142,6 +147,12 @@ impl RateLimiter {
     /// Sends limits whose unit is the second to `store` (upstream's per-second Redis).
     pub fn with_per_second_store(mut self, store: Arc<dyn Store>) -> Self {
         self.per_second = Some(store);
+        self
+    }
+
+    /// Records per-rule and store metrics.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
         self
     }
 
@@ -230,7 +241,10 @@ impl RateLimiter {
         } else {
             let span =
                 tracing::debug_span!("store", kind = self.store.kind(), checks = checks.len());
-            match self.decide(&checks, &per_second).instrument(span).await {
+            let timer = self.metrics.as_ref().map(|m| m.store_call.start_timer());
+            let decided = self.decide(&checks, &per_second).instrument(span).await;
+            drop(timer);
+            match decided {
                 Ok(outcomes) => outcomes,
                 Err(e) if self.options.failure_policy == FailurePolicy::FailOpen => {
                     return Ok(self.fail_open(request, &e));
@@ -246,6 +260,17 @@ impl RateLimiter {
                 Plan::NoLimit => (response::no_limit(), None),
                 Plan::Unlimited => (response::unlimited(), None),
                 Plan::Counted(limit, index) => {
+                    if let Some(metrics) = &self.metrics {
+                        let descriptor = &request.descriptors[statuses.len()];
+                        let hits = checks[*index].hits;
+                        metrics.record(
+                            &request.domain,
+                            &descriptor.entries,
+                            limit,
+                            hits,
+                            &outcomes[*index],
+                        );
+                    }
                     (response::counted(limit, &outcomes[*index]), Some(&**limit))
                 }
             };
@@ -301,6 +326,9 @@ impl RateLimiter {
     /// The fail-open answer: OK, and each descriptor OK with no limit (nothing was counted).
     fn fail_open(&self, request: &RateLimitRequest, error: &StoreError) -> RateLimitResponse {
         let total = self.failed_open.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(m) = &self.metrics {
+            m.failed_open.inc();
+        }
         let now = self.clock.now_secs();
         let last = self.last_fail_open_log.load(Ordering::Relaxed);
         if now > last
@@ -340,6 +368,9 @@ impl RateLimiter {
         } else {
             if over_limit {
                 tracing::debug!("global shadow mode turned OVER_LIMIT into OK");
+                if let Some(m) = &self.metrics {
+                    m.global_shadow_mode.inc();
+                }
             }
             Code::Ok
         };

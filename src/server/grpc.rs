@@ -22,11 +22,13 @@ use super::ServeError;
 use super::limiter_api::LimiterApi;
 use crate::limiter::{LimitError, RateLimiter};
 use crate::limiters::NamedLimiters;
+use crate::metrics::Metrics;
 use crate::proto::sluice::v1::limiter_server::LimiterServer;
 use crate::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
 
 pub struct RateLimitService {
     limiter: Arc<RateLimiter>,
+    metrics: Arc<Metrics>,
 }
 
 #[tonic::async_trait]
@@ -35,11 +37,30 @@ impl proto::RateLimitService for RateLimitService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.limiter
-            .should_rate_limit(request.get_ref())
-            .await
-            .map(Response::new)
-            .map_err(to_status)
+        let method = ["ShouldRateLimit"];
+        self.metrics.total_requests.with_label_values(&method).inc();
+        let _timer = self
+            .metrics
+            .response_time
+            .with_label_values(&method)
+            .start_timer();
+        let result = self.limiter.should_rate_limit(request.get_ref()).await;
+        if let Err(e) = &result {
+            self.metrics
+                .errors
+                .with_label_values(&[error_type(e)])
+                .inc();
+        }
+        result.map(Response::new).map_err(to_status)
+    }
+}
+
+/// Upstream's `err_type` label: store failures are `redis_error`, everything else
+/// `service_error`.
+pub fn error_type(error: &LimitError) -> &'static str {
+    match error {
+        LimitError::Store(_) => "redis_error",
+        LimitError::InvalidRequest(_) | LimitError::NoConfig => "service_error",
     }
 }
 
@@ -57,6 +78,7 @@ pub fn to_status(error: LimitError) -> Status {
 pub fn serve<H>(
     listener: TcpListener,
     limiter: Arc<RateLimiter>,
+    metrics: Arc<Metrics>,
     named: Arc<NamedLimiters>,
     health: H,
     stopped: impl Future<Output = ()> + Send + 'static,
@@ -80,7 +102,10 @@ where
     let router = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection)
-        .add_service(RateLimitServiceServer::new(RateLimitService { limiter }))
+        .add_service(RateLimitServiceServer::new(RateLimitService {
+            limiter,
+            metrics,
+        }))
         .add_service(LimiterServer::new(LimiterApi::new(named)));
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     Ok(async move {

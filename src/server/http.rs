@@ -1,6 +1,6 @@
 //! The HTTP adapter: upstream's `/healthcheck` and `/json` endpoints.
 //!
-//! `/json` takes a proto3-JSON `RateLimitRequest` and answers the proto3-JSON
+//! `/metrics` is the Prometheus exposition (see `metrics.rs`). `/json` takes a proto3-JSON `RateLimitRequest` and answers the proto3-JSON
 //! `RateLimitResponse`: 200 for OK, 429 for OVER_LIMIT, 500 for UNKNOWN. A body that does not
 //! parse or a request the limiter refuses is a 400 with the reason; a store failure is a 500.
 //! The JSON mapping comes from the same descriptors the gRPC side is generated from.
@@ -17,15 +17,27 @@ use axum::routing::{get, post};
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 use tokio::net::TcpListener;
 
+use super::grpc::error_type;
 use super::{Health, ServeError};
 use crate::limiter::{LimitError, RateLimiter};
+use crate::metrics::Metrics;
 use crate::proto::{self, Code, RateLimitRequest};
+use crate::store::MemoryStore;
 
 #[derive(Clone)]
 struct AppState {
     limiter: Arc<RateLimiter>,
     health: Health,
     json: Arc<JsonMapping>,
+    observability: Observability,
+}
+
+/// What `/metrics` reads.
+#[derive(Clone)]
+pub struct Observability {
+    pub metrics: Arc<Metrics>,
+    /// Sampled at scrape time, when the memory store is in use.
+    pub memory_store: Option<Arc<MemoryStore>>,
 }
 
 /// proto3-JSON for the two RLS messages.
@@ -72,15 +84,18 @@ pub fn serve(
     listener: TcpListener,
     limiter: Arc<RateLimiter>,
     health: Health,
+    observability: Observability,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> impl Future<Output = Result<(), ServeError>> {
     let state = AppState {
         limiter,
         health,
         json: Arc::new(JsonMapping::new()),
+        observability,
     };
     let app = Router::new()
         .route("/healthcheck", get(healthcheck))
+        .route("/metrics", get(metrics))
         .route("/json", post(json))
         .with_state(state);
     async move {
@@ -99,7 +114,27 @@ async fn healthcheck(State(state): State<AppState>) -> Response {
     }
 }
 
+async fn metrics(State(state): State<AppState>) -> Response {
+    let o = &state.observability;
+    if let Some(memory) = &o.memory_store {
+        o.metrics.memory_entries.set(memory.len() as i64);
+        o.metrics.memory_evictions.set(memory.evictions() as i64);
+    }
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        o.metrics.render(),
+    )
+        .into_response()
+}
+
 async fn json(State(state): State<AppState>, body: Bytes) -> Response {
+    let metrics = &state.observability.metrics;
+    metrics.total_requests.with_label_values(&["json"]).inc();
+    let _timer = metrics
+        .response_time
+        .with_label_values(&["json"])
+        .start_timer();
     let request = match state.json.decode(&body) {
         Ok(request) => request,
         Err(message) => return (StatusCode::BAD_REQUEST, message).into_response(),
@@ -119,9 +154,17 @@ async fn json(State(state): State<AppState>, body: Bytes) -> Response {
                 .into_response()
         }
         Err(error @ LimitError::InvalidRequest(_)) => {
+            metrics
+                .errors
+                .with_label_values(&[error_type(&error)])
+                .inc();
             (StatusCode::BAD_REQUEST, error.to_string()).into_response()
         }
         Err(error) => {
+            metrics
+                .errors
+                .with_label_values(&[error_type(&error)])
+                .inc();
             tracing::warn!(%error, "json request failed");
             (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()
         }

@@ -23,6 +23,7 @@ use crate::clock::SystemClock;
 use crate::config::{self, ConfigErrors};
 use crate::limiter::{KeyBuilder, PrefixError, RateLimiter};
 use crate::limiters::NamedLimiters;
+use crate::metrics::Metrics;
 use crate::settings::{Backend, Settings};
 use crate::store::breaker::Breaker;
 use crate::store::{MemoryStore, RedisOptions, RedisStore, Store, StoreError};
@@ -66,8 +67,13 @@ pub async fn serve(
     // Redis stores sit behind a circuit breaker whose state becomes the health status.
     let mut store_usable = Vec::new();
     let mut per_second_store = None;
+    let mut memory_store = None;
     let store: Arc<dyn Store> = match &settings.backend {
-        Backend::Memory(options) => Arc::new(MemoryStore::new(options.clone(), clock.clone())),
+        Backend::Memory(options) => {
+            let store = Arc::new(MemoryStore::new(options.clone(), clock.clone()));
+            memory_store = Some(store.clone());
+            store
+        }
         Backend::Redis {
             options,
             per_second,
@@ -76,10 +82,10 @@ pub async fn serve(
         } => {
             let (wait, degraded) = (*startup_max_wait, *start_degraded);
             let main = open_redis(options, wait, degraded, &settings).await?;
-            store_usable.push(main.usable());
+            store_usable.push(("redis", main.usable()));
             if let Some(options) = per_second {
                 let store = open_redis(options, wait, degraded, &settings).await?;
-                store_usable.push(store.usable());
+                store_usable.push(("redis_per_second", store.usable()));
                 per_second_store = Some(Arc::new(store) as Arc<dyn Store>);
             }
             Arc::new(main)
@@ -90,7 +96,10 @@ pub async fn serve(
         keys.clone(),
         settings.limiter_max_wait,
     ));
-    let mut limiter = RateLimiter::new(store, keys, clock, settings.limiter.clone());
+    let metrics = Arc::new(Metrics::new(settings.near_limit_ratio));
+    metrics.config_load_success.inc();
+    let mut limiter = RateLimiter::new(store, keys, clock, settings.limiter.clone())
+        .with_metrics(metrics.clone());
     if let Some(store) = per_second_store {
         limiter = limiter.with_per_second_store(store);
     }
@@ -131,7 +140,7 @@ pub async fn serve(
             settings.config_dir.clone(),
             settings.load.clone(),
             limiter.clone(),
-            Arc::new(reload::ReloadStats::default()),
+            metrics.clone(),
             settings.reload_interval,
         ))
     });
@@ -148,17 +157,27 @@ pub async fn serve(
     };
 
     if !store_usable.is_empty() {
-        tokio::spawn(follow_stores(health.clone(), store_usable));
+        tokio::spawn(follow_stores(health.clone(), metrics.clone(), store_usable));
     }
 
     let grpc = grpc::serve(
         grpc_listener,
         limiter.clone(),
+        metrics.clone(),
         named,
         health_service,
         stopped(),
     )?;
-    let http = http::serve(http_listener, limiter.clone(), health.clone(), stopped());
+    let http = http::serve(
+        http_listener,
+        limiter.clone(),
+        health.clone(),
+        http::Observability {
+            metrics: metrics.clone(),
+            memory_store,
+        },
+        stopped(),
+    );
     tracing::info!(grpc = %grpc_addr, http = %http_addr, "sluice is listening");
 
     let servers = async { tokio::try_join!(grpc, http) };
@@ -218,12 +237,25 @@ async fn open_redis(
     Ok(breaker)
 }
 
-/// Keeps health SERVING only while every store's breaker is closed.
-async fn follow_stores(health: Health, mut stores: Vec<watch::Receiver<bool>>) {
+/// Keeps health SERVING only while every store's breaker is closed, and the breaker gauges
+/// current.
+async fn follow_stores(
+    health: Health,
+    metrics: Arc<Metrics>,
+    mut stores: Vec<(&'static str, watch::Receiver<bool>)>,
+) {
     loop {
-        let usable = stores.iter_mut().all(|s| *s.borrow_and_update());
-        health.set_store_usable(usable).await;
-        let changes = stores.iter_mut().map(|s| Box::pin(s.changed()));
+        let mut all = true;
+        for (name, usable) in &mut stores {
+            let usable = *usable.borrow_and_update();
+            metrics
+                .breaker_open
+                .with_label_values(&[*name])
+                .set(i64::from(!usable));
+            all &= usable;
+        }
+        health.set_store_usable(all).await;
+        let changes = stores.iter_mut().map(|(_, s)| Box::pin(s.changed()));
         if futures::future::select_all(changes).await.0.is_err() {
             return;
         }

@@ -9,18 +9,11 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::config::{self, LoadOptions};
 use crate::limiter::RateLimiter;
-
-/// Counts of reload attempts since start (upstream's `config_load_success`/`config_load_error`).
-#[derive(Debug, Default)]
-pub struct ReloadStats {
-    pub success: AtomicU64,
-    pub error: AtomicU64,
-}
+use crate::metrics::Metrics;
 
 /// What the directory looks like now; any difference means "load again".
 #[derive(Debug, PartialEq, Eq)]
@@ -63,7 +56,7 @@ pub async fn watch(
     dir: PathBuf,
     options: LoadOptions,
     limiter: Arc<RateLimiter>,
-    stats: Arc<ReloadStats>,
+    metrics: Arc<Metrics>,
     interval: Duration,
 ) {
     let mut seen = fingerprint(&dir);
@@ -86,15 +79,15 @@ pub async fn watch(
                 }
                 let (domains, limits) = (config.domain_names().count(), config.limits().len());
                 limiter.set_config(Arc::new(config));
-                stats.success.fetch_add(1, Ordering::Relaxed);
+                metrics.config_load_success.inc();
                 tracing::info!(domains, limits, "configuration reloaded");
             }
             Ok(Err(errors)) => {
-                stats.error.fetch_add(1, Ordering::Relaxed);
+                metrics.config_load_error.inc();
                 tracing::error!(%errors, "new configuration refused; the previous one stays in force");
             }
             Err(e) => {
-                stats.error.fetch_add(1, Ordering::Relaxed);
+                metrics.config_load_error.inc();
                 tracing::error!(error = %e, "configuration reload failed");
             }
         }
