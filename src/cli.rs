@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::config::{self, Quota};
-use crate::settings::{Env, LogSettings, Settings};
+use crate::settings::{Env, Settings};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -82,8 +82,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(addr) = args.http_addr {
         settings.http_addr = addr;
     }
-    init_tracing(&settings.log)?;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    // Inside the runtime: the trace exporter's gRPC channel lives on it.
+    let _telemetry = runtime
+        .block_on(async { crate::telemetry::init(&settings.log, settings.trace.as_ref()) })?;
     runtime.block_on(crate::server::serve(
         settings,
         crate::server::shutdown_signal(),
@@ -145,17 +147,4 @@ fn check_config(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
         limits.len()
     );
     Ok(ExitCode::SUCCESS)
-}
-
-fn init_tracing(log: &LogSettings) -> anyhow::Result<()> {
-    use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_new(&log.level)
-        .with_context(|| format!("LOG_LEVEL={:?} is not a valid level", log.level))?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    if log.json {
-        builder.json().init();
-    } else {
-        builder.with_ansi(std::io::stdout().is_terminal()).init();
-    }
-    Ok(())
 }

@@ -15,3 +15,4 @@ pub mod proto;
 pub mod server;
 pub mod settings;
 pub mod store;
+pub mod telemetry;

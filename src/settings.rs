@@ -26,6 +26,8 @@ pub struct Settings {
     pub cache_key_prefix: String,
     pub limiter: LimiterOptions,
     pub log: LogSettings,
+    /// `None`: traces are not exported.
+    pub trace: Option<TraceSettings>,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub shutdown_grace: Duration,
     /// Longest wait of the native API's `Acquire`/`TryAcquire`.
@@ -61,6 +63,16 @@ impl Backend {
             Backend::Redis { .. } => "redis",
         }
     }
+}
+
+/// OTLP trace export (`OTEL_EXPORTER_OTLP_ENDPOINT`, or upstream's `TRACING_*` variables).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceSettings {
+    /// OTLP/gRPC endpoint, e.g. `http://otel-collector:4317`.
+    pub endpoint: String,
+    pub service_name: String,
+    /// Share of new traces exported (0 to 1); a caller's sampling decision is kept.
+    pub sampling_rate: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -231,6 +243,7 @@ impl Settings {
                 level: env.string("LOG_LEVEL", "info").to_ascii_lowercase(),
                 json: log_format == "json",
             },
+            trace: trace_settings(env)?,
             shutdown_grace: env.duration("SHUTDOWN_GRACE_PERIOD", Duration::from_secs(10))?,
             limiter_max_wait: env.duration("LIMITER_MAX_WAIT", Duration::from_secs(30))?,
             reload_interval: env.duration("CONFIG_RELOAD_INTERVAL", Duration::from_secs(1))?,
@@ -369,6 +382,39 @@ fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend,
         startup_max_wait: (!max_wait.is_zero()).then_some(max_wait),
         start_degraded: env.bool("REDIS_STARTUP_DEGRADED", false)?,
     })
+}
+
+/// Tracing is on when `OTEL_EXPORTER_OTLP_ENDPOINT` is set or `TRACING_ENABLED=true` (then the
+/// endpoint defaults to the collector's standard OTLP/gRPC port on localhost).
+fn trace_settings<F: Fn(&str) -> Option<String>>(
+    env: &Env<F>,
+) -> Result<Option<TraceSettings>, SettingsError> {
+    let endpoint = env.raw("OTEL_EXPORTER_OTLP_ENDPOINT");
+    if endpoint.is_none() && !env.bool("TRACING_ENABLED", false)? {
+        return Ok(None);
+    }
+    match env.raw("TRACING_EXPORTER_PROTOCOL").as_deref() {
+        None | Some("grpc") => {}
+        Some(_) => {
+            return Err(env.error(
+                "TRACING_EXPORTER_PROTOCOL",
+                "only grpc is supported (OTLP/gRPC, usually port 4317)",
+            ));
+        }
+    }
+    let sampling_rate = match env.raw("TRACING_SAMPLING_RATE").map(|v| v.parse::<f64>()) {
+        None => 1.0,
+        Some(Ok(r)) if (0.0..=1.0).contains(&r) => r,
+        Some(_) => return Err(env.error("TRACING_SAMPLING_RATE", "expected a number from 0 to 1")),
+    };
+    Ok(Some(TraceSettings {
+        endpoint: endpoint.unwrap_or_else(|| "http://localhost:4317".into()),
+        service_name: env
+            .raw("OTEL_SERVICE_NAME")
+            .or_else(|| env.raw("TRACING_SERVICE_NAME"))
+            .unwrap_or_else(|| "sluice".into()),
+        sampling_rate,
+    }))
 }
 
 /// Turns upstream's `REDIS_URL` + `REDIS_SOCKET_TYPE` into a redis-rs URL. Full `redis://`,

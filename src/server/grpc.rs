@@ -13,10 +13,14 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tokio::net::TcpListener;
 use tonic::server::NamedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::ServeError;
 use super::limiter_api::LimiterApi;
@@ -44,7 +48,17 @@ impl proto::RateLimitService for RateLimitService {
             .response_time
             .with_label_values(&method)
             .start_timer();
-        let result = self.limiter.should_rate_limit(request.get_ref()).await;
+        let span = tracing::debug_span!("ShouldRateLimit", otel.kind = "server");
+        if !span.is_disabled() {
+            // The caller's W3C trace context, so our spans join its trace.
+            let parent = TraceContextPropagator::new().extract(&Metadata(request.metadata()));
+            let _ = span.set_parent(parent);
+        }
+        let result = self
+            .limiter
+            .should_rate_limit(request.get_ref())
+            .instrument(span)
+            .await;
         if let Err(e) = &result {
             self.metrics
                 .errors
@@ -52,6 +66,25 @@ impl proto::RateLimitService for RateLimitService {
                 .inc();
         }
         result.map(Response::new).map_err(to_status)
+    }
+}
+
+/// Reads `traceparent`/`tracestate` from gRPC metadata.
+struct Metadata<'a>(&'a tonic::metadata::MetadataMap);
+
+impl Extractor for Metadata<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .keys()
+            .filter_map(|k| match k {
+                tonic::metadata::KeyRef::Ascii(k) => Some(k.as_str()),
+                tonic::metadata::KeyRef::Binary(_) => None,
+            })
+            .collect()
     }
 }
 
