@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::config::LoadOptions;
 use crate::limiter::{FailurePolicy, HeaderNames, InputLimits, LimiterOptions};
+use crate::server::tls::ServerTls;
 use crate::store::breaker::BreakerOptions;
 use crate::store::redis::{RedisAuth, Target, redact_url};
 use crate::store::{MemoryStoreOptions, RedisOptions, TlsFiles};
@@ -28,6 +29,12 @@ pub struct Settings {
     pub log: LogSettings,
     /// `None`: traces are not exported.
     pub trace: Option<TraceSettings>,
+    /// `GRPC_SERVER_USE_TLS` and its files.
+    pub grpc_tls: Option<ServerTls>,
+    /// `GRPC_MAX_CONNECTION_AGE` and `_GRACE`: clients reconnect after this, so load spreads
+    /// over replicas that were added later.
+    pub grpc_max_connection_age: Duration,
+    pub grpc_max_connection_age_grace: Duration,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub shutdown_grace: Duration,
     /// Longest wait of the native API's `Acquire`/`TryAcquire`.
@@ -244,6 +251,11 @@ impl Settings {
                 json: log_format == "json",
             },
             trace: trace_settings(env)?,
+            grpc_tls: grpc_tls(env)?,
+            grpc_max_connection_age: env
+                .duration("GRPC_MAX_CONNECTION_AGE", Duration::from_secs(24 * 3600))?,
+            grpc_max_connection_age_grace: env
+                .duration("GRPC_MAX_CONNECTION_AGE_GRACE", Duration::from_secs(3600))?,
             shutdown_grace: env.duration("SHUTDOWN_GRACE_PERIOD", Duration::from_secs(10))?,
             limiter_max_wait: env.duration("LIMITER_MAX_WAIT", Duration::from_secs(30))?,
             reload_interval: env.duration("CONFIG_RELOAD_INTERVAL", Duration::from_secs(1))?,
@@ -382,6 +394,30 @@ fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend,
         startup_max_wait: (!max_wait.is_zero()).then_some(max_wait),
         start_degraded: env.bool("REDIS_STARTUP_DEGRADED", false)?,
     })
+}
+
+fn grpc_tls<F: Fn(&str) -> Option<String>>(
+    env: &Env<F>,
+) -> Result<Option<ServerTls>, SettingsError> {
+    if !env.bool("GRPC_SERVER_USE_TLS", false)? {
+        return Ok(None);
+    }
+    let file = |name: &str| {
+        env.raw(name)
+            .map(PathBuf::from)
+            .ok_or_else(|| env.error(name, "required with GRPC_SERVER_USE_TLS=true"))
+    };
+    let client_ca = env.raw("GRPC_CLIENT_TLS_CACERT").map(PathBuf::from);
+    let client_san = env.raw("GRPC_CLIENT_TLS_SAN");
+    if client_san.is_some() && client_ca.is_none() {
+        return Err(env.error("GRPC_CLIENT_TLS_SAN", "needs GRPC_CLIENT_TLS_CACERT"));
+    }
+    Ok(Some(ServerTls {
+        cert: file("GRPC_SERVER_TLS_CERT")?,
+        key: file("GRPC_SERVER_TLS_KEY")?,
+        client_ca,
+        client_san,
+    }))
 }
 
 /// Tracing is on when `OTEL_EXPORTER_OTLP_ENDPOINT` is set or `TRACING_ENABLED=true` (then the

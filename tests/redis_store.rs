@@ -145,53 +145,11 @@ fn startup_gives_up_on_an_unreachable_redis_when_told_to() {
     assert!(stderr.contains("cannot use the redis store"), "{stderr}");
 }
 
-/// PEM files of a throw-away CA, a server certificate for 127.0.0.1 and a client certificate.
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    fn new() -> Pki {
-        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-        let dir = tempfile::tempdir().unwrap();
-        let write = |name: &str, pem: String| std::fs::write(dir.path().join(name), pem).unwrap();
-
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        // Subjects must differ from the issuer's, or OpenSSL takes a leaf for self-signed.
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "sluice test CA");
-        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-        write("ca.pem", ca_cert.pem());
-        let issuer = Issuer::new(ca_params, ca_key);
-
-        for (name, sans) in [
-            (
-                "server",
-                vec!["127.0.0.1".to_string(), "localhost".to_string()],
-            ),
-            ("client", vec!["client".to_string()]),
-        ] {
-            let key = KeyPair::generate().unwrap();
-            let mut params = CertificateParams::new(sans).unwrap();
-            params.distinguished_name.push(DnType::CommonName, name);
-            let cert = params.signed_by(&key, &issuer).unwrap();
-            write(&format!("{name}.pem"), cert.pem());
-            write(&format!("{name}.key"), key.serialize_pem());
-        }
-        Pki { dir }
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.dir.path().join(name).display().to_string()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn tls_with_client_certificates_and_acl_user() {
-    let pki = Pki::new();
+    let pki = Pki::new("ca");
+    pki.issue("server", &["127.0.0.1", "localhost"]);
+    pki.issue("client", &["client"]);
     let server_args: Vec<String> = [
         "--tls-port",
         "{port}",

@@ -11,6 +11,7 @@
 //! | store failure or timeout | `UNAVAILABLE` |
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
@@ -22,13 +23,14 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::ServeError;
 use super::limiter_api::LimiterApi;
+use super::{ServeError, tls};
 use crate::limiter::{LimitError, RateLimiter};
 use crate::limiters::NamedLimiters;
 use crate::metrics::Metrics;
 use crate::proto::sluice::v1::limiter_server::LimiterServer;
 use crate::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
+use crate::settings::Settings;
 
 pub struct RateLimitService {
     limiter: Arc<RateLimiter>,
@@ -110,6 +112,7 @@ pub fn to_status(error: LimitError) -> Status {
 
 pub fn serve<H>(
     listener: TcpListener,
+    settings: &Settings,
     limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
     named: Arc<NamedLimiters>,
@@ -133,6 +136,8 @@ where
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let router = tonic::transport::Server::builder()
+        .max_connection_age(settings.grpc_max_connection_age)
+        .max_connection_age_grace(settings.grpc_max_connection_age_grace)
         .add_service(health)
         .add_service(reflection)
         .add_service(RateLimitServiceServer::new(RateLimitService {
@@ -140,11 +145,16 @@ where
             metrics,
         }))
         .add_service(LimiterServer::new(LimiterApi::new(named)));
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    Ok(async move {
-        router
-            .serve_with_incoming_shutdown(incoming, stopped)
-            .await
-            .map_err(ServeError::from)
-    })
+    let serving: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
+        match &settings.grpc_tls {
+            None => {
+                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+                Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
+            }
+            Some(tls) => {
+                let incoming = tls::incoming(listener, tls.clone(), settings.reload_interval)?;
+                Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
+            }
+        };
+    Ok(async move { serving.await.map_err(ServeError::from) })
 }

@@ -9,6 +9,7 @@ mod health;
 mod http;
 mod limiter_api;
 pub mod reload;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -51,6 +52,8 @@ pub enum ServeError {
     Http(std::io::Error),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
 }
 
 /// Starts the service and runs it until `shutdown` completes.
@@ -162,6 +165,7 @@ pub async fn serve(
 
     let grpc = grpc::serve(
         grpc_listener,
+        &settings,
         limiter.clone(),
         metrics.clone(),
         named,
