@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use crate::config::{self, Quota};
+use crate::config;
 use crate::settings::{Env, Settings};
 
 #[derive(Parser, Debug)]
@@ -109,36 +109,7 @@ fn check_config(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     }
     let limits = config.limits();
     for limit in &limits {
-        let quota = match limit.quota {
-            Quota::Unlimited => "unlimited".to_string(),
-            Quota::PerUnit {
-                requests_per_unit,
-                unit,
-                algorithm,
-            } => format!("{requests_per_unit}/{} {algorithm}", unit.name()),
-        };
-        let mut flags = Vec::new();
-        if !limit.name.is_empty() {
-            flags.push(format!("name={}", limit.name));
-        }
-        if !limit.replaces.is_empty() {
-            flags.push(format!("replaces={}", limit.replaces.join(",")));
-        }
-        if limit.shadow_mode {
-            flags.push("shadow_mode".into());
-        }
-        if limit.quota_mode {
-            flags.push("quota_mode".into());
-        }
-        for (_, pattern) in &limit.shared_values {
-            flags.push(format!("shared={pattern}"));
-        }
-        let origin = limit
-            .origin
-            .as_ref()
-            .map(ToString::to_string)
-            .unwrap_or_default();
-        println!("{}: {quota} {} ({origin})", limit.path, flags.join(" "));
+        println!("{limit}");
     }
     println!(
         "{}: OK, {} domain(s), {} limit(s)",

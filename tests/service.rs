@@ -412,6 +412,14 @@ async fn http_json_and_healthcheck() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"limitRemaining\":3"), "{body}");
 
+    let (status, dump) = sluice.http("GET", "/rlconfig", "");
+    assert_eq!(status, 200);
+    assert!(
+        dump.contains("app.path_/login: 1/hour fixed_window name=login ("),
+        "{dump}"
+    );
+    assert!(dump.contains("app.health: unlimited"), "{dump}");
+
     assert_eq!(sluice.http("POST", "/json", "{not json").0, 400);
     assert_eq!(
         sluice

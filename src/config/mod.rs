@@ -329,6 +329,41 @@ impl Limit {
     }
 }
 
+/// One line per limit, for `check-config` and `/rlconfig`:
+/// `<path>: <rate> <algorithm> [flags] (<file>:<line>)`.
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.path)?;
+        match self.quota {
+            Quota::Unlimited => f.write_str("unlimited")?,
+            Quota::PerUnit {
+                requests_per_unit,
+                unit,
+                algorithm,
+            } => write!(f, "{requests_per_unit}/{} {algorithm}", unit.name())?,
+        }
+        if !self.name.is_empty() {
+            write!(f, " name={}", self.name)?;
+        }
+        if !self.replaces.is_empty() {
+            write!(f, " replaces={}", self.replaces.join(","))?;
+        }
+        if self.shadow_mode {
+            f.write_str(" shadow_mode")?;
+        }
+        if self.quota_mode {
+            f.write_str(" quota_mode")?;
+        }
+        for (_, pattern) in &self.shared_values {
+            write!(f, " shared={pattern}")?;
+        }
+        if let Some(origin) = &self.origin {
+            write!(f, " ({origin})")?;
+        }
+        Ok(())
+    }
+}
+
 /// What a limit's metrics are called: upstream's stats key, `<key>_<value>` or `<key>` per level as
 /// the config wrote it (the pattern for a wildcard), joined with dots.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

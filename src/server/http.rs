@@ -1,6 +1,7 @@
 //! The HTTP adapter: upstream's `/healthcheck` and `/json` endpoints.
 //!
-//! `/metrics` is the Prometheus exposition (see `metrics.rs`). `/json` takes a proto3-JSON `RateLimitRequest` and answers the proto3-JSON
+//! `/metrics` is the Prometheus exposition (see `metrics.rs`), `/rlconfig` lists the loaded
+//! limits. `/json` takes a proto3-JSON `RateLimitRequest` and answers the proto3-JSON
 //! `RateLimitResponse`: 200 for OK, 429 for OVER_LIMIT, 500 for UNKNOWN. A body that does not
 //! parse or a request the limiter refuses is a 400 with the reason; a store failure is a 500.
 //! The JSON mapping comes from the same descriptors the gRPC side is generated from.
@@ -96,6 +97,7 @@ pub fn serve(
     let app = Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/metrics", get(metrics))
+        .route("/rlconfig", get(rlconfig))
         .route("/json", post(json))
         .with_state(state);
     async move {
@@ -112,6 +114,18 @@ async fn healthcheck(State(state): State<AppState>) -> Response {
     } else {
         (StatusCode::INTERNAL_SERVER_ERROR, "NOT SERVING").into_response()
     }
+}
+
+/// The loaded limits, one per line (upstream serves this on its debug port).
+async fn rlconfig(State(state): State<AppState>) -> Response {
+    let mut text = String::new();
+    if let Some(config) = state.limiter.config() {
+        for limit in config.limits() {
+            text.push_str(&limit.to_string());
+            text.push('\n');
+        }
+    }
+    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], text).into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
