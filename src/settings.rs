@@ -233,6 +233,7 @@ impl Settings {
                 shadow_mode: env.bool("SHADOW_MODE", false)?,
                 quota_mode: env.bool("QUOTA_MODE", false)?,
                 response_headers,
+                draft_headers: env.bool("LIMIT_RESPONSE_HEADERS_DRAFT", false)?,
                 dynamic_metadata: env.bool("RESPONSE_DYNAMIC_METADATA", false)?,
                 input_limits,
                 failure_policy: match env.string("FAILURE_POLICY", "fail_closed").as_str() {

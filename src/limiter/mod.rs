@@ -66,6 +66,8 @@ pub struct LimiterOptions {
     pub quota_mode: bool,
     /// `LIMIT_RESPONSE_HEADERS_ENABLED` with the header names.
     pub response_headers: Option<HeaderNames>,
+    /// `LIMIT_RESPONSE_HEADERS_DRAFT`: also the IETF draft's `RateLimit-Policy` and `RateLimit`.
+    pub draft_headers: bool,
     /// `RESPONSE_DYNAMIC_METADATA`.
     pub dynamic_metadata: bool,
     pub input_limits: InputLimits,
@@ -379,10 +381,17 @@ impl RateLimiter {
             overall_code: overall as i32,
             ..Default::default()
         };
-        if let Some(names) = &self.options.response_headers {
+        if self.options.response_headers.is_some() || self.options.draft_headers {
             let chosen = response::header_source(&statuses, |i| is_quota(limits[i]));
             if let Some(status) = chosen {
-                reply.response_headers_to_add = names.headers(status);
+                if let Some(names) = &self.options.response_headers {
+                    reply.response_headers_to_add = names.headers(status);
+                }
+                if self.options.draft_headers {
+                    reply
+                        .response_headers_to_add
+                        .extend(response::draft_headers(status));
+                }
             }
         }
         if self.options.dynamic_metadata {

@@ -7,9 +7,10 @@ use prost_types::value::Kind;
 use prost_types::{ListValue, Struct, Value};
 
 use super::UNLIMITED_REMAINING;
-use crate::config::{Limit, Quota};
+use crate::config::{Limit, Quota, Unit};
 use crate::proto::{
     Code, CurrentLimit, DescriptorStatus, HeaderValue, RateLimitRequest, RateLimitResponse,
+    ResponseUnit,
 };
 use crate::store::Outcome;
 
@@ -110,6 +111,53 @@ impl HeaderNames {
             header(&self.reset, reset),
         ]
     }
+}
+
+/// The IETF draft's structured fields (draft-ietf-httpapi-ratelimit-headers):
+/// `RateLimit-Policy: "<name>";q=<quota>;w=<window seconds>` and
+/// `RateLimit: "<name>";r=<remaining>;t=<seconds to reset>`, for the same status the
+/// `RateLimit-*` headers describe. An unnamed limit is called `default`.
+pub fn draft_headers(status: &DescriptorStatus) -> Vec<HeaderValue> {
+    let Some(limit) = &status.current_limit else {
+        return Vec::new();
+    };
+    let window = ResponseUnit::try_from(limit.unit)
+        .ok()
+        .and_then(|u| Unit::ALL.into_iter().find(|x| x.to_response() == u))
+        .map_or(0, Unit::window_secs);
+    let name = if limit.name.is_empty() {
+        "default"
+    } else {
+        &limit.name
+    };
+    // An sf-string: backslash-escape `"` and `\`, drop what it cannot carry.
+    let name: String = name
+        .chars()
+        .filter(|c| (' '..='~').contains(c))
+        .flat_map(|c| match c {
+            '"' | '\\' => vec!['\\', c],
+            c => vec![c],
+        })
+        .collect();
+    let reset = status
+        .duration_until_reset
+        .as_ref()
+        .map_or(0, |d| d.seconds.max(0));
+    let header = |key: &str, value: String| HeaderValue {
+        key: key.to_string(),
+        value,
+        raw_value: Vec::new(),
+    };
+    vec![
+        header(
+            "RateLimit-Policy",
+            format!("\"{name}\";q={};w={window}", limit.requests_per_unit),
+        ),
+        header(
+            "RateLimit",
+            format!("\"{name}\";r={};t={reset}", status.limit_remaining),
+        ),
+    ]
 }
 
 /// The status the headers describe: the last non-quota OVER_LIMIT one if any, else the limited

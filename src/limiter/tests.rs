@@ -476,3 +476,31 @@ async fn no_config_is_an_error() {
         .unwrap_err();
     assert_eq!(err.to_string(), "no rate limit configuration loaded");
 }
+
+#[tokio::test]
+async fn draft_headers_describe_the_same_status() {
+    let h = harness(LimiterOptions {
+        draft_headers: true,
+        ..Default::default()
+    });
+    let r = h
+        .ask(&request(vec![descriptor(&[("path", "/login")])]))
+        .await;
+    let headers: Vec<(&str, &str)> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.as_str(), h.value.as_str()))
+        .collect();
+    assert_eq!(
+        headers,
+        [
+            ("RateLimit-Policy", "\"login\";q=1;w=60"),
+            ("RateLimit", "\"login\";r=0;t=41")
+        ]
+    );
+    // Unnamed limits are "default"; no limit, no headers.
+    let r = h.ask(&request(vec![descriptor(&[("shadow", "x")])])).await;
+    assert_eq!(r.response_headers_to_add[0].value, "\"default\";q=1;w=60");
+    let r = h.ask(&request(vec![descriptor(&[("nothing", "x")])])).await;
+    assert!(r.response_headers_to_add.is_empty());
+}
