@@ -366,7 +366,7 @@ async fn bad_requests_get_invalid_argument() {
         ),
         (
             request("app", vec![descriptor(&[("user", "x")]); 3]),
-            "rate limit request has 3 descriptors; the maximum is 2",
+            "rate limit request: 3 descriptors, the maximum is 2",
         ),
     ];
     for (req, message) in cases {

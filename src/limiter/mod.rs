@@ -431,53 +431,49 @@ impl RateLimiter {
 
     fn validate(&self, request: &RateLimitRequest) -> Result<(), LimitError> {
         let max = &self.options.input_limits;
-        let invalid = |m: String| Err(LimitError::InvalidRequest(m));
         if request.domain.is_empty() {
-            return invalid("rate limit domain must not be empty".into());
+            return Err(invalid("rate limit domain must not be empty".into()));
         }
         if request.descriptors.is_empty() {
-            return invalid("rate limit descriptor list must not be empty".into());
-        }
-        if request.domain.len() > max.max_domain_bytes {
-            return invalid(format!(
-                "rate limit domain is {} bytes; the maximum is {}",
-                request.domain.len(),
-                max.max_domain_bytes
+            return Err(invalid(
+                "rate limit descriptor list must not be empty".into(),
             ));
         }
-        if request.descriptors.len() > max.max_descriptors {
-            return invalid(format!(
-                "rate limit request has {} descriptors; the maximum is {}",
-                request.descriptors.len(),
-                max.max_descriptors
-            ));
-        }
+        at_most(
+            "rate limit domain",
+            request.domain.len(),
+            "bytes",
+            max.max_domain_bytes,
+        )?;
+        at_most(
+            "rate limit request",
+            request.descriptors.len(),
+            "descriptors",
+            max.max_descriptors,
+        )?;
         for (i, d) in request.descriptors.iter().enumerate() {
             if d.entries.is_empty() {
-                return invalid(format!("descriptor {i} has no entries"));
+                return Err(invalid(format!("descriptor {i} has no entries")));
             }
-            if d.entries.len() > max.max_entries {
-                return invalid(format!(
-                    "descriptor {i} has {} entries; the maximum is {}",
-                    d.entries.len(),
-                    max.max_entries
-                ));
-            }
+            at_most(
+                &format!("descriptor {i}"),
+                d.entries.len(),
+                "entries",
+                max.max_entries,
+            )?;
             for e in &d.entries {
-                if e.key.len() > max.max_key_bytes {
-                    return invalid(format!(
-                        "descriptor {i} has a key of {} bytes; the maximum is {}",
-                        e.key.len(),
-                        max.max_key_bytes
-                    ));
-                }
-                if e.value.len() > max.max_value_bytes {
-                    return invalid(format!(
-                        "descriptor {i} has a value of {} bytes; the maximum is {}",
-                        e.value.len(),
-                        max.max_value_bytes
-                    ));
-                }
+                at_most(
+                    &format!("descriptor {i} key"),
+                    e.key.len(),
+                    "bytes",
+                    max.max_key_bytes,
+                )?;
+                at_most(
+                    &format!("descriptor {i} value"),
+                    e.value.len(),
+                    "bytes",
+                    max.max_value_bytes,
+                )?;
             }
         }
         Ok(())
@@ -512,6 +508,18 @@ pub fn rule_for(algorithm: ConfigAlgorithm, limit: u64, window: u64) -> Rule {
             cold_factor,
         },
     }
+}
+
+fn invalid(message: String) -> LimitError {
+    LimitError::InvalidRequest(message)
+}
+
+/// `what: <n> <unit>, the maximum is <max>` when `n` is over `max`.
+fn at_most(what: &str, n: usize, unit: &str, max: usize) -> Result<(), LimitError> {
+    if n > max {
+        return Err(invalid(format!("{what}: {n} {unit}, the maximum is {max}")));
+    }
+    Ok(())
 }
 
 /// Upstream's precedence: a set per-descriptor `hits_addend` wins (0 = check only); otherwise
