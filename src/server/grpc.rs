@@ -13,6 +13,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -31,6 +32,13 @@ use crate::metrics::Metrics;
 use crate::proto::sluice::v1::limiter_server::LimiterServer;
 use crate::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
 use crate::settings::Settings;
+
+/// Largest encoded `RateLimitRequest` accepted (tonic's default is 4 MiB): Envoy's requests are
+/// a few hundred bytes. Checked while decoding, before the per-field input limits.
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+
+/// Concurrent requests on one HTTP/2 connection (Envoy multiplexes many on few connections).
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 
 pub struct RateLimitService {
     limiter: Arc<RateLimiter>,
@@ -138,6 +146,10 @@ where
     let router = tonic::transport::Server::builder()
         .max_connection_age(settings.grpc_max_connection_age)
         .max_connection_age_grace(settings.grpc_max_connection_age_grace)
+        // Bounds per connection, so one client cannot hold unbounded server state.
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .add_service(health)
         .add_service(reflection)
         .add_service(RateLimitServiceServer::new(RateLimitService {
