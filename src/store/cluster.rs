@@ -56,7 +56,8 @@ pub struct Cluster {
     /// Nodes that could not be reached, and until when calls to them fail at once instead of
     /// waiting for a connection that will not come.
     down: Mutex<HashMap<String, Instant>>,
-    refresh: tokio::sync::Mutex<Instant>,
+    /// When the slot map was last refreshed (`None`: never).
+    refresh: tokio::sync::Mutex<Option<Instant>>,
 }
 
 /// How long a node that could not be reached is skipped.
@@ -94,7 +95,7 @@ impl Cluster {
             }),
             pools: Mutex::new(HashMap::new()),
             down: Mutex::new(HashMap::new()),
-            refresh: tokio::sync::Mutex::new(Instant::now() - MIN_REFRESH_INTERVAL),
+            refresh: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -176,7 +177,7 @@ impl Cluster {
     /// together than [`MIN_REFRESH_INTERVAL`] share one refresh.
     pub async fn refresh(&self) -> Result<(), StoreError> {
         let mut last = self.refresh.lock().await;
-        if last.elapsed() < MIN_REFRESH_INTERVAL {
+        if last.is_some_and(|at| at.elapsed() < MIN_REFRESH_INTERVAL) {
             return Ok(());
         }
         let mut candidates = self.masters();
@@ -207,7 +208,7 @@ impl Cluster {
             })
         });
         let result = futures::future::select_ok(asks).await;
-        *last = Instant::now();
+        *last = Some(Instant::now());
         match result {
             Ok((topology, _)) => {
                 tracing::debug!(masters = ?topology.masters, "cluster slot map refreshed");
