@@ -374,6 +374,10 @@ async fn bad_requests_get_invalid_argument() {
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert_eq!(status.message(), message);
     }
+    // Larger than the 1 MiB request bound: refused while decoding.
+    let huge = request("app", vec![descriptor(&[("user", &"v".repeat(2 << 20))])]);
+    let status = c.should_rate_limit(huge).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
     let mut bad_unit = descriptor(&[("user", "x")]);
     bad_unit.limit = Some(RateLimitOverride {
         requests_per_unit: 1,

@@ -152,10 +152,10 @@ where
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .add_service(health)
         .add_service(reflection)
-        .add_service(RateLimitServiceServer::new(RateLimitService {
-            limiter,
-            metrics,
-        }))
+        .add_service(
+            RateLimitServiceServer::new(RateLimitService { limiter, metrics })
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
         .add_service(LimiterServer::new(LimiterApi::new(named)));
     let serving: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
         match &settings.grpc_tls {
