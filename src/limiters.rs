@@ -198,8 +198,8 @@ fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), 
         _ => return invalid("interval must be from 1ms to 366 days".into()),
     };
     let window = interval.as_micros() as u64;
-    if config.rate == 0 {
-        return invalid("rate must be at least 1".into());
+    if config.rate == 0 || config.rate > u64::from(u32::MAX) {
+        return invalid(format!("rate must be from 1 to {}", u32::MAX));
     }
     if config.burst > u64::from(u32::MAX) {
         return invalid(format!("burst must be at most {}", u32::MAX));

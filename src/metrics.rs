@@ -41,7 +41,7 @@ pub struct Metrics {
     pub failed_open: IntCounter,
     pub breaker_open: IntGaugeVec,
     pub memory_entries: IntGauge,
-    pub memory_evictions: IntGauge,
+    pub memory_evictions: IntCounter,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -176,9 +176,9 @@ impl Metrics {
                 "sluice_memory_store_entries",
                 "Entries held by the memory store",
             ),
-            memory_evictions: gauge(
+            memory_evictions: counter(
                 &r,
-                "sluice_memory_store_evictions",
+                "sluice_memory_store_evictions_total",
                 "Live entries evicted because the memory store was full",
             ),
             registry: r,

@@ -132,7 +132,11 @@ async fn metrics(State(state): State<AppState>) -> Response {
     let o = &state.observability;
     if let Some(memory) = &o.memory_store {
         o.metrics.memory_entries.set(memory.len() as i64);
-        o.metrics.memory_evictions.set(memory.evictions() as i64);
+        // The store keeps the total; the counter catches up to it.
+        let seen = o.metrics.memory_evictions.get();
+        o.metrics
+            .memory_evictions
+            .inc_by(memory.evictions().saturating_sub(seen));
     }
     (
         StatusCode::OK,

@@ -83,7 +83,13 @@ pub async fn serve(
             startup_max_wait,
             start_degraded,
         } => {
-            let (wait, degraded) = (*startup_max_wait, *start_degraded);
+            // Starting degraded means not blocking on Redis: without a wait limit, try once.
+            let degraded = *start_degraded;
+            let wait = if degraded {
+                startup_max_wait.or(Some(std::time::Duration::ZERO))
+            } else {
+                *startup_max_wait
+            };
             let main = open_redis(options, wait, degraded, &settings).await?;
             store_usable.push(("redis", main.usable()));
             if let Some(options) = per_second {

@@ -19,12 +19,14 @@ use super::Outcome;
 #[derive(Debug, Clone, PartialEq)]
 pub enum State {
     Count(u64),
-    /// Admission times, oldest first.
-    Log(VecDeque<u64>),
+    /// Admission times, oldest first. Boxed: the other states are two words at most, and every
+    /// entry of the memory store is as large as the largest variant.
+    Log(Box<VecDeque<u64>>),
+    /// Counts never exceed the limit, a u32: two words, like the other states.
     Windows {
         start: u64,
-        current: u64,
-        previous: u64,
+        current: u32,
+        previous: u32,
     },
     /// Theoretical arrival time.
     Tat(u64),
@@ -58,7 +60,7 @@ pub fn sliding_window_log(
     now: u64,
 ) -> Step {
     let mut log = match state {
-        Some(State::Log(log)) => log,
+        Some(State::Log(log)) => *log,
         _ => VecDeque::new(),
     };
     // A clock that steps back must not reorder the log.
@@ -80,7 +82,7 @@ pub fn sliding_window_log(
                 reset_ms: micros_to_ms(ttl),
                 used: count + hits,
             },
-            keep: (!log.is_empty()).then_some((State::Log(log), ttl)),
+            keep: (!log.is_empty()).then(|| (State::Log(Box::new(log)), ttl)),
         };
     }
     let wait = if hits > limit {
@@ -97,7 +99,7 @@ pub fn sliding_window_log(
             reset_ms: micros_to_ms(wait),
             used: count,
         },
-        keep: (!log.is_empty()).then_some((State::Log(log), ttl)),
+        keep: (!log.is_empty()).then(|| (State::Log(Box::new(log)), ttl)),
     }
 }
 
@@ -117,7 +119,7 @@ pub fn sliding_window_counter(
             start,
             current,
             previous,
-        }) => (start, current, previous),
+        }) => (start, u64::from(current), u64::from(previous)),
         _ => (0, 0, 0),
     };
     // A clock that steps back stays in the newest window seen.
@@ -169,14 +171,18 @@ pub fn sliding_window_counter(
         },
         // Rolling the windows forward is a pure function of the old state and the time, so only
         // an admission needs to be written (as in the Lua twin).
-        keep: (admitted && (current > 0 || previous > 0)).then_some((
-            State::Windows {
-                start,
-                current,
-                previous,
-            },
-            ttl,
-        )),
+        keep: (admitted && (current > 0 || previous > 0)).then(|| {
+            // Admitted counts are at most the limit, which is a u32.
+            let narrow = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+            (
+                State::Windows {
+                    start,
+                    current: narrow(current),
+                    previous: narrow(previous),
+                },
+                ttl,
+            )
+        }),
     }
 }
 

@@ -1,7 +1,8 @@
 //! The embedded store: counters in process memory, for a single replica or for trying Sluice out.
 //!
-//! Counters are spread over shards, each a mutex around a hash map, so concurrent requests on
-//! different keys rarely contend and one key's read-modify-write is atomic. Every entry holds an
+//! Counters are spread over shards, each a mutex around a hash map keyed by a 128-bit keyed hash
+//! of the counter key, so concurrent requests on different keys rarely contend and one key's
+//! read-modify-write is atomic. Every entry holds an
 //! algorithm's state (see `algorithms.rs`) and its expiry, after which it is indistinguishable
 //! from a new key. A background task sweeps expired entries; it holds only a weak reference and
 //! ends when the store is dropped.
@@ -16,7 +17,7 @@
 //! bound above the number of keys live in one window.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -63,13 +64,41 @@ pub struct MemoryStore {
 #[derive(Debug)]
 struct Inner {
     shards: Box<[Shard]>,
-    shard_of: RandomState,
+    /// The two SipHash keys of [`KeyId`].
+    key_hashes: [RandomState; 2],
     per_shard: usize,
     clock: Arc<dyn Clock>,
     evictions: AtomicU64,
 }
 
-type Shard = Mutex<HashMap<Box<str>, Entry>>;
+/// A key's 128-bit keyed hash, from two SipHash keys drawn at start-up. Entries are stored
+/// under it rather than under the key text, which halves the memory per counter. Two keys meet
+/// only if their 128-bit hashes do: about 2^-128 per pair, and not something a client can aim
+/// for without the per-process keys.
+type KeyId = u128;
+
+type Shard = Mutex<HashMap<KeyId, Entry, BuildHasherDefault<KeyIdHasher>>>;
+
+/// Uses the already-random low 64 bits of a [`KeyId`] as its hash.
+#[derive(Default)]
+struct KeyIdHasher(u64);
+
+impl Hasher for KeyIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u128` is used; mixing keeps this correct for anything else.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u128(&mut self, id: u128) {
+        self.0 = id as u64;
+    }
+}
 
 #[derive(Debug, Clone)]
 struct Entry {
@@ -83,8 +112,10 @@ impl MemoryStore {
     pub fn new(options: MemoryStoreOptions, clock: Arc<dyn Clock>) -> Self {
         let per_shard = options.max_counters.div_ceil(SHARDS).max(1);
         let inner = Arc::new(Inner {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            shard_of: RandomState::new(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(HashMap::default()))
+                .collect(),
+            key_hashes: [RandomState::new(), RandomState::new()],
             per_shard,
             clock,
             evictions: AtomicU64::new(0),
@@ -119,9 +150,10 @@ impl MemoryStore {
     }
 
     fn decide(&self, check: &Check, now: u64) -> Outcome {
-        let mut shard = lock(self.inner.shard(&check.key));
+        let id = self.inner.key_id(&check.key);
+        let mut shard = lock(self.inner.shard(id));
         let found = shard
-            .get(check.key.as_str())
+            .get(&id)
             .filter(|e| e.expires_at > now)
             .map(|e| e.state.clone());
         let step = match check.rule {
@@ -178,13 +210,13 @@ impl MemoryStore {
                 state,
                 expires_at: now + ttl,
             };
-            match shard.get_mut(check.key.as_str()) {
+            match shard.get_mut(&id) {
                 Some(existing) => *existing = entry,
                 None => {
                     if shard.len() >= self.inner.per_shard {
                         self.inner.make_room(&mut shard, now);
                     }
-                    shard.insert(check.key.as_str().into(), entry);
+                    shard.insert(id, entry);
                 }
             }
         }
@@ -193,12 +225,22 @@ impl MemoryStore {
 }
 
 impl Inner {
-    fn shard(&self, key: &str) -> &Shard {
-        let index = self.shard_of.hash_one(key) as usize % self.shards.len();
+    fn key_id(&self, key: &str) -> KeyId {
+        let [high, low] = &self.key_hashes;
+        (u128::from(high.hash_one(key)) << 64) | u128::from(low.hash_one(key))
+    }
+
+    /// The shard from the high bits; the map inside uses the low ones.
+    fn shard(&self, id: KeyId) -> &Shard {
+        let index = (id >> 64) as usize % self.shards.len();
         &self.shards[index]
     }
 
-    fn make_room(&self, shard: &mut HashMap<Box<str>, Entry>, now: u64) {
+    fn make_room(
+        &self,
+        shard: &mut HashMap<KeyId, Entry, BuildHasherDefault<KeyIdHasher>>,
+        now: u64,
+    ) {
         shard.retain(|_, e| e.expires_at > now);
         if shard.len() < self.per_shard {
             return;
@@ -207,7 +249,7 @@ impl Inner {
             .iter()
             .take(EVICTION_SAMPLE)
             .min_by_key(|(_, e)| e.expires_at)
-            .map(|(k, _)| k.clone());
+            .map(|(id, _)| *id);
         if let Some(victim) = victim {
             shard.remove(&victim);
             self.evictions.fetch_add(1, Ordering::Relaxed);
@@ -284,8 +326,10 @@ impl Store for MemoryStore {
     fn delete_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
         let removed = lock(&self.limiters).remove(&keys.config);
         if let Some((_, generation)) = &removed {
-            let state = format!("{}#{generation}", keys.shared.state);
-            lock(self.inner.shard(&state)).remove(state.as_str());
+            let id = self
+                .inner
+                .key_id(&format!("{}#{generation}", keys.shared.state));
+            lock(self.inner.shard(id)).remove(&id);
         }
         Box::pin(std::future::ready(Ok(removed.is_some())))
     }
