@@ -125,15 +125,30 @@ Checks that fail the render with a clear message instead of producing a broken r
 {{- fail "backend memory keeps separate counters in every pod, so several pods (replicaCount > 1 or autoscaling.enabled) multiply the limits. Use backend: redis, or set memory.allowMultipleReplicas: true to accept per-pod counting." }}
 {{- end }}
 {{- if eq $backend "redis" }}
-{{- if not .Values.redis.url }}
-{{- fail "backend redis needs redis.url (host:port, or redis://host:port)" }}
-{{- end }}
-{{- if not (has (lower (toString .Values.redis.socketType)) (list "tcp" "unix")) }}
-{{- fail "redis.socketType must be tcp or unix" }}
-{{- end }}
+{{- include "sluice.validateRedis" (dict "name" "redis" "values" .Values.redis) }}
 {{- if and .Values.redis.auth.enabled (not .Values.redis.auth.existingSecret) (not .Values.redis.auth.password) }}
 {{- fail "redis.auth.enabled needs redis.auth.existingSecret (preferred) or redis.auth.password" }}
 {{- end }}
+{{- if and .Values.redis.startupDegraded (not .Values.redis.startupMaxElapsedTime) }}
+{{- fail "redis.startupDegraded needs redis.startupMaxElapsedTime (e.g. 10s): Sluice starts degraded only once that wait is over, and with no limit it waits forever" }}
+{{- end }}
+{{- if and .Values.redis.tls (eq (include "sluice.redisType" .Values.redis) "sentinel") }}
+{{- fail "redis.tls: TLS through sentinel is not supported by Sluice" }}
+{{- end }}
+{{- if .Values.redis.perSecond.enabled }}
+{{- include "sluice.validateRedis" (dict "name" "redis.perSecond" "values" .Values.redis.perSecond) }}
+{{- end }}
+{{- end }}
+{{- if not (has (toString .Values.failurePolicy) (list "fail_closed" "fail_open")) }}
+{{- fail (printf "failurePolicy must be fail_closed or fail_open, not %q" (toString .Values.failurePolicy)) }}
+{{- end }}
+{{- $rate := float64 .Values.tracing.samplingRate }}
+{{- if or (lt $rate 0.0) (gt $rate 1.0) }}
+{{- fail (printf "tracing.samplingRate must be between 0 and 1, not %v" .Values.tracing.samplingRate) }}
+{{- end }}
+{{- $near := float64 .Values.settings.nearLimitRatio }}
+{{- if or (lt $near 0.0) (gt $near 1.0) }}
+{{- fail (printf "settings.nearLimitRatio must be between 0 and 1, not %v" .Values.settings.nearLimitRatio) }}
 {{- end }}
 {{- $sleep := int .Values.lifecycle.preStopSleepSeconds }}
 {{- $grace := int .Values.settings.shutdownGracePeriodSeconds }}
@@ -147,4 +162,46 @@ Checks that fail the render with a clear message instead of producing a broken r
 {{- end }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+REDIS_TYPE of a redis block (redis, redis.perSecond): single, cluster or sentinel.
+*/}}
+{{- define "sluice.redisType" -}}
+{{- lower (toString (default "single" .type)) }}
+{{- end }}
+
+{{/*
+Checks one redis block; called with (dict "name" <values path> "values" <the block>).
+*/}}
+{{- define "sluice.validateRedis" -}}
+{{- $type := include "sluice.redisType" .values }}
+{{- if not (has $type (list "single" "cluster" "sentinel")) }}
+{{- fail (printf "%s.type must be single, cluster or sentinel, not %q" .name (toString .values.type)) }}
+{{- end }}
+{{- if not .values.url }}
+{{- fail (printf "%s.url is empty: host:port (single), node,node,... (cluster) or master,sentinel,... (sentinel)" .name) }}
+{{- end }}
+{{- if and (eq $type "single") (not (has (lower (toString .values.socketType)) (list "tcp" "unix"))) }}
+{{- fail (printf "%s.socketType must be tcp or unix" .name) }}
+{{- end }}
+{{- if and (eq $type "sentinel") (lt (len (splitList "," (toString .values.url))) 2) }}
+{{- fail (printf "%s.url with type sentinel is the master's name, then the sentinels: mymaster,sentinel-0:26379,..." .name) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Whether the pods roll on a change of the chart's ConfigMap: "true" or "". Live reload applies
+config changes in place, so only when asked for or when live reload is off.
+*/}}
+{{- define "sluice.rollOnConfigChange" -}}
+{{- if or .Values.rollOnConfigChange (include "sluice.liveReloadOff" .) }}true{{ end }}
+{{- end }}
+
+{{/*
+Whether settings.configReloadInterval turns live reload off (a zero duration): "true" or "".
+*/}}
+{{- define "sluice.liveReloadOff" -}}
+{{- $interval := trim (toString .Values.settings.configReloadInterval) }}
+{{- if regexMatch "^0+(\\.0*)?(ns|us|µs|ms|s|m|h)?$" $interval }}true{{ end }}
 {{- end }}
