@@ -158,11 +158,6 @@ impl RateLimiter {
         self
     }
 
-    /// Requests answered OK under the fail-open policy since start.
-    pub fn failed_open(&self) -> u64 {
-        self.failed_open.load(Ordering::Relaxed)
-    }
-
     /// Installs a new configuration; requests already running finish with the old one.
     pub fn set_config(&self, config: Arc<RateLimitConfig>) {
         self.config.store(Some(config));
