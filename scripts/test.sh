@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: unit tests, and integration tests that start their own redis-server
-# processes on free ports and the real sluice binary. Installs redis-server/redis-cli (Debian
-# package redis-server) when they are missing.
+# Runs the whole test suite: unit tests, integration tests that start their own redis-server
+# processes on free ports and the real sluice binary, and the Helm chart render check. Installs
+# redis-server/redis-cli and python3-venv (Debian packages) when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-  echo "installing redis-server (needed by the integration tests)" >&2
+install() {
+  echo "installing $* (needed by the tests)" >&2
   if [ "$(id -u)" -eq 0 ]; then
-    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+    apt-get update -qq && apt-get install -y -qq "$@" >/dev/null
   else
-    sudo apt-get update -qq && sudo apt-get install -y -qq redis-server >/dev/null
+    sudo apt-get update -qq && sudo apt-get install -y -qq "$@" >/dev/null
   fi
+}
+
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+  install redis-server
+fi
+# The Helm chart check runs Helm's engine from a PyPI package in a virtualenv.
+if ! python3 -m venv --help >/dev/null 2>&1; then
+  install python3-venv
 fi
 
 cargo test --locked "$@"
+scripts/check_chart.sh

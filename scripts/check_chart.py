@@ -1,0 +1,110 @@
+"""Renders the Helm chart with Helm's own engine (the helm-python-sdk package embeds it) and
+checks the result: every object validates against the Kubernetes schema, the rendered limits pass
+`sluice check-config`, the environment carries the chosen settings, and bad values refuse to
+render. Run through scripts/check_chart.sh, which provides the Python packages.
+
+Usage: check_chart.py SLUICE_BINARY
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import yaml
+from helm_python.chart import Chart
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHART = os.path.join(ROOT, "deploy", "helm", "sluice")
+SLUICE = sys.argv[1]
+KUBE_VERSION = "1.30.0"
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def render(values):
+    manifests = Chart.load(CHART).render(values, name="sluice", namespace="sluice", is_install=True)
+    docs = []
+    for path in sorted(manifests):
+        if path.endswith("NOTES.txt") or not manifests[path].strip():
+            continue
+        docs.extend(d for d in yaml.safe_load_all(manifests[path]) if d)
+    return docs
+
+
+def validate(docs, label):
+    with tempfile.TemporaryDirectory() as d:
+        files = []
+        for i, doc in enumerate(docs):
+            if doc["apiVersion"].startswith("monitoring.coreos.com"):
+                continue  # a CRD: not in the core schema
+            path = os.path.join(d, f"{i}-{doc['kind']}.yaml")
+            with open(path, "w") as f:
+                yaml.safe_dump(doc, f)
+            files.append(path)
+        r = subprocess.run(
+            ["kubernetes-validate", "--strict", "-k", KUBE_VERSION, *files],
+            capture_output=True, text=True,
+        )
+        check(r.returncode == 0, f"{label}: {len(files)} objects valid for Kubernetes {KUBE_VERSION}"
+              + ("" if r.returncode == 0 else "\n" + r.stdout + r.stderr))
+
+
+def limits_load(docs, label):
+    for cm in (d for d in docs if d["kind"] == "ConfigMap"):
+        with tempfile.TemporaryDirectory() as d:
+            for name, text in cm["data"].items():
+                with open(os.path.join(d, name), "w") as f:
+                    f.write(text)
+            r = subprocess.run([SLUICE, "check-config", d], capture_output=True, text=True)
+            check(r.returncode == 0, f"{label}: rendered limits pass check-config {r.stderr.strip()}")
+
+
+def env_of(docs):
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+scenarios = {
+    "defaults": ({}, {"BACKEND_TYPE": "memory"}),
+    "redis": ({"backend": "redis"}, {"BACKEND_TYPE": "redis", "REDIS_TYPE": "single"}),
+    "redis cluster": (
+        {"backend": "redis", "redis": {"type": "cluster", "url": "n1:6379,n2:6379,n3:6379"}},
+        {"REDIS_TYPE": "cluster", "REDIS_URL": "n1:6379,n2:6379,n3:6379"},
+    ),
+    "tracing and fail-open": (
+        {"tracing": {"otlpEndpoint": "http://collector:4317"}, "failurePolicy": "fail_open",
+         "serviceMonitor": {"enabled": True}},
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "FAILURE_POLICY": "fail_open"},
+    ),
+}
+for label, (values, want_env) in scenarios.items():
+    try:
+        docs = render(values)
+    except Exception as e:  # the renderer's errors are the finding
+        check(False, f"{label}: render failed: {e}")
+        continue
+    validate(docs, label)
+    limits_load(docs, label)
+    env = env_of(docs)
+    for name, value in want_env.items():
+        check(env.get(name) == value, f"{label}: {name}={env.get(name)!r} (want {value!r})")
+
+for label, values in {
+    "unknown backend": {"backend": "memcache"},
+    "several memory replicas": {"replicaCount": 2},
+    "redis auth without a secret": {"backend": "redis", "redis": {"auth": {"enabled": True}}},
+}.items():
+    try:
+        render(values)
+        check(False, f"{label}: rendered but should be refused")
+    except Exception:
+        check(True, f"{label}: refused")
+
+print(f"{len(failures)} failed" if failures else "chart checks passed")
+sys.exit(1 if failures else 0)

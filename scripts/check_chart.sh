@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Renders and checks the Helm chart (scripts/check_chart.py) without a cluster and without a
+# helm binary: Helm's engine comes from the helm-python-sdk package on PyPI, the schema check from
+# kubernetes-validate. The packages go into a virtualenv under target/, kept between runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${CARGO_TARGET_DIR:-target}/chart-venv"
+if [ ! -x "$venv/bin/kubernetes-validate" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check \
+    helm-python-sdk==0.2.2 kubernetes-validate==1.37.0 pyyaml
+fi
+cargo build --quiet --locked --bin sluice
+sluice="${CARGO_TARGET_DIR:-target}/debug/sluice"
+PATH="$venv/bin:$PATH" "$venv/bin/python" scripts/check_chart.py "$sluice"
