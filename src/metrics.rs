@@ -1,7 +1,8 @@
 //! Prometheus metrics, served on the HTTP port at `/metrics`.
 //!
 //! Names and labels follow envoyproxy/ratelimit's default Prometheus mapping
-//! (`ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}`
+//! (`ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode,
+//! over_limit_with_local_cache}`
 //! with `domain` and `key` labels, where `key` is upstream's stats key), so existing dashboards
 //! and alerts keep working; Sluice's own metrics are prefixed `sluice_`. We use the `prometheus`
 //! crate: plain atomic counters with the text exposition format, and nothing else to run (the
@@ -31,6 +32,7 @@ pub struct Metrics {
     near_limit: IntCounterVec,
     within_limit: IntCounterVec,
     shadow_mode: IntCounterVec,
+    over_limit_with_local_cache: IntCounterVec,
     pub global_shadow_mode: IntCounter,
     pub config_load_success: IntCounter,
     pub config_load_error: IntCounter,
@@ -130,6 +132,12 @@ impl Metrics {
                 "Hits within the limit",
                 &per_rule,
             ),
+            over_limit_with_local_cache: counter_vec(
+                &r,
+                "ratelimit_service_rate_limit_over_limit_with_local_cache",
+                "Hits refused from the local over-limit cache, without a store call",
+                &per_rule,
+            ),
             shadow_mode: counter_vec(
                 &r,
                 "ratelimit_service_rate_limit_shadow_mode",
@@ -227,6 +235,20 @@ impl Metrics {
                 self.shadow_mode.with_label_values(&labels).inc_by(hits);
             }
         }
+    }
+
+    /// Hits the local over-limit cache refused (also counted by [`Metrics::record`]).
+    pub fn record_local_cache(
+        &self,
+        domain: &str,
+        entries: &[DescriptorEntry],
+        limit: &Limit,
+        hits: u64,
+    ) {
+        let key = stats_key(limit, entries);
+        self.over_limit_with_local_cache
+            .with_label_values(&[domain, key.as_ref()])
+            .inc_by(hits);
     }
 
     /// The text exposition of every metric.

@@ -245,6 +245,7 @@ impl Settings {
                         );
                     }
                 },
+                local_cache_bytes: env.number("LOCAL_CACHE_SIZE_IN_BYTES", 0usize)?,
             },
             log: LogSettings {
                 // Upstream defaults to WARN; we log start-up and config events at INFO.

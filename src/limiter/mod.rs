@@ -8,6 +8,7 @@
 //! are added when enabled. The protocol adapters in `server` only translate errors and transports.
 
 pub mod key;
+mod local_cache;
 mod response;
 
 use std::borrow::Cow;
@@ -20,6 +21,7 @@ use tracing::Instrument;
 pub use key::{KeyBuilder, PrefixError};
 pub use response::HeaderNames;
 
+use self::local_cache::OverLimitCache;
 use crate::clock::Clock;
 use crate::config::{Algorithm as ConfigAlgorithm, Limit, Quota, RateLimitConfig, Unit};
 use crate::metrics::Metrics;
@@ -73,6 +75,9 @@ pub struct LimiterOptions {
     pub input_limits: InputLimits,
     /// `FAILURE_POLICY`: what to answer when the store cannot decide.
     pub failure_policy: FailurePolicy,
+    /// `LOCAL_CACHE_SIZE_IN_BYTES`: memory for remembering fixed windows already over their
+    /// limit, so their later requests skip the store; 0 turns it off.
+    pub local_cache_bytes: usize,
 }
 
 /// What the service answers when the store cannot decide.
@@ -110,6 +115,7 @@ pub struct RateLimiter {
     keys: KeyBuilder,
     clock: Arc<dyn Clock>,
     options: LimiterOptions,
+    over_limit_cache: Option<OverLimitCache>,
     /// Requests answered OK because the store failed and the policy is fail-open.
     failed_open: AtomicU64,
     /// Second of the last fail-open log line, so the log says it once a second at most.
@@ -140,6 +146,7 @@ impl RateLimiter {
             metrics: None,
             keys,
             clock,
+            over_limit_cache: OverLimitCache::with_size(options.local_cache_bytes),
             options,
             failed_open: AtomicU64::new(0),
             last_fail_open_log: AtomicU64::new(0),
@@ -239,10 +246,13 @@ impl RateLimiter {
             let span =
                 tracing::debug_span!("store", kind = self.store.kind(), checks = checks.len());
             let timer = self.metrics.as_ref().map(|m| m.store_call.start_timer());
-            let decided = self.decide(&checks, &per_second).instrument(span).await;
+            let decided = self
+                .decide_with_cache(&checks, &per_second)
+                .instrument(span)
+                .await;
             drop(timer);
             match decided {
-                Ok(outcomes) => outcomes,
+                Ok(decided) => decided,
                 Err(e) if self.options.failure_policy == FailurePolicy::FailOpen => {
                     return Ok(self.fail_open(request, &e));
                 }
@@ -260,21 +270,91 @@ impl RateLimiter {
                     if let Some(metrics) = &self.metrics {
                         let descriptor = &request.descriptors[statuses.len()];
                         let hits = checks[*index].hits;
-                        metrics.record(
-                            &request.domain,
-                            &descriptor.entries,
-                            limit,
-                            hits,
-                            &outcomes[*index],
-                        );
+                        let (outcome, from_cache) = &outcomes[*index];
+                        metrics.record(&request.domain, &descriptor.entries, limit, hits, outcome);
+                        if *from_cache {
+                            metrics.record_local_cache(
+                                &request.domain,
+                                &descriptor.entries,
+                                limit,
+                                hits,
+                            );
+                        }
                     }
-                    (response::counted(limit, &outcomes[*index]), Some(&**limit))
+                    (
+                        response::counted(limit, &outcomes[*index].0),
+                        Some(&**limit),
+                    )
                 }
             };
             statuses.push(status);
             limits.push(limit);
         }
         Ok(self.finish(request, statuses, &limits))
+    }
+
+    /// Answers the checks the over-limit cache knows are refused, asks the store(s) for the
+    /// rest and remembers fixed windows the store refused. Each outcome says whether it came
+    /// from the cache.
+    async fn decide_with_cache(
+        &self,
+        checks: &[Check],
+        per_second: &[bool],
+    ) -> Result<Vec<(Outcome, bool)>, StoreError> {
+        let Some(cache) = &self.over_limit_cache else {
+            let outcomes = self.decide(checks, per_second).await?;
+            return Ok(outcomes.into_iter().map(|o| (o, false)).collect());
+        };
+        let now_ms = self.clock.now_millis();
+        let mut answers: Vec<Option<(Outcome, bool)>> = checks
+            .iter()
+            .map(|check| {
+                let Rule::FixedWindow { limit, .. } = check.rule else {
+                    return None;
+                };
+                let reset_ms = cache.over_limit(&check.key, now_ms)?;
+                let refused = Outcome {
+                    admitted: false,
+                    remaining: 0,
+                    reset_ms,
+                    // The store's count is at least this; upstream reports these hits as over.
+                    used: limit + check.hits,
+                };
+                Some((refused, true))
+            })
+            .collect();
+        let ask: Vec<usize> = (0..checks.len())
+            .filter(|&i| answers[i].is_none())
+            .collect();
+        if !ask.is_empty() {
+            let asked = if ask.len() == checks.len() {
+                self.decide(checks, per_second).await?
+            } else {
+                let subset: Vec<Check> = ask.iter().map(|&i| checks[i].clone()).collect();
+                let subset_per_second: Vec<bool> = ask.iter().map(|&i| per_second[i]).collect();
+                self.decide(&subset, &subset_per_second).await?
+            };
+            for (&i, outcome) in ask.iter().zip(asked) {
+                let check = &checks[i];
+                // Refused with hits counted: the window's count is over its limit and only
+                // grows until the window (named in the key) ends.
+                if let Rule::FixedWindow {
+                    window_secs,
+                    window_start,
+                    ..
+                } = check.rule
+                    && !outcome.admitted
+                    && check.hits > 0
+                {
+                    cache.remember(&check.key, (window_start + window_secs) * 1_000, now_ms);
+                }
+                answers[i] = Some((outcome, false));
+            }
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| a.expect("every check was answered"))
+            .collect())
     }
 
     /// Asks the store(s): one call, or two concurrent ones when second-unit limits have their

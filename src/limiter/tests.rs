@@ -504,3 +504,108 @@ async fn draft_headers_describe_the_same_status() {
     let r = h.ask(&request(vec![descriptor(&[("nothing", "x")])])).await;
     assert!(r.response_headers_to_add.is_empty());
 }
+
+/// Counts the checks that reach the memory store, to see which ones the local cache answered.
+#[derive(Debug)]
+struct CountingStore {
+    inner: MemoryStore,
+    checks: std::sync::atomic::AtomicUsize,
+}
+
+impl Store for CountingStore {
+    fn check<'a>(&'a self, checks: &'a [Check]) -> crate::store::StoreFuture<'a> {
+        self.checks.fetch_add(checks.len(), Ordering::SeqCst);
+        self.inner.check(checks)
+    }
+    fn set_limiter<'a>(
+        &'a self,
+        keys: &'a crate::store::LimiterKeys,
+        record: &'a crate::store::LimiterRecord,
+        mode: crate::store::SetMode,
+    ) -> crate::store::StoreFuture<'a, (bool, crate::store::LimiterRecord)> {
+        self.inner.set_limiter(keys, record, mode)
+    }
+    fn get_limiter<'a>(
+        &'a self,
+        keys: &'a crate::store::LimiterKeys,
+    ) -> crate::store::StoreFuture<'a, Option<crate::store::LimiterRecord>> {
+        self.inner.get_limiter(keys)
+    }
+    fn delete_limiter<'a>(
+        &'a self,
+        keys: &'a crate::store::LimiterKeys,
+    ) -> crate::store::StoreFuture<'a, bool> {
+        self.inner.delete_limiter(keys)
+    }
+    fn acquire<'a>(
+        &'a self,
+        keys: &'a crate::store::LimiterKeys,
+        permits: u64,
+    ) -> crate::store::StoreFuture<'a, crate::store::Acquisition> {
+        self.inner.acquire(keys, permits)
+    }
+    fn kind(&self) -> &'static str {
+        "counting"
+    }
+}
+
+#[tokio::test]
+async fn local_cache_refuses_over_limit_windows_without_the_store() {
+    let clock = Arc::new(ManualClock::new(1_000_039_500_000));
+    let store = Arc::new(CountingStore {
+        inner: MemoryStore::new(MemoryStoreOptions::default(), clock.clone()),
+        checks: Default::default(),
+    });
+    let metrics = Arc::new(Metrics::new(0.8));
+    let options = LimiterOptions {
+        local_cache_bytes: 1 << 20,
+        ..Default::default()
+    };
+    let limiter = RateLimiter::new(store.clone(), KeyBuilder::default(), clock.clone(), options)
+        .with_metrics(metrics.clone());
+    let config = load_sources(
+        vec![(PathBuf::from("test.yaml"), CONFIG.to_string())],
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    limiter.set_config(Arc::new(config));
+    let reached = || store.checks.load(Ordering::SeqCst);
+
+    let alice = request(vec![descriptor(&[("user", "alice")])]);
+    let both = request(vec![
+        descriptor(&[("user", "alice")]),
+        descriptor(&[("user", "bob")]),
+    ]);
+    for _ in 0..2 {
+        let r = limiter.should_rate_limit(&alice).await.unwrap();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+    }
+    // Admitted at the limit is not cached (a look with 0 hits would still be admitted).
+    assert_eq!(reached(), 2);
+    let refused = limiter.should_rate_limit(&alice).await.unwrap();
+    assert_eq!(refused.overall_code, Code::OverLimit as i32);
+    assert_eq!(reached(), 3, "the first refusal comes from the store");
+
+    // Now alice is answered locally, with the window's remaining time; bob still counts.
+    let r = limiter.should_rate_limit(&both).await.unwrap();
+    assert_eq!(reached(), 4, "only bob reached the store");
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert_eq!(r.statuses[0].duration_until_reset.unwrap().seconds, 41);
+    assert_eq!(r.statuses[1].code, Code::Ok as i32);
+    let text = String::from_utf8(metrics.render()).unwrap();
+    for line in [
+        "ratelimit_service_rate_limit_over_limit_with_local_cache{domain=\"app\",key=\"user\"} 1",
+        // Cached refusals are over-limit hits too, as upstream counts them.
+        "ratelimit_service_rate_limit_over_limit{domain=\"app\",key=\"user\"} 2",
+    ] {
+        assert!(text.contains(line), "{line} not in\n{text}");
+    }
+
+    // The next window is a new key: the store decides again.
+    clock.advance_micros(41_000_000);
+    let r = limiter.should_rate_limit(&alice).await.unwrap();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(reached(), 5);
+}

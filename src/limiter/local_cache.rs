@@ -1,0 +1,90 @@
+//! Upstream's local over-limit cache (`LOCAL_CACHE_SIZE_IN_BYTES`): a fixed-window counter the
+//! store reported over its limit is answered OVER_LIMIT locally until its window ends, without a
+//! store call.
+//!
+//! It can only refuse, never admit: once a fixed window's count is over the limit, every later
+//! request in that window is over too (counts only grow within a window), so the local answer
+//! is the one the store would give. Other algorithms are not cached (their refusals depend on the
+//! request's cost and on time within the window). Hits refused locally are not added to the
+//! store's counter, as upstream does. Entries are keyed by a 128-bit keyed hash of the counter
+//! key and bounded by the configured size; when full, expired entries are dropped and new ones
+//! skipped (the cache only saves store calls).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Mutex;
+
+/// Bytes one entry takes, for sizing: the 128-bit key, the expiry, and the map's overhead.
+const ENTRY_BYTES: usize = 48;
+const SHARDS: usize = 16;
+
+#[derive(Debug)]
+pub struct OverLimitCache {
+    shards: Box<[Mutex<HashMap<u128, u64>>]>,
+    per_shard: usize,
+    hashes: [RandomState; 2],
+}
+
+impl OverLimitCache {
+    /// `None` when `size_bytes` is 0 (upstream's "off").
+    pub fn with_size(size_bytes: usize) -> Option<Self> {
+        let entries = size_bytes / ENTRY_BYTES;
+        (entries > 0).then(|| Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            per_shard: entries.div_ceil(SHARDS),
+            hashes: [RandomState::new(), RandomState::new()],
+        })
+    }
+
+    fn id(&self, key: &str) -> u128 {
+        let [high, low] = &self.hashes;
+        (u128::from(high.hash_one(key)) << 64) | u128::from(low.hash_one(key))
+    }
+
+    fn shard(&self, id: u128) -> std::sync::MutexGuard<'_, HashMap<u128, u64>> {
+        self.shards[(id >> 64) as usize % SHARDS]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Milliseconds until `key`'s window ends, if it is known to be over its limit now.
+    pub fn over_limit(&self, key: &str, now_ms: u64) -> Option<u64> {
+        let id = self.id(key);
+        let until = *self.shard(id).get(&id)?;
+        (until > now_ms).then(|| until - now_ms)
+    }
+
+    /// Remembers that `key` is over its limit until `until_ms`.
+    pub fn remember(&self, key: &str, until_ms: u64, now_ms: u64) {
+        let id = self.id(key);
+        let mut shard = self.shard(id);
+        if shard.len() >= self.per_shard {
+            shard.retain(|_, until| *until > now_ms);
+            if shard.len() >= self.per_shard {
+                return;
+            }
+        }
+        shard.insert(id, until_ms);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remembers_until_the_window_ends_within_its_size() {
+        assert!(OverLimitCache::with_size(0).is_none());
+        let cache = OverLimitCache::with_size(ENTRY_BYTES * SHARDS).unwrap();
+        cache.remember("a", 2_000, 1_000);
+        assert_eq!(cache.over_limit("a", 1_500), Some(500));
+        assert_eq!(cache.over_limit("a", 2_000), None, "the window ended");
+        assert_eq!(cache.over_limit("b", 1_500), None);
+        // One entry per shard: many keys cannot grow it.
+        for i in 0..1_000 {
+            cache.remember(&format!("k{i}"), 10_000, 1_000);
+        }
+        let held: usize = cache.shards.iter().map(|s| s.lock().unwrap().len()).sum();
+        assert!(held <= SHARDS, "{held}");
+    }
+}
