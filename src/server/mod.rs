@@ -124,13 +124,8 @@ pub async fn serve(
         "configuration loaded"
     );
 
-    let bind = |addr: SocketAddr| async move {
-        TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServeError::Bind { addr, source })
-    };
-    let grpc_listener = bind(settings.grpc_addr).await?;
-    let http_listener = bind(settings.http_addr).await?;
+    let grpc_listener = bind(settings.grpc_addr)?;
+    let http_listener = bind(settings.http_addr)?;
     let grpc_addr = grpc_listener
         .local_addr()
         .map_err(|source| ServeError::Bind {
@@ -289,4 +284,24 @@ pub async fn shutdown_signal() {
     {
         let _ = interrupt.await;
     }
+}
+
+/// Accept-queue length asked of the kernel (it caps it at `net.core.somaxconn`). The default of
+/// `TcpListener::bind` (128 here) overflows when hundreds of proxies reconnect at once, e.g. after
+/// a deploy: the kernel then drops their SYNs and each waits a full second to retry.
+const LISTEN_BACKLOG: u32 = 4096;
+
+fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    let listen = || {
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        // A restarted service can bind while old connections are in TIME_WAIT.
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(LISTEN_BACKLOG)
+    };
+    listen().map_err(|source| ServeError::Bind { addr, source })
 }

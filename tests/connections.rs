@@ -1,0 +1,142 @@
+//! Many idle and stalled connections must not stop the service from answering others.
+//!
+//! Opens 10 000 TCP connections to the gRPC port that never speak (or stop half-way through the
+//! HTTP/2 preface) and 1 000 idle ones to the HTTP port, then checks a normal gRPC client and an
+//! HTTP client are still answered correctly, and prints the server's RSS with and without them
+//! (quoted in SECURITY.md).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use sluice::proto::{Code, RateLimitRequest, RateLimitServiceClient};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tonic::transport::Channel;
+
+const CONFIG: &str = "
+domain: conn
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 50}
+";
+
+/// The soft limit on open files of this process, from `/proc/self/limits`.
+fn open_files_limit() -> usize {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    line.split_whitespace().nth(3).unwrap().parse().unwrap()
+}
+
+async fn code(client: &mut RateLimitServiceClient<Channel>, req: &RateLimitRequest) -> Code {
+    Code::try_from(ask(client, req.clone()).await.overall_code).unwrap()
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+async fn open(addr: std::net::SocketAddr, count: usize, preface_bytes: usize) -> Vec<TcpStream> {
+    let mut held = Vec::with_capacity(count);
+    // In batches, so the listen backlog is never the thing being measured.
+    for batch in (0..count).collect::<Vec<_>>().chunks(250) {
+        let connects = batch.iter().map(|_| async {
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            if preface_bytes > 0 {
+                stream
+                    .write_all(&b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"[..preface_bytes])
+                    .await
+                    .unwrap();
+            }
+            stream
+        });
+        held.extend(futures::future::join_all(connects).await);
+    }
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_stalled_connections_do_not_block_other_clients() {
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(dir.path(), None, &[]);
+    let mut client = sluice.client().await;
+    let req = request("conn", vec![descriptor(&[("user", "a")])]);
+    assert_eq!(code(&mut client, &req).await, Code::Ok);
+    let rss_before = rss_kib(sluice.pid());
+    let fds_before = open_fds(sluice.pid());
+
+    // The server process has the same limit as this one (it inherits it).
+    let room = open_files_limit().saturating_sub(512);
+    let (idle, stalled, http_idle) = (
+        9_000.min(room * 9 / 11),
+        1_000.min(room / 11),
+        1_000.min(room / 11),
+    );
+    if idle < 9_000 {
+        eprintln!(
+            "open-files limit {}: {idle} idle connections instead of 9000",
+            open_files_limit()
+        );
+    }
+    let mut held = open(sluice.grpc, idle, 0).await;
+    // Half a preface: the server waits for the rest.
+    held.extend(open(sluice.grpc, stalled, 10).await);
+    held.extend(open(sluice.http, http_idle, 0).await);
+    // Wait until the server has accepted every one of them.
+    let opened = idle + stalled + http_idle;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while open_fds(sluice.pid()) < fds_before + opened {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server accepted only {} of {opened} connections",
+            open_fds(sluice.pid()) - fds_before
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let rss_held = rss_kib(sluice.pid());
+
+    // A fresh client on a new connection is answered, and counting is still exact.
+    let mut fresh = sluice.client().await;
+    for i in 2..=50 {
+        let answer = ask(&mut fresh, req.clone()).await;
+        assert_eq!(answer.overall_code, Code::Ok as i32, "request {i}");
+        assert_eq!(answer.statuses[0].limit_remaining, 50 - i);
+    }
+    assert_eq!(code(&mut fresh, &req).await, Code::OverLimit);
+    // The connection opened before them still works, and so does HTTP.
+    assert_eq!(code(&mut client, &req).await, Code::OverLimit);
+    let (status, _) = sluice.http("GET", "/healthcheck", "");
+    assert_eq!(status, 200);
+
+    // Closed by the clients, they are released by the server (no leaked sockets or tasks).
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while open_fds(sluice.pid()) > fds_before + 10 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} sockets still open after their clients left",
+            open_fds(sluice.pid()) - fds_before
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let rss_after = rss_kib(sluice.pid());
+    assert_eq!(code(&mut client, &req).await, Code::OverLimit);
+    eprintln!(
+        "RSS: {rss_before} KiB before, {rss_held} KiB holding {idle} idle + {stalled} stalled gRPC \
+         and {http_idle} idle HTTP connections, {rss_after} KiB after they closed (the allocator keeps \
+         the pages)"
+    );
+    assert!(sluice.terminate().success());
+}
