@@ -7,6 +7,8 @@
 //! enables them, and sampling (`TRACING_SAMPLING_RATE`, honouring the caller's decision) decides
 //! what is exported.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
@@ -82,4 +84,54 @@ pub fn init(log: &LogSettings, trace: Option<&TraceSettings>) -> Result<Telemetr
     Ok(Telemetry {
         provider: Some(provider),
     })
+}
+
+/// Lets a warning that repeats per request through at most once a second, with the number held
+/// back since, so a store outage at tens of thousands of requests a second does not write as
+/// many log lines (and slow the service down with them).
+#[derive(Debug, Default)]
+pub struct LogThrottle {
+    last_second: AtomicU64,
+    held_back: AtomicU64,
+}
+
+impl LogThrottle {
+    pub const fn new() -> Self {
+        Self {
+            last_second: AtomicU64::new(0),
+            held_back: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(held back since the last logged one)` when this occurrence should be logged.
+    pub fn allow(&self, now_secs: u64) -> Option<u64> {
+        let last = self.last_second.load(Ordering::Relaxed);
+        if now_secs > last
+            && self
+                .last_second
+                .compare_exchange(last, now_secs, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            Some(self.held_back.swap(0, Ordering::Relaxed))
+        } else {
+            self.held_back.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogThrottle;
+
+    #[test]
+    fn lets_one_through_per_second_and_counts_the_rest() {
+        let throttle = LogThrottle::new();
+        assert_eq!(throttle.allow(100), Some(0));
+        assert_eq!(throttle.allow(100), None);
+        assert_eq!(throttle.allow(100), None);
+        assert_eq!(throttle.allow(101), Some(2));
+        assert_eq!(throttle.allow(101), None);
+        assert_eq!(throttle.allow(105), Some(1));
+    }
 }

@@ -453,4 +453,14 @@ async fn redis_killed_under_load_keeps_answers_within_the_deadline() {
         200,
         "alive and serving"
     );
+    // Thousands of failed calls, but the warning is written at most once a second.
+    let warnings = sluice
+        .stdout_rest
+        .try_iter()
+        .filter(|line| line.contains("store failed"))
+        .count();
+    assert!(
+        (1..=8).contains(&warnings),
+        "{warnings} store-failure log lines for {failed} failed calls"
+    );
 }

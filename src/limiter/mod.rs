@@ -29,6 +29,7 @@ use crate::proto::{
     Code, DescriptorStatus, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
 };
 use crate::store::{Check, Outcome, Rule, Store, StoreError};
+use crate::telemetry::LogThrottle;
 
 /// Remaining count reported for `unlimited` descriptors, as upstream does.
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
@@ -118,8 +119,8 @@ pub struct RateLimiter {
     over_limit_cache: Option<OverLimitCache>,
     /// Requests answered OK because the store failed and the policy is fail-open.
     failed_open: AtomicU64,
-    /// Second of the last fail-open log line, so the log says it once a second at most.
-    last_fail_open_log: AtomicU64,
+    fail_open_log: LogThrottle,
+    store_error_log: LogThrottle,
 }
 
 /// What became of one request descriptor before the store call.
@@ -149,7 +150,8 @@ impl RateLimiter {
             over_limit_cache: OverLimitCache::with_size(options.local_cache_bytes),
             options,
             failed_open: AtomicU64::new(0),
-            last_fail_open_log: AtomicU64::new(0),
+            fail_open_log: LogThrottle::default(),
+            store_error_log: LogThrottle::default(),
         }
     }
 
@@ -256,7 +258,12 @@ impl RateLimiter {
                 Err(e) if self.options.failure_policy == FailurePolicy::FailOpen => {
                     return Ok(self.fail_open(request, &e));
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    if let Some(held_back) = self.store_error_log.allow(self.clock.now_secs()) {
+                        tracing::warn!(error = %e, held_back, "store failed; answering UNAVAILABLE");
+                    }
+                    return Err(e.into());
+                }
             }
         };
 
@@ -406,15 +413,8 @@ impl RateLimiter {
         if let Some(m) = &self.metrics {
             m.failed_open.inc();
         }
-        let now = self.clock.now_secs();
-        let last = self.last_fail_open_log.load(Ordering::Relaxed);
-        if now > last
-            && self
-                .last_fail_open_log
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            tracing::warn!(%error, failed_open_total = total, "store failed; answering OK (FAILURE_POLICY=fail_open)");
+        if let Some(held_back) = self.fail_open_log.allow(self.clock.now_secs()) {
+            tracing::warn!(%error, failed_open_total = total, held_back, "store failed; answering OK (FAILURE_POLICY=fail_open)");
         }
         response::all_ok(request.descriptors.len())
     }

@@ -111,10 +111,8 @@ pub fn to_status(error: LimitError) -> Status {
     match &error {
         LimitError::InvalidRequest(message) => Status::invalid_argument(message.clone()),
         LimitError::NoConfig => Status::unavailable(error.to_string()),
-        LimitError::Store(e) => {
-            tracing::warn!(error = %e, "store failed");
-            Status::unavailable(error.to_string())
-        }
+        // Logged by the limiter, at most once a second.
+        LimitError::Store(_) => Status::unavailable(error.to_string()),
     }
 }
 

@@ -183,7 +183,10 @@ async fn json(State(state): State<AppState>, body: Bytes) -> Response {
                 .errors
                 .with_label_values(&[error_type(&error)])
                 .inc();
-            tracing::warn!(%error, "json request failed");
+            // Store failures are logged by the limiter, at most once a second.
+            if !matches!(error, LimitError::Store(_)) {
+                tracing::warn!(%error, "json request failed");
+            }
             (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()
         }
     }

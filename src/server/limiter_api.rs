@@ -20,6 +20,7 @@ use crate::proto::sluice::v1::{
     SetRateRequest, SetRateResponse, TryAcquireRequest, limiter_server,
 };
 use crate::store::SetMode;
+use crate::telemetry::LogThrottle;
 
 pub struct LimiterApi {
     limiters: Arc<NamedLimiters>,
@@ -40,7 +41,13 @@ fn to_status(error: LimiterError) -> Status {
         LimiterError::NotFound(_) => Status::not_found(message),
         LimiterError::WaitTooLong(_) => Status::deadline_exceeded(message),
         LimiterError::Store(e) => {
-            tracing::warn!(error = %e, "store failed");
+            static STORE_ERRORS: LogThrottle = LogThrottle::new();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            if let Some(held_back) = STORE_ERRORS.allow(now) {
+                tracing::warn!(error = %e, held_back, "store failed");
+            }
             Status::unavailable(message)
         }
     }
