@@ -45,6 +45,15 @@ pub struct Settings {
     pub reload_interval: Duration,
     /// `NEAR_LIMIT_RATIO`: where the near_limit metric starts, as a share of the limit.
     pub near_limit_ratio: f64,
+    /// `USE_PROMETHEUS=true`: metrics also on a listener of their own (`PROMETHEUS_ADDR`,
+    /// `PROMETHEUS_PATH`), where upstream serves them; `/metrics` on the HTTP port stays.
+    pub prometheus: Option<PrometheusListener>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PrometheusListener {
+    pub addr: SocketAddr,
+    pub path: String,
 }
 
 #[derive(Debug, Clone)]
@@ -152,6 +161,17 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             None => Ok(default),
             Some(v) => parse_go_duration(&v).map_err(|reason| self.error(name, reason)),
         }
+    }
+
+    /// Go's listen address: `host:port`, or `:port` for every interface.
+    fn listen_addr(&self, name: &str, default: &str) -> Result<SocketAddr, SettingsError> {
+        let text = self.string(name, default);
+        let full = match text.strip_prefix(':') {
+            Some(port) => format!("0.0.0.0:{port}"),
+            None => text,
+        };
+        full.parse()
+            .map_err(|_| self.error(name, "expected host:port or :port"))
     }
 
     fn addr(&self, host_var: &str, port_var: &str, port: u16) -> Result<SocketAddr, SettingsError> {
@@ -272,6 +292,22 @@ impl Settings {
                 failures_to_open: env.number("BREAKER_FAILURES", 5)?,
                 cool_down: env.duration("BREAKER_COOL_DOWN", Duration::from_millis(250))?,
                 ..BreakerOptions::default()
+            },
+            prometheus: if env.bool("USE_PROMETHEUS", false)? {
+                let path = env.string("PROMETHEUS_PATH", "/metrics");
+                // Route syntax (`{name}`, `*`, `:`) would be read as a pattern, not a path.
+                if !path.starts_with('/') || path.contains(['{', '}', '*', ':']) {
+                    return Err(env.error(
+                        "PROMETHEUS_PATH",
+                        "expected a path starting with / and without { } * :",
+                    ));
+                }
+                Some(PrometheusListener {
+                    addr: env.listen_addr("PROMETHEUS_ADDR", ":9090")?,
+                    path,
+                })
+            } else {
+                None
             },
         })
     }
@@ -636,5 +672,28 @@ mod tests {
         );
         assert_eq!(redis_url("rediss://h:1", "unix").unwrap(), "rediss://h:1");
         assert!(redis_url("h:1", "udp").is_err());
+    }
+
+    #[test]
+    fn prometheus_listener_takes_go_addresses() {
+        assert!(settings(&[]).unwrap().prometheus.is_none());
+        let on = settings(&[("USE_PROMETHEUS", "true")])
+            .unwrap()
+            .prometheus
+            .unwrap();
+        assert_eq!(on.addr, "0.0.0.0:9090".parse().unwrap());
+        assert_eq!(on.path, "/metrics");
+        let set = settings(&[
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", "127.0.0.1:9102"),
+        ])
+        .unwrap()
+        .prometheus
+        .unwrap();
+        assert_eq!(set.addr, "127.0.0.1:9102".parse().unwrap());
+        for (name, value) in [("PROMETHEUS_ADDR", "9090"), ("PROMETHEUS_PATH", "/{x}")] {
+            let err = settings(&[("USE_PROMETHEUS", "true"), (name, value)]).unwrap_err();
+            assert_eq!(err.variable, name);
+        }
     }
 }

@@ -75,3 +75,37 @@ async fn per_rule_counts_follow_upstream() {
     // The within_limit series of the shadow rule counts its first, admitted hit.
     assert_eq!(value(&text, &series("within_limit", "s")), Some(1.0));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn use_prometheus_serves_metrics_on_their_own_listener() {
+    let dir = config_dir(
+        "domain: app\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 20}\n",
+    );
+    let port = free_port();
+    let sluice = Sluice::start(
+        dir.path(),
+        None,
+        &[
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", &format!("127.0.0.1:{port}")),
+            ("PROMETHEUS_PATH", "/stats"),
+        ],
+    );
+    let mut c = sluice.client().await;
+    ask(&mut c, request("app", vec![descriptor(&[("k", "x")])])).await;
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (status, text) = http_request(addr, "GET", "/stats", "");
+    assert_eq!(status, 200);
+    assert_eq!(
+        value(
+            &text,
+            "ratelimit_service_rate_limit_total_hits{domain=\"app\",key=\"k\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    // Only the metrics path is served there; /metrics on the HTTP port stays.
+    assert_eq!(http_request(addr, "GET", "/json", "").0, 404);
+    assert_eq!(sluice.http("GET", "/metrics", "").0, 200);
+    assert!(sluice.terminate().success());
+}

@@ -108,6 +108,28 @@ pub fn serve(
     }
 }
 
+/// Upstream's separate metrics listener (`USE_PROMETHEUS`): only `path`, the same text as
+/// `/metrics` on the HTTP port.
+pub fn serve_metrics(
+    listener: TcpListener,
+    path: &str,
+    observability: Observability,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = Result<(), ServeError>> {
+    let app = Router::new()
+        .route(
+            path,
+            get(|State(o): State<Observability>| async move { render_metrics(&o) }),
+        )
+        .with_state(observability);
+    async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stopped)
+            .await
+            .map_err(ServeError::Http)
+    }
+}
+
 async fn healthcheck(State(state): State<AppState>) -> Response {
     if state.health.is_serving() {
         (StatusCode::OK, "OK").into_response()
@@ -129,7 +151,10 @@ async fn rlconfig(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    let o = &state.observability;
+    render_metrics(&state.observability)
+}
+
+fn render_metrics(o: &Observability) -> Response {
     if let Some(memory) = &o.memory_store {
         o.metrics.memory_entries.set(memory.len() as i64);
         // The store keeps the total; the counter catches up to it.

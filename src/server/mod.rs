@@ -173,19 +173,40 @@ pub async fn serve(
         health_service,
         stopped(),
     )?;
+    let observability = http::Observability {
+        metrics: metrics.clone(),
+        memory_store,
+    };
+    let prometheus = match &settings.prometheus {
+        None => None,
+        Some(listen) => {
+            let listener = bind(listen.addr)?;
+            let addr = listener.local_addr().map_err(|source| ServeError::Bind {
+                addr: listen.addr,
+                source,
+            })?;
+            tracing::info!(%addr, path = %listen.path, "prometheus metrics listener");
+            let serving =
+                http::serve_metrics(listener, &listen.path, observability.clone(), stopped());
+            Some(serving)
+        }
+    };
     let http = http::serve(
         http_listener,
         limiter.clone(),
         health.clone(),
-        http::Observability {
-            metrics: metrics.clone(),
-            memory_store,
-        },
+        observability,
         stopped(),
     );
     tracing::info!(grpc = %grpc_addr, http = %http_addr, "sluice is listening");
 
-    let servers = async { tokio::try_join!(grpc, http) };
+    let prometheus = async {
+        match prometheus {
+            Some(serving) => serving.await,
+            None => Ok(()),
+        }
+    };
+    let servers = async { tokio::try_join!(grpc, http, prometheus) };
     tokio::pin!(servers);
     tokio::select! {
         result = &mut servers => {
