@@ -15,8 +15,8 @@
 use std::borrow::Cow;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::config::{Algorithm, Limit, Quota};
@@ -39,7 +39,8 @@ pub struct Metrics {
     pub errors: IntCounterVec,
     pub total_requests: IntCounterVec,
     pub response_time: HistogramVec,
-    pub store_call: Histogram,
+    pub store_call: HistogramVec,
+    pub store_errors: IntCounterVec,
     pub failed_open: IntCounter,
     pub breaker_open: IntGaugeVec,
     pub memory_entries: IntGauge,
@@ -86,12 +87,13 @@ impl Metrics {
         .expect("valid metric");
         r.register(Box::new(response_time.clone()))
             .expect("each metric is registered once");
-        let store_call = Histogram::with_opts(
+        let store_call = HistogramVec::new(
             HistogramOpts::new(
                 "sluice_store_call_seconds",
-                "Time of one store call (all descriptors of a request)",
+                "Time of one store operation (check: all descriptors of a request)",
             )
             .buckets(latency_buckets()),
+            &["store", "operation"],
         )
         .expect("valid metric");
         r.register(Box::new(store_call.clone()))
@@ -173,6 +175,12 @@ impl Metrics {
             ),
             response_time,
             store_call,
+            store_errors: counter_vec(
+                &r,
+                "sluice_store_errors_total",
+                "Store operations that failed, by store, operation and error kind",
+                &["store", "operation", "error"],
+            ),
             failed_open: counter(
                 &r,
                 "sluice_failed_open_total",

@@ -150,6 +150,8 @@ const SERIES: &[&str] = &[
     "sluice_circuit_breaker_open",
     "sluice_memory_store_entries",
     "sluice_memory_store_evictions_total",
+    "sluice_store_errors_total",
+    "ratelimit_service_rate_limit_over_limit_with_local_cache",
 ];
 /// Histograms: only their `_bucket`, `_sum` and `_count` series exist.
 const HISTOGRAMS: &[&str] = &[

@@ -453,6 +453,18 @@ async fn redis_killed_under_load_keeps_answers_within_the_deadline() {
         200,
         "alive and serving"
     );
+    // The failures are counted per store, operation and kind.
+    let (_, metrics) = sluice.http("GET", "/metrics", "");
+    let counted: f64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("sluice_store_errors_total{")
+                && l.contains("operation=\"check\"")
+                && l.contains("store=\"redis\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(counted >= 1.0, "no store errors counted:\n{metrics}");
     // Thousands of failed calls, but the warning is written at most once a second.
     let warnings = sluice
         .stdout_rest

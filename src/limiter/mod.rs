@@ -247,12 +247,10 @@ impl RateLimiter {
         } else {
             let span =
                 tracing::debug_span!("store", kind = self.store.kind(), checks = checks.len());
-            let timer = self.metrics.as_ref().map(|m| m.store_call.start_timer());
             let decided = self
                 .decide_with_cache(&checks, &per_second)
                 .instrument(span)
                 .await;
-            drop(timer);
             match decided {
                 Ok(decided) => decided,
                 Err(e) if self.options.failure_policy == FailurePolicy::FailOpen => {

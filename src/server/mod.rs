@@ -27,7 +27,7 @@ use crate::limiters::NamedLimiters;
 use crate::metrics::Metrics;
 use crate::settings::{Backend, Settings};
 use crate::store::breaker::Breaker;
-use crate::store::{MemoryStore, RedisOptions, RedisStore, Store, StoreError};
+use crate::store::{Instrumented, MemoryStore, RedisOptions, RedisStore, Store, StoreError};
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +67,10 @@ pub async fn serve(
     }
     let keys = KeyBuilder::new(&settings.cache_key_prefix)?;
     let clock = Arc::new(SystemClock);
+    let metrics = Arc::new(Metrics::new(settings.near_limit_ratio));
+    let measured = |store: Arc<dyn Store>, name| -> Arc<dyn Store> {
+        Arc::new(Instrumented::new(store, name, metrics.clone()))
+    };
     // Redis stores sit behind a circuit breaker whose state becomes the health status.
     let mut store_usable = Vec::new();
     let mut per_second_store = None;
@@ -75,7 +79,7 @@ pub async fn serve(
         Backend::Memory(options) => {
             let store = Arc::new(MemoryStore::new(options.clone(), clock.clone()));
             memory_store = Some(store.clone());
-            store
+            measured(store, "memory")
         }
         Backend::Redis {
             options,
@@ -95,9 +99,9 @@ pub async fn serve(
             if let Some(options) = per_second {
                 let store = open_redis(options, wait, degraded, &settings).await?;
                 store_usable.push(("redis_per_second", store.usable()));
-                per_second_store = Some(Arc::new(store) as Arc<dyn Store>);
+                per_second_store = Some(measured(Arc::new(store), "redis_per_second"));
             }
-            Arc::new(main)
+            measured(Arc::new(main), "redis")
         }
     };
     let named = Arc::new(NamedLimiters::new(
@@ -105,7 +109,6 @@ pub async fn serve(
         keys.clone(),
         settings.limiter_max_wait,
     ));
-    let metrics = Arc::new(Metrics::new(settings.near_limit_ratio));
     metrics.config_load_success.inc();
     let mut limiter = RateLimiter::new(store, keys, clock, settings.limiter.clone())
         .with_metrics(metrics.clone());

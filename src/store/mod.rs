@@ -9,6 +9,7 @@
 pub mod algorithms;
 pub mod breaker;
 mod cluster;
+pub mod instrumented;
 pub mod memory;
 pub mod redis;
 mod script;
@@ -18,6 +19,7 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
 
+pub use instrumented::Instrumented;
 pub use memory::{MemoryStore, MemoryStoreOptions};
 pub use redis::{RedisOptions, RedisStore, TlsFiles};
 
@@ -93,6 +95,19 @@ pub enum StoreError {
     /// Settings the store cannot start with (bad URL, unreadable certificate).
     #[error("{0}")]
     Setup(String),
+}
+
+impl StoreError {
+    /// The `error` label of `sluice_store_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Redis(_) => "redis",
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Protocol(_) => "protocol",
+            StoreError::Setup(_) => "setup",
+        }
+    }
 }
 
 pub type StoreFuture<'a, T = Vec<Outcome>> =

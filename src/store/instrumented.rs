@@ -1,0 +1,83 @@
+//! Per-operation latency and error metrics around any store (`sluice_store_call_seconds`,
+//! `sluice_store_errors_total`), so the request path and the native API are measured in the
+//! same place and the stores themselves stay free of metrics.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use super::{
+    Acquisition, Check, LimiterKeys, LimiterRecord, SetMode, Store, StoreError, StoreFuture,
+};
+use crate::metrics::Metrics;
+
+#[derive(Debug)]
+pub struct Instrumented {
+    store: Arc<dyn Store>,
+    /// The `store` label: which store this is (`memory`, `redis`, `redis_per_second`).
+    name: &'static str,
+    metrics: Arc<Metrics>,
+}
+
+impl Instrumented {
+    pub fn new(store: Arc<dyn Store>, name: &'static str, metrics: Arc<Metrics>) -> Self {
+        Self {
+            store,
+            name,
+            metrics,
+        }
+    }
+
+    fn measured<'a, T: Send + 'a>(
+        &'a self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, StoreError>> + Send + 'a,
+    ) -> StoreFuture<'a, T> {
+        Box::pin(async move {
+            let timer = self
+                .metrics
+                .store_call
+                .with_label_values(&[self.name, operation])
+                .start_timer();
+            let result = call.await;
+            drop(timer);
+            if let Err(e) = &result {
+                self.metrics
+                    .store_errors
+                    .with_label_values(&[self.name, operation, e.kind()])
+                    .inc();
+            }
+            result
+        })
+    }
+}
+
+impl Store for Instrumented {
+    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
+        self.measured("check", self.store.check(checks))
+    }
+
+    fn set_limiter<'a>(
+        &'a self,
+        keys: &'a LimiterKeys,
+        record: &'a LimiterRecord,
+        mode: SetMode,
+    ) -> StoreFuture<'a, (bool, LimiterRecord)> {
+        self.measured("set_limiter", self.store.set_limiter(keys, record, mode))
+    }
+
+    fn get_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, Option<LimiterRecord>> {
+        self.measured("get_limiter", self.store.get_limiter(keys))
+    }
+
+    fn delete_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
+        self.measured("delete_limiter", self.store.delete_limiter(keys))
+    }
+
+    fn acquire<'a>(&'a self, keys: &'a LimiterKeys, permits: u64) -> StoreFuture<'a, Acquisition> {
+        self.measured("acquire", self.store.acquire(keys, permits))
+    }
+
+    fn kind(&self) -> &'static str {
+        self.store.kind()
+    }
+}
