@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: unit tests, integration tests that start their own redis-server
-# processes on free ports and the real sluice binary, and the Helm chart render check. Installs
+# processes on free ports and the real sluice binary, the Helm chart render check, and a bounded
+# fuzz run of each fuzz target (FUZZ_SECONDS each, default 30; 0 skips it). Installs
 # redis-server/redis-cli and python3-venv (Debian packages) when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,3 +25,8 @@ fi
 
 cargo test --locked "$@"
 scripts/check_chart.sh
+# Also keeps the fuzz crate compiling against the library. libFuzzer when cargo-fuzz is
+# installed, else the stable uninstrumented runner (see docs/fuzzing.md).
+if [ "${FUZZ_SECONDS:-30}" != 0 ]; then
+  scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
+fi

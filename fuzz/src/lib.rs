@@ -307,7 +307,11 @@ pub fn request(data: &[u8]) {
         quota_mode: selector & 4 != 0,
         response_headers: (selector & 8 != 0).then(HeaderNames::default),
         dynamic_metadata: selector & 16 != 0,
+        draft_headers: selector & 32 != 0,
+        // The over-limit cache answers refusals without the store: the same checks must hold.
+        local_cache_bytes: if selector & 64 != 0 { 1 << 16 } else { 0 },
         input_limits: InputLimits::default(),
+        ..LimiterOptions::default()
     };
     let global_shadow = options.shadow_mode;
     let limiter = limiter(options);
