@@ -42,6 +42,19 @@ fn open_fds(pid: u32) -> usize {
         .count()
 }
 
+/// Waits up to 20 s until the server's count of open files satisfies `done`.
+async fn wait_for_fds(pid: u32, done: impl Fn(usize) -> bool, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !done(open_fds(pid)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server not done {what}: {} files open",
+            open_fds(pid)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
@@ -96,15 +109,13 @@ async fn idle_and_stalled_connections_do_not_block_other_clients() {
     held.extend(open(sluice.http, http_idle, 0).await);
     // Wait until the server has accepted every one of them.
     let opened = idle + stalled + http_idle;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while open_fds(sluice.pid()) < fds_before + opened {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the server accepted only {} of {opened} connections",
-            open_fds(sluice.pid()) - fds_before
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let pid = sluice.pid();
+    wait_for_fds(
+        pid,
+        |n| n >= fds_before + opened,
+        "accepting every connection",
+    )
+    .await;
     let rss_held = rss_kib(sluice.pid());
 
     // A fresh client on a new connection is answered, and counting is still exact.
@@ -122,15 +133,12 @@ async fn idle_and_stalled_connections_do_not_block_other_clients() {
 
     // Closed by the clients, they are released by the server (no leaked sockets or tasks).
     drop(held);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while open_fds(sluice.pid()) > fds_before + 10 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{} sockets still open after their clients left",
-            open_fds(sluice.pid()) - fds_before
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_fds(
+        pid,
+        |n| n <= fds_before + 10,
+        "releasing the closed sockets",
+    )
+    .await;
     let rss_after = rss_kib(sluice.pid());
     assert_eq!(code(&mut client, &req).await, Code::OverLimit);
     eprintln!(

@@ -100,12 +100,7 @@ pub fn serve(
         .route("/rlconfig", get(rlconfig))
         .route("/json", post(json))
         .with_state(state);
-    async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stopped)
-            .await
-            .map_err(ServeError::Http)
-    }
+    run(listener, app, stopped)
 }
 
 /// Upstream's separate metrics listener (`USE_PROMETHEUS`): only `path`, the same text as
@@ -122,12 +117,18 @@ pub fn serve_metrics(
             get(|State(o): State<Observability>| async move { render_metrics(&o) }),
         )
         .with_state(observability);
-    async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stopped)
-            .await
-            .map_err(ServeError::Http)
-    }
+    run(listener, app, stopped)
+}
+
+async fn run(
+    listener: TcpListener,
+    app: Router,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(stopped)
+        .await
+        .map_err(ServeError::Http)
 }
 
 async fn healthcheck(State(state): State<AppState>) -> Response {
