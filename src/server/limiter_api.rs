@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
+use crate::clock::{Clock, SystemClock};
 use crate::limiters::{Acquired, LimiterError, NamedLimiters};
 use crate::proto::sluice::v1::{
     AcquireRequest, AcquireResponse, AvailablePermitsRequest, AvailablePermitsResponse,
@@ -42,10 +43,7 @@ fn to_status(error: LimiterError) -> Status {
         LimiterError::WaitTooLong(_) => Status::deadline_exceeded(message),
         LimiterError::Store(e) => {
             static STORE_ERRORS: LogThrottle = LogThrottle::new();
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            if let Some(held_back) = STORE_ERRORS.allow(now) {
+            if let Some(held_back) = STORE_ERRORS.allow(SystemClock.now_secs()) {
                 tracing::warn!(error = %e, held_back, "store failed");
             }
             Status::unavailable(message)
