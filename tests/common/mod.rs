@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod load;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -96,7 +98,8 @@ impl RedisServer {
         let _ = self.child.wait();
     }
 
-    /// Starts it again on the same port, empty.
+    /// Starts it again on the same port and directory: empty, unless its arguments turned
+    /// persistence on.
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
@@ -265,7 +268,7 @@ impl Sluice {
 
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
-        unsafe_kill(self.child.id(), "TERM");
+        send_signal(self.child.id(), "TERM");
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -292,7 +295,7 @@ impl Drop for Sluice {
     }
 }
 
-fn unsafe_kill(pid: u32, signal: &str) {
+fn send_signal(pid: u32, signal: &str) {
     Command::new("kill")
         .args([&format!("-{signal}"), &pid.to_string()])
         .status()
@@ -493,6 +496,12 @@ impl RedisCluster {
 }
 
 impl RedisServer {
+    /// Sends a signal to the server process: `STOP` freezes it as a stuck host would, `CONT`
+    /// lets it go on.
+    pub fn signal(&self, signal: &str) {
+        send_signal(self.child.id(), signal);
+    }
+
     pub fn is_alive(&self) -> bool {
         self.cli(&["PING"]).is_some_and(|o| o.trim() == "PONG")
     }

@@ -1,0 +1,383 @@
+//! Faults under load, measured: each test runs 16 callers against a real `sluice` process, causes
+//! one fault (Redis killed, paused, flushed, a cluster master killed, the config replaced by
+//! garbage, SIGTERM), and reports one `FAULT` line: calls, failed calls and their codes, answers
+//! later than the deadline, over-admission (admissions beyond the limit, summed over counters)
+//! and recovery time. docs/reliability.md quotes these lines
+//! (`cargo test --test faults -- --nocapture --test-threads 1 | grep FAULT`).
+//!
+//! Every counter here is a fixed one-hour window of 20, spent by 64 tenants, so the whole budget
+//! (1 280) is gone within the first second and every later admission would be an over-admission.
+
+mod common;
+
+use std::time::Duration;
+
+use common::load::{Calls, Load, Outcome};
+use common::*;
+use sluice::proto::RateLimitRequest;
+
+const LIMIT: usize = 20;
+const COUNTERS: usize = 64;
+const CALLERS: usize = 16;
+
+fn config(limit: usize) -> String {
+    format!(
+        "domain: f\ndescriptors:\n  - key: tenant\n    rate_limit: {{unit: hour, requests_per_unit: {limit}}}\n"
+    )
+}
+
+fn tenant(n: u64) -> (usize, RateLimitRequest) {
+    let counter = (n % COUNTERS as u64) as usize;
+    let value = format!("t{counter}");
+    (counter, request("f", vec![descriptor(&[("tenant", &value)])]))
+}
+
+async fn start_load(sluice: &Sluice) -> Load {
+    // The run must stay inside one window for the over-admission count to mean anything.
+    avoid_window_edge(3600, 60).await;
+    Load::start(sluice, CALLERS, tenant).await
+}
+
+/// Every failed call failed with one of `codes`.
+fn assert_failures_are(calls: &Calls, codes: &[tonic::Code]) {
+    for call in calls.failed() {
+        let Outcome::Failed(code) = call.outcome else {
+            unreachable!()
+        };
+        assert!(codes.contains(&code), "a call failed with {code:?}");
+    }
+}
+
+fn assert_alive(sluice: &Sluice) {
+    assert_eq!(sluice.http("GET", "/healthcheck", "").0, 200, "alive and serving");
+}
+
+/// Kills Redis (as a crash would) under load, restarts it after 2 s, and returns the calls and
+/// when the restart was done.
+async fn kill_and_restart(redis: &mut RedisServer, sluice: &Sluice) -> (Calls, Duration) {
+    let load = start_load(sluice).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    redis.kill();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::task::block_in_place(|| redis.restart());
+    let restarted = load.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    (load.finish().await, restarted)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_killed_without_persistence_forgets_at_most_one_window() {
+    let mut redis = RedisServer::start();
+    let dir = config_dir(&config(LIMIT));
+    let sluice = Sluice::start(dir.path(), Some(&redis), &[("REDIS_TIMEOUT", "200ms")]);
+    let (calls, restarted) = kill_and_restart(&mut redis, &sluice).await;
+    let deadline = Duration::from_millis(250);
+    calls.report("redis killed, restarted empty", LIMIT, deadline, restarted);
+
+    assert!(calls.failed().count() > 0, "the outage was seen");
+    assert_failures_are(&calls, &[tonic::Code::Unavailable]);
+    assert!(
+        calls.slowest() < Duration::from_millis(600),
+        "an answer took {:?} (Redis timeout 200 ms)",
+        calls.slowest()
+    );
+    assert!(calls.recovery(restarted) < Duration::from_millis(1_500));
+    // A Redis without persistence comes back empty: each counter can admit its limit once more,
+    // and no more than that.
+    let over = calls.over_admission(LIMIT);
+    assert!(
+        over <= COUNTERS * LIMIT,
+        "over-admission {over} beyond one forgotten window"
+    );
+    assert_alive(&sluice);
+
+    // The failures are counted per store, operation and kind…
+    let (_, metrics) = sluice.http("GET", "/metrics", "");
+    let counted: f64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("sluice_store_errors_total{")
+                && l.contains("operation=\"check\"")
+                && l.contains("store=\"redis\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(counted >= 1.0, "no store errors counted:\n{metrics}");
+    // …and, thousands of them, logged at most once a second.
+    let warnings = sluice
+        .stdout_rest
+        .try_iter()
+        .filter(|line| line.contains("store failed"))
+        .count();
+    assert!(
+        (1..=8).contains(&warnings),
+        "{warnings} store-failure log lines for {} failed calls",
+        calls.failed().count()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_killed_with_every_write_persisted_admits_nothing_extra() {
+    // `appendfsync always` writes each script's effects to the AOF before the reply is sent, so
+    // every count a caller was answered from survives the crash.
+    let args = ["--appendonly", "yes", "--appendfsync", "always"].map(String::from);
+    let mut redis = RedisServer::start_with(&args, &[]);
+    let dir = config_dir(&config(LIMIT));
+    let sluice = Sluice::start(dir.path(), Some(&redis), &[("REDIS_TIMEOUT", "200ms")]);
+    let (calls, restarted) = kill_and_restart(&mut redis, &sluice).await;
+    calls.report(
+        "redis killed, restarted from an AOF (appendfsync always)",
+        LIMIT,
+        Duration::from_millis(250),
+        restarted,
+    );
+    assert!(calls.failed().count() > 0, "the outage was seen");
+    assert_failures_are(&calls, &[tonic::Code::Unavailable]);
+    assert!(calls.recovery(restarted) < Duration::from_millis(1_500));
+    assert_eq!(calls.over_admission(LIMIT), 0);
+    assert_alive(&sluice);
+}
+
+/// Freezes Redis with SIGSTOP for 2 s, ten times the Redis timeout, under load.
+async fn pause_redis(redis: &RedisServer, sluice: &Sluice) -> (Calls, Duration) {
+    let load = start_load(sluice).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    redis.signal("STOP");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    redis.signal("CONT");
+    let resumed = load.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    (load.finish().await, resumed)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_paused_past_the_deadline_fails_closed_within_the_deadline() {
+    let redis = RedisServer::start();
+    let dir = config_dir(&config(LIMIT));
+    let sluice = Sluice::start(dir.path(), Some(&redis), &[("REDIS_TIMEOUT", "200ms")]);
+    let (calls, resumed) = pause_redis(&redis, &sluice).await;
+    calls.report(
+        "redis paused 2 s (SIGSTOP)",
+        LIMIT,
+        Duration::from_millis(250),
+        resumed,
+    );
+    assert!(calls.failed().count() > 0, "the pause was seen");
+    assert_failures_are(&calls, &[tonic::Code::Unavailable]);
+    assert!(
+        calls.slowest() < Duration::from_millis(600),
+        "an answer took {:?} (Redis timeout 200 ms)",
+        calls.slowest()
+    );
+    assert!(calls.recovery(resumed) < Duration::from_millis(1_500));
+    // The scripts sent during the pause still run when Redis resumes, so counts only go up:
+    // timed-out calls can make a counter stricter, never looser.
+    assert_eq!(calls.over_admission(LIMIT), 0);
+    assert_alive(&sluice);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_paused_with_fail_open_admits_only_during_the_pause() {
+    let redis = RedisServer::start();
+    let dir = config_dir(&config(LIMIT));
+    let sluice = Sluice::start(
+        dir.path(),
+        Some(&redis),
+        &[("REDIS_TIMEOUT", "200ms"), ("FAILURE_POLICY", "fail_open")],
+    );
+    let (calls, resumed) = pause_redis(&redis, &sluice).await;
+    calls.report(
+        "redis paused 2 s (SIGSTOP), fail_open",
+        LIMIT,
+        Duration::from_millis(250),
+        resumed,
+    );
+    assert_eq!(calls.failed().count(), 0, "fail_open answers every call");
+    // The bound fail_open gives: what is admitted beyond the limit is what was answered while the
+    // store could not be asked (from the pause to the first answer after it).
+    let paused_at = Duration::from_millis(700);
+    let during_pause = calls
+        .0
+        .iter()
+        .filter(|c| c.outcome == Outcome::Admitted && c.answered > paused_at)
+        .filter(|c| c.sent < resumed + Duration::from_millis(500))
+        .count();
+    let over = calls.over_admission(LIMIT);
+    assert!(over > 0, "the pause was seen");
+    assert!(
+        over <= during_pause,
+        "over-admission {over} beyond the {during_pause} calls answered during the pause"
+    );
+    assert_alive(&sluice);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn script_flush_under_load_is_invisible() {
+    let redis = RedisServer::start();
+    let dir = config_dir(&config(LIMIT));
+    let sluice = Sluice::start(dir.path(), Some(&redis), &[("REDIS_TIMEOUT", "1s")]);
+    let load = start_load(&sluice).await;
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).unwrap().trim(), "OK");
+    }
+    let flushed = load.elapsed();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let calls = load.finish().await;
+    calls.report(
+        "SCRIPT FLUSH x5",
+        LIMIT,
+        Duration::from_millis(250),
+        flushed,
+    );
+    assert_eq!(calls.failed().count(), 0);
+    assert_eq!(calls.over_admission(LIMIT), 0);
+    assert_alive(&sluice);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_master_killed_under_load_fails_over_without_restarting_sluice() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let dir = config_dir(&config(LIMIT));
+    let mut cmd = sluice_command(dir.path());
+    cmd.env("BACKEND_TYPE", "redis")
+        .env("REDIS_TYPE", "cluster")
+        .env("REDIS_URL", cluster.url())
+        .env("REDIS_TIMEOUT", "500ms");
+    let sluice = Sluice::spawn(cmd);
+    let load = start_load(&sluice).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let victim = cluster.master_ports()[0];
+    cluster.node_mut(victim).kill();
+    let killed = load.elapsed();
+    tokio::task::block_in_place(|| cluster.wait_healthy());
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let calls = load.finish().await;
+    // Recovery here is counted from the kill: the fault ends when a replica is promoted.
+    calls.report(
+        "cluster master killed (1 replica each)",
+        LIMIT,
+        Duration::from_millis(550),
+        killed,
+    );
+    assert!(calls.failed().count() > 0, "the failover was seen");
+    assert_failures_are(&calls, &[tonic::Code::Unavailable]);
+    assert!(
+        calls.slowest() < Duration::from_secs(3),
+        "an answer took {:?}",
+        calls.slowest()
+    );
+    assert!(calls.recovery(killed) < Duration::from_secs(15));
+    // Replication is asynchronous: counts the dead master acknowledged but had not yet sent to
+    // its replica are lost, at most one window's worth per counter.
+    let over = calls.over_admission(LIMIT);
+    assert!(over <= COUNTERS * LIMIT, "over-admission {over}");
+    // The last second ran on the new master with no failures.
+    let tail = load_tail(&calls, Duration::from_secs(1));
+    assert!(tail.iter().all(|c| !matches!(c.outcome, Outcome::Failed(_))));
+    assert_alive(&sluice);
+}
+
+/// The calls answered in the last `window` of the run.
+fn load_tail(calls: &Calls, window: Duration) -> Vec<common::load::Call> {
+    let end = calls.0.last().map(|c| c.answered).unwrap_or_default();
+    calls
+        .0
+        .iter()
+        .filter(|c| c.answered + window > end)
+        .copied()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn config_replaced_by_garbage_under_load_keeps_the_last_good_limits() {
+    let root = tempfile::tempdir().unwrap();
+    let config_path = root.path().join("config");
+    std::fs::create_dir(&config_path).unwrap();
+    std::fs::write(config_path.join("limits.yaml"), config(LIMIT)).unwrap();
+    let sluice = Sluice::start(&config_path, None, &[("CONFIG_RELOAD_INTERVAL", "100ms")]);
+    let load = start_load(&sluice).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // 1. The file overwritten with bytes that are not YAML at all.
+    let noise: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(config_path.join("limits.yaml"), &noise).unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // 2. A second file that is YAML but not a config.
+    std::fs::write(config_path.join("more.yaml"), "- [unclosed\n").unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // 3. The directory itself replaced by a file.
+    std::fs::rename(&config_path, root.path().join("old")).unwrap();
+    std::fs::write(&config_path, &noise).unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let replaced = load.elapsed();
+    let calls = load.finish().await;
+    calls.report(
+        "config replaced by garbage (3 ways)",
+        LIMIT,
+        Duration::from_millis(250),
+        replaced,
+    );
+    assert_eq!(calls.failed().count(), 0);
+    assert_eq!(calls.over_admission(LIMIT), 0);
+    // Still limiting with the last good config, to the end.
+    let tail = load_tail(&calls, Duration::from_millis(300));
+    assert!(tail.iter().any(|c| c.outcome == Outcome::Refused));
+    let (_, metrics) = sluice.http("GET", "/metrics", "");
+    let errors: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("ratelimit_service_config_load_error "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(errors >= 3, "each bad state refused and counted:\n{metrics}");
+
+    // A good config in its place is taken again.
+    std::fs::remove_file(&config_path).unwrap();
+    std::fs::create_dir(&config_path).unwrap();
+    std::fs::write(config_path.join("limits.yaml"), config(LIMIT + 1)).unwrap();
+    let mut client = sluice.client().await;
+    let applied = tokio::time::Instant::now();
+    loop {
+        let status = ask(&mut client, tenant(0).1).await.statuses.remove(0);
+        if status.current_limit.unwrap().requests_per_unit == LIMIT as u32 + 1 {
+            break;
+        }
+        assert!(applied.elapsed() < Duration::from_secs(5), "good config not applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_under_load_answers_what_was_sent_and_exits_cleanly() {
+    let dir = config_dir(&config(LIMIT));
+    let sluice = Sluice::start(dir.path(), None, &[("SHUTDOWN_GRACE_PERIOD", "10s")]);
+    let load = start_load(&sluice).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let signalled = load.elapsed();
+    let status = tokio::task::spawn_blocking(move || sluice.terminate())
+        .await
+        .unwrap();
+    let exited = load.elapsed() - signalled;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let calls = load.finish().await;
+    calls.report(
+        "SIGTERM",
+        LIMIT,
+        Duration::from_millis(250),
+        signalled,
+    );
+    println!("SIGTERM: exited with {status} {exited:?} after the signal");
+    assert!(status.success(), "exit status {status}");
+    assert!(exited < Duration::from_secs(10), "shutdown took {exited:?}");
+    // A call sent well before the signal reached the server before it stopped accepting, and
+    // in-flight calls are finished, not cut.
+    let cut = calls
+        .failed()
+        .filter(|c| c.sent + Duration::from_millis(50) < signalled)
+        .count();
+    assert_eq!(cut, 0, "calls sent before SIGTERM failed");
+    assert!(calls.failed().count() > 0, "calls after the exit fail");
+    assert_eq!(calls.over_admission(LIMIT), 0);
+}
