@@ -14,8 +14,9 @@ import math
 import sys
 from html import escape
 
-COLORS = {"null": "#7f7f7f", "memory": "#1f77b4", "redis": "#d62728", "target": "#2ca02c"}
-ORDER = ["null", "memory", "redis", "target"]
+COLORS = {"null": "#7f7f7f", "memory": "#1f77b4", "redis": "#d62728", "redis-cluster": "#9467bd",
+          "target": "#2ca02c"}
+ORDER = ["null", "memory", "redis", "redis-cluster", "target"]
 
 WIDTH, HEIGHT = 990, 450
 PANEL_W, PANEL_H = 380, 280

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Soak run: steady closed-loop load on one store for MINUTES, with the server's RSS sampled every
-# second and throughput and latency measured minute by minute, to see whether memory stays flat
+# second and throughput and latency measured second by second, to see whether memory stays flat
 # and p99 stable. Descriptor values come from KEYS distinct values (default 2 000 000, twice the
 # memory store's default bound, so the memory store runs full and evicting the whole time).
 #
 #   scripts/soak.sh memory 10
 #   scripts/soak.sh redis 10
 #
-# Writes docs/soak/<store>.jsonl (one sluice-bench line per minute), docs/soak/<store>-rss.txt
-# (unix second, RSS KiB) and prints a Markdown table. Needs redis-server (for redis) and python3.
+# Writes docs/soak/<store>.json (sluice-bench's line for the whole run), <store>-seconds.jsonl
+# (one line per second), <store>-rss.txt (unix second, RSS KiB, Redis used_memory bytes) and
+# prints a Markdown table by minute; scripts/plot_soak.py draws docs/soak/soak.svg from them.
+# Needs redis-server (for redis) and python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 store="${1:-memory}"
@@ -54,32 +56,23 @@ done
 
 rss="docs/soak/$store-rss.txt"
 : > "$rss"
+# Each second: unix second, the server's RSS in KiB, and Redis's used_memory in bytes (redis only).
 (while kill -0 "$server" 2>/dev/null; do
-  echo "$(date +%s) $(awk '/^VmRSS/ {print $2}' "/proc/$server/status")"
+  redis_used=""
+  if [ "$store" = redis ]; then
+    redis_used=$(redis-cli -p "$rport" INFO memory | tr -d '\r' | awk -F: '/^used_memory:/ {print $2}')
+  fi
+  echo "$(date +%s) $(awk '/^VmRSS/ {print $2}' "/proc/$server/status") $redis_used"
   sleep 1
 done >> "$rss") &
 pids+=($!)
 
-out="docs/soak/$store.jsonl"
-: > "$out"
-for minute in $(seq "$minutes"); do
-  "$bin/sluice-bench" --target "127.0.0.1:$grpc" --server-pid "$server" "${redis_args[@]}" \
-    --keys "$keys" --concurrency "$concurrency" --duration 60 --warmup 0 --json >> "$out"
-  echo "soak: $store minute $minute/$minutes done" >&2
-done
+# One run for the whole soak, so there is no gap or reconnect between minutes; latency is also
+# kept second by second.
+seconds="docs/soak/$store-seconds.jsonl"
+"$bin/sluice-bench" --target "127.0.0.1:$grpc" --server-pid "$server" "${redis_args[@]}" \
+  --keys "$keys" --concurrency "$concurrency" --duration $((minutes * 60)) --warmup 0 \
+  --per-second "$seconds" --json > "docs/soak/$store.json"
 kill -0 "$server" || { echo "soak: the server died" >&2; exit 1; }
 
-python3 - "$out" "$rss" "$store" <<'EOF'
-import json, sys
-runs = [json.loads(l) for l in open(sys.argv[1])]
-samples = [tuple(map(int, l.split())) for l in open(sys.argv[2]) if len(l.split()) == 2]
-print(f"| {sys.argv[3]} minute | req/s | errors | p50 µs | p99 µs | max µs | server CPU µs/req | RSS MiB (min–max) |")
-print("|--:|--:|--:|--:|--:|--:|--:|--:|")
-for i, r in enumerate(runs):
-    end = r["unix_time"]
-    window = [kib for t, kib in samples if end - 60 < t <= end]
-    lo, hi = (min(window) / 1024, max(window) / 1024) if window else (float("nan"),) * 2
-    lat = r["latency_us"]
-    print(f"| {i + 1} | {r['rps']:.0f} | {r['errors']} | {lat['p50']} | {lat['p99']} | {lat['max']} "
-          f"| {r['server_cpu_us_per_req']} | {lo:.0f}–{hi:.0f} |")
-EOF
+python3 scripts/plot_soak.py --table "$store"

@@ -29,7 +29,10 @@ fn config(limit: usize) -> String {
 fn tenant(n: u64) -> (usize, RateLimitRequest) {
     let counter = (n % COUNTERS as u64) as usize;
     let value = format!("t{counter}");
-    (counter, request("f", vec![descriptor(&[("tenant", &value)])]))
+    (
+        counter,
+        request("f", vec![descriptor(&[("tenant", &value)])]),
+    )
 }
 
 async fn start_load(sluice: &Sluice) -> Load {
@@ -49,7 +52,11 @@ fn assert_failures_are(calls: &Calls, codes: &[tonic::Code]) {
 }
 
 fn assert_alive(sluice: &Sluice) {
-    assert_eq!(sluice.http("GET", "/healthcheck", "").0, 200, "alive and serving");
+    assert_eq!(
+        sluice.http("GET", "/healthcheck", "").0,
+        200,
+        "alive and serving"
+    );
 }
 
 /// Kills Redis (as a crash would) under load, restarts it after 2 s, and returns the calls and
@@ -274,7 +281,10 @@ async fn cluster_master_killed_under_load_fails_over_without_restarting_sluice()
     assert!(over <= COUNTERS * LIMIT, "over-admission {over}");
     // The last second ran on the new master with no failures.
     let tail = load_tail(&calls, Duration::from_secs(1));
-    assert!(tail.iter().all(|c| !matches!(c.outcome, Outcome::Failed(_))));
+    assert!(
+        tail.iter()
+            .all(|c| !matches!(c.outcome, Outcome::Failed(_)))
+    );
     assert_alive(&sluice);
 }
 
@@ -331,7 +341,10 @@ async fn config_replaced_by_garbage_under_load_keeps_the_last_good_limits() {
         .find_map(|l| l.strip_prefix("ratelimit_service_config_load_error "))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    assert!(errors >= 3, "each bad state refused and counted:\n{metrics}");
+    assert!(
+        errors >= 3,
+        "each bad state refused and counted:\n{metrics}"
+    );
 
     // A good config in its place is taken again.
     std::fs::remove_file(&config_path).unwrap();
@@ -344,7 +357,10 @@ async fn config_replaced_by_garbage_under_load_keeps_the_last_good_limits() {
         if status.current_limit.unwrap().requests_per_unit == LIMIT as u32 + 1 {
             break;
         }
-        assert!(applied.elapsed() < Duration::from_secs(5), "good config not applied");
+        assert!(
+            applied.elapsed() < Duration::from_secs(5),
+            "good config not applied"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -362,12 +378,7 @@ async fn sigterm_under_load_answers_what_was_sent_and_exits_cleanly() {
     let exited = load.elapsed() - signalled;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let calls = load.finish().await;
-    calls.report(
-        "SIGTERM",
-        LIMIT,
-        Duration::from_millis(250),
-        signalled,
-    );
+    calls.report("SIGTERM", LIMIT, Duration::from_millis(250), signalled);
     println!("SIGTERM: exited with {status} {exited:?} after the signal");
     assert!(status.success(), "exit status {status}");
     assert!(exited < Duration::from_secs(10), "shutdown took {exited:?}");

@@ -4,6 +4,10 @@
 //! A run is warm-up then the measured interval `[start, end)`. A call counts when it completes
 //! inside the interval; its latency (send to answer, in microseconds) goes into the task's own
 //! HDR histogram, merged at the end. Counters (`probe::Sampler`) are read at `start` and `end`.
+//!
+//! With `per_second`, each task also keeps a small histogram for the current second of the
+//! interval and hands it to a collector when the second is over, so a long run (a soak) gets
+//! latency second by second while holding one histogram per second, not one per task and second.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -36,6 +40,22 @@ pub struct LoadSpec {
     pub warmup: Duration,
     pub duration: Duration,
     pub seed: u64,
+    /// Also measure every second of the interval on its own.
+    pub per_second: bool,
+}
+
+/// One second of the measured interval.
+#[derive(Clone, Debug)]
+pub struct SecondFigures {
+    /// Seconds since the start of the measured interval (0 is the first second).
+    pub second: u64,
+    pub answered: u64,
+    pub errors: u64,
+    /// Latency of the answered calls, in microseconds (two significant digits).
+    pub p50: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
 }
 
 /// What the tasks saw in the measured interval.
@@ -53,6 +73,8 @@ pub struct LoadOutcome {
     pub latency: Histogram<u64>,
     pub start: Snapshot,
     pub end: Snapshot,
+    /// Empty unless the spec asked for `per_second`.
+    pub seconds: Vec<SecondFigures>,
 }
 
 impl LoadOutcome {
@@ -76,6 +98,46 @@ struct TaskOutcome {
 
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("constant histogram bounds are valid")
+}
+
+/// Per-second histograms are coarser (two significant digits, about 17 KiB each), so ten minutes
+/// of seconds stay small.
+fn second_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_US, 2).expect("constant histogram bounds are valid")
+}
+
+/// One task's figures for one second, sent to the collector when the second is over.
+struct SecondPart {
+    second: u64,
+    latency: Histogram<u64>,
+    errors: u64,
+}
+
+/// Merges the tasks' parts into one histogram per second.
+async fn collect_seconds(
+    mut parts: tokio::sync::mpsc::UnboundedReceiver<SecondPart>,
+) -> Vec<SecondFigures> {
+    let mut seconds: BTreeMap<u64, (Histogram<u64>, u64)> = BTreeMap::new();
+    while let Some(part) = parts.recv().await {
+        let (latency, errors) = seconds
+            .entry(part.second)
+            .or_insert_with(|| (second_histogram(), 0));
+        // Same bounds and precision on both sides, so adding cannot fail.
+        let _ = latency.add(&part.latency);
+        *errors += part.errors;
+    }
+    seconds
+        .into_iter()
+        .map(|(second, (h, errors))| SecondFigures {
+            second,
+            answered: h.len(),
+            errors,
+            p50: h.value_at_quantile(0.50),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            max: h.max(),
+        })
+        .collect()
 }
 
 /// Opens the channels, checks one request, runs the load and reads `sampler` at both ends of
@@ -109,12 +171,16 @@ pub async fn run(addr: SocketAddr, spec: &LoadSpec, sampler: &mut Sampler) -> Re
 
     let start = Instant::now() + spec.warmup;
     let end = start + spec.duration;
+    let (parts_tx, parts_rx) = tokio::sync::mpsc::unbounded_channel();
+    let collector = tokio::spawn(collect_seconds(parts_rx));
     let mut tasks = Vec::new();
     for task in 0..spec.concurrency {
         let client = clients[task as usize % clients.len()].clone();
         let keys = KeyGen::new(spec, task as u64);
-        tasks.push(tokio::spawn(closed_loop(client, keys, start, end)));
+        let seconds = spec.per_second.then(|| parts_tx.clone());
+        tasks.push(tokio::spawn(closed_loop(client, keys, start, end, seconds)));
     }
+    drop(parts_tx);
 
     tokio::time::sleep_until(start).await;
     let first = sampler.snapshot().await?;
@@ -130,6 +196,7 @@ pub async fn run(addr: SocketAddr, spec: &LoadSpec, sampler: &mut Sampler) -> Re
         latency: histogram(),
         start: first,
         end: last,
+        seconds: Vec::new(),
     };
     for task in tasks {
         let t = task.await.context("a load task failed")?;
@@ -147,6 +214,8 @@ pub async fn run(addr: SocketAddr, spec: &LoadSpec, sampler: &mut Sampler) -> Re
             .add(&t.latency)
             .context("cannot merge latency histograms")?;
     }
+    // Every task has finished, so every sender is gone and the collector ends.
+    outcome.seconds = collector.await.context("the per-second collector failed")?;
     Ok(outcome)
 }
 
@@ -155,6 +224,7 @@ async fn closed_loop(
     mut keys: KeyGen,
     start: Instant,
     end: Instant,
+    seconds: Option<tokio::sync::mpsc::UnboundedSender<SecondPart>>,
 ) -> TaskOutcome {
     let mut out = TaskOutcome {
         ok: 0,
@@ -164,10 +234,18 @@ async fn closed_loop(
         error_sample: None,
         latency: histogram(),
     };
+    let mut this_second = SecondPart {
+        second: 0,
+        latency: second_histogram(),
+        errors: 0,
+    };
     loop {
         let request = keys.request();
         let sent = Instant::now();
         if sent >= end {
+            if let Some(seconds) = &seconds {
+                let _ = seconds.send(this_second);
+            }
             return out;
         }
         let result = client.should_rate_limit(request).await;
@@ -175,11 +253,24 @@ async fn closed_loop(
         if done < start || done >= end {
             continue;
         }
+        if let Some(seconds) = &seconds {
+            let second = (done - start).as_secs();
+            if second != this_second.second {
+                let next = SecondPart {
+                    second,
+                    latency: second_histogram(),
+                    errors: 0,
+                };
+                let _ = seconds.send(std::mem::replace(&mut this_second, next));
+            }
+            match &result {
+                Ok(_) => this_second.latency.saturating_record(micros(sent, done)),
+                Err(_) => this_second.errors += 1,
+            }
+        }
         match result {
             Ok(response) => {
-                let micros = (done - sent).as_micros().max(1);
-                out.latency
-                    .saturating_record(u64::try_from(micros).unwrap_or(u64::MAX));
+                out.latency.saturating_record(micros(sent, done));
                 match Code::try_from(response.get_ref().overall_code) {
                     Ok(Code::Ok) => out.ok += 1,
                     Ok(Code::OverLimit) => out.over_limit += 1,
@@ -196,6 +287,10 @@ async fn closed_loop(
             }
         }
     }
+}
+
+fn micros(sent: Instant, done: Instant) -> u64 {
+    u64::try_from((done - sent).as_micros().max(1)).unwrap_or(u64::MAX)
 }
 
 /// Builds requests: descriptor `i` is `(k{i}, v)` with `v` uniform over `0..keys`.
@@ -270,6 +365,7 @@ mod tests {
             warmup: Duration::ZERO,
             duration: Duration::from_secs(1),
             seed: 1,
+            per_second: false,
         };
         let mut keys = KeyGen::new(&spec, 0);
         let mut seen = [false; 7];

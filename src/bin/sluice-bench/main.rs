@@ -57,6 +57,8 @@ pub enum SpawnKind {
     Memory,
     /// `sluice serve` on a redis-server of its own (free port, no persistence).
     Redis,
+    /// `sluice serve` on a Redis Cluster of its own: 3 masters, no replicas, on free ports.
+    RedisCluster,
     /// `sluice-bench null-server`: answers OK without counting anything.
     Null,
 }
@@ -66,6 +68,7 @@ impl From<SpawnKind> for Kind {
         match kind {
             SpawnKind::Memory => Kind::Memory,
             SpawnKind::Redis => Kind::Redis,
+            SpawnKind::RedisCluster => Kind::RedisCluster,
             SpawnKind::Null => Kind::Null,
         }
     }
@@ -84,9 +87,10 @@ struct RunArgs {
     /// With --target: PID of the server process, to measure its CPU time.
     #[arg(long, value_name = "PID", requires = "target")]
     server_pid: Option<u32>,
-    /// With --target: the server's Redis (redis://host:port), to read INFO commandstats and cpu.
+    /// With --target: the server's Redis (redis://host:port), to read INFO commandstats and cpu;
+    /// repeat it for every master of a cluster (the figures are summed).
     #[arg(long, value_name = "URL", requires = "target")]
-    redis_url: Option<String>,
+    redis_url: Vec<String>,
     /// Requests in flight (one closed-loop task each).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     concurrency: u32,
@@ -105,6 +109,10 @@ struct RunArgs {
     /// Print one JSON line instead of the text summary.
     #[arg(long)]
     json: bool,
+    /// Also write one JSON line per second of the measured interval to this file (answered
+    /// calls, errors and latency percentiles of that second), for soak runs.
+    #[arg(long, value_name = "PATH")]
+    per_second: Option<PathBuf>,
     /// Print the YAML config the bench generates (for --target servers) and exit.
     #[arg(long)]
     print_config: bool,
@@ -268,13 +276,14 @@ async fn run_main(args: RunArgs) -> Result<()> {
         warmup: args.warmup,
         duration: args.duration,
         seed: args.common.seed,
+        per_second: args.per_second.is_some(),
     };
     let result = match (&args.target, args.spawn) {
         (Some(target), _) => {
             let endpoint = procs::Endpoint {
                 grpc: parse_target(target)?,
                 server_pid: args.server_pid,
-                redis_url: args.redis_url.clone(),
+                redis_urls: args.redis_url.clone(),
             };
             report::measure("target", &endpoint, &spec, &args.common).await?
         }
@@ -293,6 +302,10 @@ async fn run_main(args: RunArgs) -> Result<()> {
         }
         (None, None) => bail!("give --target ADDR or --spawn memory|redis|null (see --help)"),
     };
+    if let Some(path) = &args.per_second {
+        std::fs::write(path, result.per_second_json_lines())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
     if args.json {
         println!("{}", result.to_json());
     } else {

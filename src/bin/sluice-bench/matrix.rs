@@ -8,6 +8,8 @@
 //! 3. key cardinality: memory and redis at the highest concurrency with K = 1 (one hot key) and
 //!    K = 1 000 000.
 //!
+//! Stores are null, memory, redis (standalone) and redis-cluster (3 masters on this machine).
+//!
 //! The whole list runs `--repeat` times (rounds interleaved, so drift of a shared machine touches
 //! every configuration alike); each configuration reports its median round by req/s, and every
 //! ratio compares medians: "× null" divides by the null server's median at the same concurrency
@@ -47,7 +49,7 @@ pub struct MatrixArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "null,memory,redis"
+        default_value = "null,memory,redis,redis-cluster"
     )]
     stores: Vec<SpawnKind>,
     /// Concurrency levels of the sweep, comma-separated; the highest is used for the descriptor
@@ -112,7 +114,12 @@ const DISTURBED_CORES: f64 = 0.25;
 fn plan(all_stores: &[SpawnKind], levels: &[u32]) -> Vec<Plan> {
     // Null first, so the others find their reference already measured.
     let mut stores: Vec<SpawnKind> = Vec::new();
-    for kind in [SpawnKind::Null, SpawnKind::Memory, SpawnKind::Redis] {
+    for kind in [
+        SpawnKind::Null,
+        SpawnKind::Memory,
+        SpawnKind::Redis,
+        SpawnKind::RedisCluster,
+    ] {
         if all_stores.contains(&kind) {
             stores.push(kind);
         }
@@ -139,7 +146,8 @@ fn plan(all_stores: &[SpawnKind], levels: &[u32]) -> Vec<Plan> {
             descriptors: MANY_DESCRIPTORS,
         });
     }
-    for &kind in stores.iter().filter(|k| **k != SpawnKind::Null) {
+    let cardinality_stores = [SpawnKind::Memory, SpawnKind::Redis];
+    for &kind in stores.iter().filter(|k| cardinality_stores.contains(k)) {
         for keys in [1, MANY_KEYS] {
             runs.push(Plan {
                 group: "keys",
@@ -379,6 +387,7 @@ async fn one_run(
         warmup,
         duration,
         seed: common.seed,
+        per_second: false,
     };
     let result = report::measure(kind.label(), &deployment.endpoint(), &spec, common).await;
     deployment.check_alive()?;
@@ -537,7 +546,7 @@ fn markdown(
 
 /// The targets of `docs/BENCHMARKS.md`, measured against this matrix (reported, not asserted).
 fn targets(results: &[(Plan, RunResult)], levels: &[u32]) -> String {
-    use SpawnKind::{Memory, Null, Redis};
+    use SpawnKind::{Memory, Null, Redis, RedisCluster};
     let top = levels.iter().copied().max().unwrap_or(64);
     let mid = if levels.contains(&16) { 16 } else { top };
     let mut rows: Vec<[String; 4]> = Vec::new();
@@ -706,12 +715,29 @@ fn targets(results: &[(Plan, RunResult)], levels: &[u32]) -> String {
             v,
         );
     }
-    row(
-        "Redis Cluster".into(),
-        "TODO: no cluster runs in the matrix yet".into(),
-        "–",
-        "TODO".into(),
-    );
+    for descriptors in [1, MANY_DESCRIPTORS] {
+        let (m, v) = match (
+            find(results, RedisCluster, top, BASE_KEYS, descriptors),
+            find(results, Redis, top, BASE_KEYS, descriptors),
+        ) {
+            (Some(cluster), Some(single)) if single.rps > 0.0 => {
+                let x = cluster.rps / single.rps;
+                (
+                    format!("{x:.2}× ({:.0} vs {:.0} req/s)", cluster.rps, single.rps),
+                    at_least(x, 0.8),
+                )
+            }
+            _ => missing(),
+        };
+        row(
+            format!(
+                "Redis Cluster (3 masters) vs standalone, D={descriptors}, {top} concurrent: req/s"
+            ),
+            m,
+            "≥ 0.80×",
+            v,
+        );
+    }
 
     let mut md = String::from(
         "## Targets\n\nReported, not asserted. \"× null\" compares with the null server at the \
@@ -799,10 +825,16 @@ mod tests {
     #[test]
     fn plan_puts_null_first_and_covers_the_matrix() {
         let runs = plan(
-            &[SpawnKind::Memory, SpawnKind::Redis, SpawnKind::Null],
+            &[
+                SpawnKind::Memory,
+                SpawnKind::Redis,
+                SpawnKind::Null,
+                SpawnKind::RedisCluster,
+            ],
             &[1, 4, 16, 64],
         );
-        assert_eq!(runs.len(), 12 + 3 + 4);
+        // Sweep 4 × 4, descriptors 4, cardinality 2 × 2 (memory and standalone redis).
+        assert_eq!(runs.len(), 16 + 4 + 4);
         assert_eq!(runs[0].kind, SpawnKind::Null);
         assert!(
             runs.iter()

@@ -42,27 +42,25 @@ pub struct RedisStats {
     pub cpu: f64,
 }
 
-/// Reads snapshots of one server (and its Redis).
+/// Reads snapshots of one server (and its Redis: one server, or every master of a cluster).
 pub struct Sampler {
     server_pid: Option<u32>,
-    redis: Option<redis::aio::MultiplexedConnection>,
+    redis: Vec<redis::aio::MultiplexedConnection>,
 }
 
 impl Sampler {
-    pub async fn new(server_pid: Option<u32>, redis_url: Option<&str>) -> Result<Sampler> {
-        let redis = match redis_url {
-            Some(url) => {
-                let client =
-                    redis::Client::open(url).with_context(|| format!("invalid Redis URL {url}"))?;
-                Some(
-                    client
-                        .get_multiplexed_async_connection()
-                        .await
-                        .with_context(|| format!("cannot connect to Redis at {url}"))?,
-                )
-            }
-            None => None,
-        };
+    pub async fn new(server_pid: Option<u32>, redis_urls: &[String]) -> Result<Sampler> {
+        let mut redis = Vec::new();
+        for url in redis_urls {
+            let client = redis::Client::open(url.as_str())
+                .with_context(|| format!("invalid Redis URL {url}"))?;
+            redis.push(
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .with_context(|| format!("cannot connect to Redis at {url}"))?,
+            );
+        }
         if let Some(pid) = server_pid {
             process_cpu(pid).with_context(|| format!("cannot read the CPU time of PID {pid}"))?;
         }
@@ -74,18 +72,20 @@ impl Sampler {
         let server_cpu = self.server_pid.and_then(|pid| process_cpu(pid).ok());
         let generator_cpu = process_cpu(std::process::id()).ok();
         let machine = machine_cpu().ok();
-        let redis = match &mut self.redis {
-            Some(con) => {
-                let info: String = redis::cmd("INFO")
-                    .arg("commandstats")
-                    .arg("cpu")
-                    .query_async(con)
-                    .await
-                    .context("Redis INFO failed")?;
-                Some(parse_info(&info)?)
-            }
-            None => None,
-        };
+        let mut redis: Option<RedisStats> = None;
+        for con in &mut self.redis {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .arg("cpu")
+                .query_async(con)
+                .await
+                .context("Redis INFO failed")?;
+            let node = parse_info(&info)?;
+            let total = redis.get_or_insert_with(RedisStats::default);
+            total.script_calls += node.script_calls;
+            total.commands += node.commands;
+            total.cpu += node.cpu;
+        }
         Ok(Snapshot {
             at,
             server_cpu,

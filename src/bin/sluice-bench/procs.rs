@@ -22,6 +22,7 @@ pub enum Kind {
     Null,
     Memory,
     Redis,
+    RedisCluster,
 }
 
 impl Kind {
@@ -30,6 +31,7 @@ impl Kind {
             Kind::Null => "null",
             Kind::Memory => "memory",
             Kind::Redis => "redis",
+            Kind::RedisCluster => "redis-cluster",
         }
     }
 }
@@ -52,7 +54,8 @@ pub struct SpawnOptions {
 pub struct Endpoint {
     pub grpc: SocketAddr,
     pub server_pid: Option<u32>,
-    pub redis_url: Option<String>,
+    /// Every Redis the server uses (each master of a cluster), for INFO.
+    pub redis_urls: Vec<String>,
 }
 
 /// The config of spawned servers: domain `bench`, key-only descriptors `k0..k{D-1}`.
@@ -71,7 +74,7 @@ pub struct Deployment {
     grpc: SocketAddr,
     // Fields drop in order: the server goes before its Redis, the scratch directory last.
     server: Proc,
-    redis: Option<RedisProc>,
+    redis: Vec<RedisProc>,
     _config: Option<ScratchDir>,
 }
 
@@ -80,14 +83,14 @@ impl Deployment {
         Endpoint {
             grpc: self.grpc,
             server_pid: Some(self.server.child.id()),
-            redis_url: self.redis.as_ref().map(|r| r.url()),
+            redis_urls: self.redis.iter().map(RedisProc::url).collect(),
         }
     }
 
     /// Fails when the server or its Redis exited during the run.
     pub fn check_alive(&mut self) -> Result<()> {
         self.server.check_alive()?;
-        if let Some(redis) = &mut self.redis {
+        for redis in &mut self.redis {
             redis.proc.check_alive()?;
         }
         Ok(())
@@ -101,7 +104,7 @@ pub async fn start_async(kind: Kind, options: SpawnOptions) -> Result<Deployment
         .context("the start-up thread failed")?
 }
 
-/// Starts the server of `kind` (with a Redis of its own for [`Kind::Redis`]) and waits until it
+/// Starts the server of `kind` (with a Redis or a Redis Cluster of its own) and waits until it
 /// listens.
 pub fn start(kind: Kind, options: &SpawnOptions) -> Result<Deployment> {
     if kind == Kind::Null {
@@ -111,7 +114,7 @@ pub fn start(kind: Kind, options: &SpawnOptions) -> Result<Deployment> {
         return Ok(Deployment {
             grpc,
             server,
-            redis: None,
+            redis: Vec::new(),
             _config: None,
         });
     }
@@ -127,8 +130,9 @@ pub fn start(kind: Kind, options: &SpawnOptions) -> Result<Deployment> {
     std::fs::write(&file, config_yaml(options.descriptors, options.limit))
         .with_context(|| format!("cannot write {}", file.display()))?;
     let redis = match kind {
-        Kind::Redis => Some(RedisProc::start(&options.redis_server)?),
-        _ => None,
+        Kind::Redis => vec![RedisProc::start(&options.redis_server, &[])?],
+        Kind::RedisCluster => start_cluster(&options.redis_server)?,
+        _ => Vec::new(),
     };
 
     let mut cmd = Command::new(&options.sluice_bin);
@@ -143,10 +147,17 @@ pub fn start(kind: Kind, options: &SpawnOptions) -> Result<Deployment> {
         .env("PORT", "0")
         .env("LOG_FORMAT", "json")
         .env("LOG_LEVEL", "info");
-    if let Some(redis) = &redis {
+    if !redis.is_empty() {
+        let nodes: Vec<String> = redis
+            .iter()
+            .map(|r| format!("127.0.0.1:{}", r.port))
+            .collect();
+        if kind == Kind::RedisCluster {
+            cmd.env("REDIS_TYPE", "cluster");
+        }
         cmd.env("BACKEND_TYPE", "redis")
             .env("REDIS_SOCKET_TYPE", "tcp")
-            .env("REDIS_URL", format!("127.0.0.1:{}", redis.port))
+            .env("REDIS_URL", nodes.join(","))
             .env("REDIS_TIMEOUT", &options.redis_timeout)
             .env("REDIS_POOL_SIZE", options.redis_pool_size.to_string());
     } else {
@@ -277,7 +288,7 @@ struct RedisProc {
 }
 
 impl RedisProc {
-    fn start(binary: &Path) -> Result<RedisProc> {
+    fn start(binary: &Path, extra_args: &[&str]) -> Result<RedisProc> {
         let mut last_log = String::new();
         for _ in 0..5 {
             let dir = ScratchDir::new("redis")?;
@@ -290,6 +301,7 @@ impl RedisProc {
                 .arg(dir.path())
                 .arg("--logfile")
                 .arg(&log)
+                .args(extra_args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
@@ -345,6 +357,59 @@ impl RedisProc {
         }
         false
     }
+}
+
+/// Masters of the spawned cluster, as in the Redis Cluster target of the issue.
+const CLUSTER_MASTERS: usize = 3;
+
+/// Starts `CLUSTER_MASTERS` cluster-enabled servers, joins them with `redis-cli --cluster create`
+/// (the `redis-cli` next to `redis_server`, or on PATH) and waits until every node says the
+/// cluster is ok.
+fn start_cluster(redis_server: &Path) -> Result<Vec<RedisProc>> {
+    let args = [
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+    ];
+    let nodes = (0..CLUSTER_MASTERS)
+        .map(|_| RedisProc::start(redis_server, &args))
+        .collect::<Result<Vec<_>>>()?;
+    let cli = redis_server
+        .parent()
+        .map(|dir| dir.join("redis-cli"))
+        .filter(|cli| cli.is_file())
+        .unwrap_or_else(|| PathBuf::from("redis-cli"));
+    let out = Command::new(&cli)
+        .args(["--cluster", "create"])
+        .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .with_context(|| format!("cannot run {}", cli.display()))?;
+    if !out.status.success() {
+        bail!(
+            "redis-cli --cluster create failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for node in &nodes {
+        let client = redis::Client::open(node.url()).context("invalid node URL")?;
+        loop {
+            let info = client
+                .get_connection_with_timeout(Duration::from_millis(200))
+                .and_then(|mut con| redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut con));
+            if info.is_ok_and(|i| i.contains("cluster_state:ok")) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the cluster on port {} did not become ok", node.port);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    Ok(nodes)
 }
 
 fn free_port() -> Result<u16> {

@@ -54,6 +54,8 @@ pub struct RunResult {
     pub rps_vs_null: Option<f64>,
     /// Filled in by the matrix: server CPU per request / the null server's.
     pub cpu_vs_null: Option<f64>,
+    /// Each second of the interval, when the spec asked for them.
+    pub seconds: Vec<load::SecondFigures>,
 }
 
 /// Latency percentiles in microseconds.
@@ -85,7 +87,7 @@ pub async fn measure(
     common: &CommonArgs,
 ) -> Result<RunResult> {
     let loadavg = probe::loadavg_1m();
-    let mut sampler = Sampler::new(endpoint.server_pid, endpoint.redis_url.as_deref()).await?;
+    let mut sampler = Sampler::new(endpoint.server_pid, &endpoint.redis_urls).await?;
     let outcome = load::run(endpoint.grpc, spec, &mut sampler).await?;
 
     let (a, b) = (&outcome.start, &outcome.end);
@@ -173,6 +175,7 @@ pub async fn measure(
             .unwrap_or(0),
         rps_vs_null: None,
         cpu_vs_null: None,
+        seconds: outcome.seconds,
     })
 }
 
@@ -186,6 +189,25 @@ fn round_opt(x: Option<f64>, digits: i32) -> Option<f64> {
 }
 
 impl RunResult {
+    /// One JSON line per measured second, stamped with the unix second it ended in.
+    pub fn per_second_json_lines(&self) -> String {
+        let started = self
+            .unix_time
+            .saturating_sub(self.duration_s.round() as u64);
+        let mut out = String::new();
+        for s in &self.seconds {
+            let line = json!({
+                "unix_time": started + s.second + 1,
+                "second": s.second,
+                "answered": s.answered,
+                "errors": s.errors,
+                "latency_us": {"p50": s.p50, "p99": s.p99, "p999": s.p999, "max": s.max},
+            });
+            let _ = writeln!(out, "{line}");
+        }
+        out
+    }
+
     pub fn to_json(&self) -> Value {
         json!({
             "store": self.store,
