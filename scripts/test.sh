@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: unit tests, integration tests that start their own redis-server
 # processes on free ports and the real sluice binary, the Helm chart render check, and a bounded
-# fuzz run of each fuzz target (FUZZ_SECONDS each, default 30; 0 skips it). Installs
-# redis-server/redis-cli and python3-venv (Debian packages) when they are missing.
+# fuzz run of each fuzz target (FUZZ_SECONDS each, default 30; 0 skips it), and cargo-deny's
+# license, duplicate and source checks (deny.toml). Installs redis-server/redis-cli and
+# python3-venv (Debian packages) and cargo-deny (from crates.io, a few minutes' build) when they
+# are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +24,14 @@ fi
 if ! python3 -m venv --help >/dev/null 2>&1; then
   install python3-venv
 fi
+
+# Dependency policy first: it takes a second, and a new crate with a license we do not accept
+# should fail before the long part. Advisories need GitHub (see deny.toml).
+if ! cargo deny --version >/dev/null 2>&1; then
+  echo "installing cargo-deny (needed for the dependency checks)" >&2
+  cargo install --locked cargo-deny --version 0.20.2
+fi
+cargo deny --log-level error check licenses bans sources
 
 cargo test --locked "$@"
 scripts/check_chart.sh
