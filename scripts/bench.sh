@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs Sluice's benchmark matrix: builds the release binaries (sluice, sluice-bench), runs
-# `sluice-bench matrix` (null server, memory store, Redis; see docs/BENCHMARKS.md) and plots
+# `sluice-bench matrix` (null server, memory store, Redis, Redis Cluster; see docs/BENCHMARKS.md) and plots
 # the concurrency sweep. Owns nothing but this sequence; the figures land in docs/bench/.
 #
 #   scripts/bench.sh            # full matrix, 10 s per run: docs/bench/latest.{jsonl,md},
