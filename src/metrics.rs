@@ -45,6 +45,8 @@ pub struct Metrics {
     pub breaker_open: IntGaugeVec,
     pub memory_entries: IntGauge,
     pub memory_evictions: IntCounter,
+    pub connections_open: IntGaugeVec,
+    pub connections_rejected: IntCounterVec,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -107,6 +109,16 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(breaker_open.clone()))
+            .expect("each metric is registered once");
+        let connections_open = IntGaugeVec::new(
+            Opts::new(
+                "sluice_connections_open",
+                "Connections open now, by listener (grpc, http, metrics)",
+            ),
+            &["listener"],
+        )
+        .expect("valid metric");
+        r.register(Box::new(connections_open.clone()))
             .expect("each metric is registered once");
         Self {
             near_limit_ratio,
@@ -196,6 +208,13 @@ impl Metrics {
                 &r,
                 "sluice_memory_store_evictions_total",
                 "Live entries evicted because the memory store was full",
+            ),
+            connections_open,
+            connections_rejected: counter_vec(
+                &r,
+                "sluice_connections_rejected_total",
+                "Connections closed at accept because MAX_CONNECTIONS were open, by listener",
+                &["listener"],
             ),
             registry: r,
         }

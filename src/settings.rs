@@ -37,6 +37,9 @@ pub struct Settings {
     pub grpc_max_connection_age_grace: Duration,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub shutdown_grace: Duration,
+    /// `MAX_CONNECTIONS`: open connections allowed on each listener (gRPC, HTTP, metrics);
+    /// 0 turns the cap off.
+    pub max_connections: usize,
     /// Longest wait of the native API's `Acquire`/`TryAcquire`.
     pub limiter_max_wait: Duration,
     /// The Redis store's circuit breaker.
@@ -279,6 +282,9 @@ impl Settings {
             grpc_max_connection_age_grace: env
                 .duration("GRPC_MAX_CONNECTION_AGE_GRACE", Duration::from_secs(3600))?,
             shutdown_grace: env.duration("SHUTDOWN_GRACE_PERIOD", Duration::from_secs(10))?,
+            // Envoy opens a few connections per worker thread; thousands from one client are
+            // a leak or an attack. 10 000 is about 140 MiB of connection state.
+            max_connections: env.number("MAX_CONNECTIONS", 10_000)?,
             limiter_max_wait: env.duration("LIMITER_MAX_WAIT", Duration::from_secs(30))?,
             reload_interval: env.duration("CONFIG_RELOAD_INTERVAL", Duration::from_secs(1))?,
             near_limit_ratio: match env.raw("NEAR_LIMIT_RATIO").map(|v| v.parse::<f64>()) {

@@ -152,6 +152,8 @@ const SERIES: &[&str] = &[
     "sluice_memory_store_evictions_total",
     "sluice_store_errors_total",
     "ratelimit_service_rate_limit_over_limit_with_local_cache",
+    "sluice_connections_open",
+    "sluice_connections_rejected_total",
 ];
 /// Histograms: only their `_bucket`, `_sum` and `_count` series exist.
 const HISTOGRAMS: &[&str] = &[

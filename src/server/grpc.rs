@@ -19,11 +19,11 @@ use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tokio::net::TcpListener;
 use tonic::server::NamedService;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use super::connections::{self, ConnectionLimit};
 use super::limiter_api::LimiterApi;
 use super::{ServeError, tls};
 use crate::limiter::{LimitError, RateLimiter};
@@ -137,6 +137,7 @@ where
         + 'static,
     H::Future: Send + 'static,
 {
+    let limit = ConnectionLimit::new(settings.max_connections, "grpc", &metrics);
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -158,11 +159,12 @@ where
     let serving: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
         match &settings.grpc_tls {
             None => {
-                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+                let incoming = connections::incoming(listener, limit);
                 Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
             }
             Some(tls) => {
-                let incoming = tls::incoming(listener, tls.clone(), settings.reload_interval)?;
+                let incoming =
+                    tls::incoming(listener, limit, tls.clone(), settings.reload_interval)?;
                 Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
             }
         };

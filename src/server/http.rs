@@ -9,6 +9,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use super::connections::LimitedListener;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -16,7 +17,6 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
-use tokio::net::TcpListener;
 
 use super::grpc::error_type;
 use super::{Health, ServeError};
@@ -82,7 +82,7 @@ impl JsonMapping {
 }
 
 pub fn serve(
-    listener: TcpListener,
+    listener: LimitedListener,
     limiter: Arc<RateLimiter>,
     health: Health,
     observability: Observability,
@@ -106,7 +106,7 @@ pub fn serve(
 /// Upstream's separate metrics listener (`USE_PROMETHEUS`): only `path`, the same text as
 /// `/metrics` on the HTTP port.
 pub fn serve_metrics(
-    listener: TcpListener,
+    listener: LimitedListener,
     path: &str,
     observability: Observability,
     stopped: impl Future<Output = ()> + Send + 'static,
@@ -121,7 +121,7 @@ pub fn serve_metrics(
 }
 
 async fn run(
-    listener: TcpListener,
+    listener: LimitedListener,
     app: Router,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {

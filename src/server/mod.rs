@@ -4,6 +4,7 @@
 //! completes (SIGTERM/SIGINT in the binary), health turns NOT_SERVING, both listeners stop
 //! accepting, in-flight requests get `shutdown_grace` to finish, and `serve` returns.
 
+mod connections;
 mod grpc;
 mod health;
 mod http;
@@ -28,6 +29,7 @@ use crate::metrics::Metrics;
 use crate::settings::{Backend, Settings};
 use crate::store::breaker::Breaker;
 use crate::store::{Instrumented, MemoryStore, RedisOptions, RedisStore, Store, StoreError};
+use connections::{ConnectionLimit, LimitedListener};
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -189,10 +191,18 @@ pub async fn serve(
                 source,
             })?;
             tracing::info!(%addr, path = %listen.path, "prometheus metrics listener");
+            let listener = LimitedListener {
+                listener,
+                limit: ConnectionLimit::new(settings.max_connections, "metrics", &metrics),
+            };
             let serving =
                 http::serve_metrics(listener, &listen.path, observability.clone(), stopped());
             Some(serving)
         }
+    };
+    let http_listener = LimitedListener {
+        listener: http_listener,
+        limit: ConnectionLimit::new(settings.max_connections, "http", &metrics),
     };
     let http = http::serve(
         http_listener,

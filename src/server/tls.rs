@@ -20,6 +20,8 @@ use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
+use crate::server::connections::{Admitted, ConnectionLimit};
+
 /// Longest a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -93,7 +95,7 @@ impl ServerTls {
     }
 
     /// Whether a client's certificate carries the required name.
-    fn client_allowed(&self, stream: &TlsStream<TcpStream>) -> bool {
+    fn client_allowed<IO>(&self, stream: &TlsStream<IO>) -> bool {
         let Some(san) = &self.client_san else {
             return true;
         };
@@ -116,12 +118,17 @@ impl ServerTls {
 }
 
 /// Accepts TCP connections on `listener` and yields the ones whose TLS handshake succeeds.
+/// Connections count against `limit` from the TCP accept on, so handshakes in progress are
+/// capped too.
 pub fn incoming(
     listener: TcpListener,
+    limit: ConnectionLimit,
     tls: ServerTls,
     reload_interval: Duration,
-) -> Result<tokio_stream::wrappers::ReceiverStream<std::io::Result<TlsStream<TcpStream>>>, TlsError>
-{
+) -> Result<
+    tokio_stream::wrappers::ReceiverStream<std::io::Result<TlsStream<Admitted<TcpStream>>>>,
+    TlsError,
+> {
     let config = Arc::new(ArcSwap::new(tls.load()?));
     let tls = Arc::new(tls);
     if !reload_interval.is_zero() {
@@ -130,15 +137,7 @@ pub fn incoming(
     let (tx, rx) = mpsc::channel(128);
     tokio::spawn(async move {
         loop {
-            let (tcp, peer) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
+            let (tcp, peer) = limit.accept(&listener).await;
             let acceptor = TlsAcceptor::from(config.load_full());
             if tx.is_closed() {
                 return;

@@ -1,0 +1,183 @@
+//! The cap on open connections per listener (`MAX_CONNECTIONS`).
+//!
+//! Each listener holds a semaphore with one permit per allowed connection. An accepted
+//! connection takes a permit and carries it until it is closed; when none is left, the new
+//! connection is closed at once and counted. Closing at once, rather than leaving it in the
+//! listen backlog, gives the client an immediate error it can act on (Envoy's `failure_mode_deny`,
+//! another replica) instead of a connect that hangs until its timeout, and keeps the file
+//! descriptors and memory of a connection flood bounded (about 14 KiB each, SECURITY.md).
+//!
+//! `sluice_connections_open{listener}` and `sluice_connections_rejected_total{listener}` show the
+//! cap at work.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use prometheus::{IntCounter, IntGauge};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::metrics::Metrics;
+
+/// The cap of one listener.
+#[derive(Clone)]
+pub struct ConnectionLimit {
+    /// `None`: no cap.
+    permits: Option<Arc<Semaphore>>,
+    open: IntGauge,
+    rejected: IntCounter,
+}
+
+impl ConnectionLimit {
+    /// `max == 0` means no cap (the connections are still counted).
+    pub fn new(max: usize, listener: &str, metrics: &Metrics) -> ConnectionLimit {
+        ConnectionLimit {
+            permits: (max > 0).then(|| Arc::new(Semaphore::new(max))),
+            open: metrics.connections_open.with_label_values(&[listener]),
+            rejected: metrics.connections_rejected.with_label_values(&[listener]),
+        }
+    }
+
+    /// Wraps `io` with a permit, or drops it (closing the connection) when the cap is reached.
+    pub fn admit<IO>(&self, io: IO) -> Option<Admitted<IO>> {
+        let permit = match &self.permits {
+            None => None,
+            Some(permits) => match permits.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    self.rejected.inc();
+                    return None;
+                }
+            },
+        };
+        self.open.inc();
+        Some(Admitted {
+            io,
+            _permit: permit,
+            open: self.open.clone(),
+        })
+    }
+
+    /// Accepts until a connection is admitted. Accept errors (out of file descriptors, say) are
+    /// logged and retried after a pause rather than ending the listener.
+    pub async fn accept(&self, listener: &TcpListener) -> (Admitted<TcpStream>, SocketAddr) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    // Rate limit answers are small and latency-bound.
+                    let _ = stream.set_nodelay(true);
+                    if let Some(admitted) = self.admit(stream) {
+                        return (admitted, peer);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+/// The admitted connections of `listener`, as the stream tonic serves from.
+pub fn incoming(
+    listener: TcpListener,
+    limit: ConnectionLimit,
+) -> impl Stream<Item = io::Result<Admitted<TcpStream>>> + Send + 'static {
+    futures::stream::unfold((listener, limit), |(listener, limit)| async move {
+        let (admitted, _) = limit.accept(&listener).await;
+        Some((Ok(admitted), (listener, limit)))
+    })
+}
+
+/// A listener for axum that admits connections under `limit`.
+pub struct LimitedListener {
+    pub listener: TcpListener,
+    pub limit: ConnectionLimit,
+}
+
+impl axum::serve::Listener for LimitedListener {
+    type Io = Admitted<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        self.limit.accept(&self.listener).await
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+/// A connection holding its permit: closing (dropping) it gives the permit back.
+pub struct Admitted<IO> {
+    io: IO,
+    _permit: Option<OwnedSemaphorePermit>,
+    open: IntGauge,
+}
+
+impl<IO> Admitted<IO> {
+    pub fn get_ref(&self) -> &IO {
+        &self.io
+    }
+}
+
+impl<IO> Drop for Admitted<IO> {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Admitted<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for Admitted<TcpStream> {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
