@@ -171,6 +171,10 @@ async fn run_matrix(mut args: MatrixArgs) -> Result<()> {
     }
     args.levels.sort_unstable();
     args.levels.dedup();
+    // Read before the result files are opened: they are tracked, and would mark the tree dirty.
+    if args.revision.is_none() {
+        args.revision = Some(git_revision());
+    }
     let duration = args
         .duration
         .unwrap_or(Duration::from_secs(if args.quick { 2 } else { 10 }));
