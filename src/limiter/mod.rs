@@ -335,9 +335,8 @@ impl RateLimiter {
             let asked = if ask.len() == checks.len() {
                 self.decide(checks, per_second).await?
             } else {
-                let subset: Vec<Check> = ask.iter().map(|&i| checks[i].clone()).collect();
-                let subset_per_second: Vec<bool> = ask.iter().map(|&i| per_second[i]).collect();
-                self.decide(&subset, &subset_per_second).await?
+                self.decide(&pick(checks, &ask), &pick(per_second, &ask))
+                    .await?
             };
             for (&i, outcome) in ask.iter().zip(asked) {
                 let check = &checks[i];
@@ -356,10 +355,7 @@ impl RateLimiter {
                 answers[i] = Some((outcome, false));
             }
         }
-        Ok(answers
-            .into_iter()
-            .map(|a| a.expect("every check was answered"))
-            .collect())
+        Ok(all_answered(answers))
     }
 
     /// Asks the store(s): one call, or two concurrent ones when second-unit limits have their
@@ -377,13 +373,7 @@ impl RateLimiter {
         if fast.is_empty() {
             return self.store.check(checks).await;
         }
-        let pick = |indexes: &[usize]| {
-            indexes
-                .iter()
-                .map(|&i| checks[i].clone())
-                .collect::<Vec<_>>()
-        };
-        let (fast_checks, slow_checks) = (pick(&fast), pick(&slow));
+        let (fast_checks, slow_checks) = (pick(checks, &fast), pick(checks, &slow));
         let (fast_out, slow_out) = tokio::try_join!(second_store.check(&fast_checks), async {
             if slow_checks.is_empty() {
                 Ok(Vec::new())
@@ -399,10 +389,7 @@ impl RateLimiter {
         {
             outcomes[i] = Some(o);
         }
-        Ok(outcomes
-            .into_iter()
-            .map(|o| o.expect("every check was answered"))
-            .collect())
+        Ok(all_answered(outcomes))
     }
 
     /// The fail-open answer: OK, and each descriptor OK with no limit (nothing was counted).
@@ -633,6 +620,19 @@ fn drop_replaced(matched: &mut [Option<Cow<'_, Limit>>]) {
             *slot = None;
         }
     }
+}
+
+/// The items at `indexes`, in that order: the part of a request one store call answers.
+fn pick<T: Clone>(items: &[T], indexes: &[usize]) -> Vec<T> {
+    indexes.iter().map(|&i| items[i].clone()).collect()
+}
+
+/// Answers put back in request order, once every part has filled its places.
+fn all_answered<T>(answers: Vec<Option<T>>) -> Vec<T> {
+    answers
+        .into_iter()
+        .map(|a| a.expect("every check was answered"))
+        .collect()
 }
 
 #[cfg(test)]
