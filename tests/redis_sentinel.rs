@@ -116,6 +116,14 @@ async fn the_service_follows_a_sentinel_failover() {
     avoid_window_edge(3600, 60).await;
     assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 99);
     assert_eq!(master.dbsize(), 1, "the counter lives on the master");
+    // Replication is asynchronous: a master killed before its replica got the write loses it
+    // (docs/reliability.md gives that bound). This test is about following the failover, so it
+    // waits until the replica has the counter.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while replica.dbsize() != 1 {
+        assert!(Instant::now() < deadline, "the replica never got the counter");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     master.kill();
     let killed = Instant::now();
