@@ -153,14 +153,7 @@ async fn idle_and_stalled_connections_do_not_block_other_clients() {
 
 /// `sluice_connections_*` series of one listener: (open, rejected).
 fn connection_metrics(sluice: &Sluice, listener: &str) -> (u64, u64) {
-    let (_, metrics) = sluice.http("GET", "/metrics", "");
-    let value = |name: &str| {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}{{listener=\"{listener}\"}} ")))
-            .map(|v| v.parse::<u64>().unwrap())
-            .unwrap_or(0)
-    };
+    let value = |name: &str| sluice.metric(&format!("{name}{{listener=\"{listener}\"}}")) as u64;
     (
         value("sluice_connections_open"),
         value("sluice_connections_rejected_total"),

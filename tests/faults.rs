@@ -335,15 +335,10 @@ async fn config_replaced_by_garbage_under_load_keeps_the_last_good_limits() {
     // Still limiting with the last good config, to the end.
     let tail = load_tail(&calls, Duration::from_millis(300));
     assert!(tail.iter().any(|c| c.outcome == Outcome::Refused));
-    let (_, metrics) = sluice.http("GET", "/metrics", "");
-    let errors: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("ratelimit_service_config_load_error "))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let errors = sluice.metric("ratelimit_service_config_load_error");
     assert!(
-        errors >= 3,
-        "each bad state refused and counted:\n{metrics}"
+        errors >= 3.0,
+        "{errors}: each bad state refused and counted"
     );
 
     // A good config in its place is taken again.

@@ -121,7 +121,10 @@ async fn the_service_follows_a_sentinel_failover() {
     // waits until the replica has the counter.
     let deadline = Instant::now() + Duration::from_secs(10);
     while replica.dbsize() != 1 {
-        assert!(Instant::now() < deadline, "the replica never got the counter");
+        assert!(
+            Instant::now() < deadline,
+            "the replica never got the counter"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 

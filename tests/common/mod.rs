@@ -282,6 +282,17 @@ impl Sluice {
         }
     }
 
+    /// The value of one series on `/metrics`, named as it is printed before the value
+    /// (`name` or `name{label="value"}`); 0 when the series does not exist yet.
+    pub fn metric(&self, series: &str) -> f64 {
+        let (_, metrics) = self.http("GET", "/metrics", "");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .map(|v| v.parse().unwrap())
+            .unwrap_or(0.0)
+    }
+
     /// Plain HTTP/1.1 request; returns (status, body).
     pub fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
         http_request(self.http, method, path, body)
