@@ -662,19 +662,11 @@ fn targets(results: &[(Plan, RunResult)], levels: &[u32]) -> String {
         );
     }
     for kind in [Memory, Redis] {
-        let (m, v) = match (
+        let (m, v) = rps_ratio(
             find(results, kind, top, BASE_KEYS, MANY_DESCRIPTORS),
             find(results, kind, top, BASE_KEYS, 1),
-        ) {
-            (Some(many), Some(one)) if one.rps > 0.0 => {
-                let x = many.rps / one.rps;
-                (
-                    format!("{x:.2}× ({:.0} vs {:.0} req/s)", many.rps, one.rps),
-                    at_least(x, 0.5),
-                )
-            }
-            _ => missing(),
-        };
+            0.5,
+        );
         row(
             format!(
                 "{MANY_DESCRIPTORS} descriptors vs 1, {}, {top} concurrent: req/s",
@@ -720,19 +712,11 @@ fn targets(results: &[(Plan, RunResult)], levels: &[u32]) -> String {
         );
     }
     for descriptors in [1, MANY_DESCRIPTORS] {
-        let (m, v) = match (
+        let (m, v) = rps_ratio(
             find(results, RedisCluster, top, BASE_KEYS, descriptors),
             find(results, Redis, top, BASE_KEYS, descriptors),
-        ) {
-            (Some(cluster), Some(single)) if single.rps > 0.0 => {
-                let x = cluster.rps / single.rps;
-                (
-                    format!("{x:.2}× ({:.0} vs {:.0} req/s)", cluster.rps, single.rps),
-                    at_least(x, 0.8),
-                )
-            }
-            _ => missing(),
-        };
+            0.8,
+        );
         row(
             format!(
                 "Redis Cluster (3 masters) vs standalone, D={descriptors}, {top} concurrent: req/s"
@@ -752,6 +736,20 @@ fn targets(results: &[(Plan, RunResult)], levels: &[u32]) -> String {
         let _ = writeln!(md, "| {what} | {measured} | {goal} | {verdict} |");
     }
     md
+}
+
+/// "measured" and "result" cells for a goal of `a`'s req/s being at least `goal` × `b`'s.
+fn rps_ratio(a: Option<&RunResult>, b: Option<&RunResult>, goal: f64) -> (String, String) {
+    match (a, b) {
+        (Some(a), Some(b)) if b.rps > 0.0 => {
+            let x = a.rps / b.rps;
+            (
+                format!("{x:.2}× ({:.0} vs {:.0} req/s)", a.rps, b.rps),
+                at_least(x, goal),
+            )
+        }
+        _ => ("not measured".to_string(), "–".to_string()),
+    }
 }
 
 fn at_least(measured: f64, goal: f64) -> String {
