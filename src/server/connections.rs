@@ -122,12 +122,6 @@ pub struct Admitted<IO> {
     open: IntGauge,
 }
 
-impl<IO> Admitted<IO> {
-    pub fn get_ref(&self) -> &IO {
-        &self.io
-    }
-}
-
 impl<IO> Drop for Admitted<IO> {
     fn drop(&mut self) {
         self.open.dec();
