@@ -65,6 +65,14 @@ fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
     c
 }
 
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let vec = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(vec.clone()))
+        .expect("each metric is registered once");
+    vec
+}
+
 fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     let g = IntGauge::new(name, help).expect("valid metric");
     registry
@@ -99,26 +107,6 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(store_call.clone()))
-            .expect("each metric is registered once");
-        let breaker_open = IntGaugeVec::new(
-            Opts::new(
-                "sluice_circuit_breaker_open",
-                "1 while the store's circuit breaker is open",
-            ),
-            &["store"],
-        )
-        .expect("valid metric");
-        r.register(Box::new(breaker_open.clone()))
-            .expect("each metric is registered once");
-        let connections_open = IntGaugeVec::new(
-            Opts::new(
-                "sluice_connections_open",
-                "Connections open now, by listener (grpc, http, metrics)",
-            ),
-            &["listener"],
-        )
-        .expect("valid metric");
-        r.register(Box::new(connections_open.clone()))
             .expect("each metric is registered once");
         Self {
             near_limit_ratio,
@@ -198,7 +186,12 @@ impl Metrics {
                 "sluice_failed_open_total",
                 "Requests answered OK because the store failed (FAILURE_POLICY=fail_open)",
             ),
-            breaker_open,
+            breaker_open: gauge_vec(
+                &r,
+                "sluice_circuit_breaker_open",
+                "1 while the store's circuit breaker is open",
+                &["store"],
+            ),
             memory_entries: gauge(
                 &r,
                 "sluice_memory_store_entries",
@@ -209,7 +202,12 @@ impl Metrics {
                 "sluice_memory_store_evictions_total",
                 "Live entries evicted because the memory store was full",
             ),
-            connections_open,
+            connections_open: gauge_vec(
+                &r,
+                "sluice_connections_open",
+                "Connections open now, by listener (grpc, http, metrics)",
+                &["listener"],
+            ),
             connections_rejected: counter_vec(
                 &r,
                 "sluice_connections_rejected_total",
