@@ -9,6 +9,7 @@
 pub mod algorithms;
 pub mod breaker;
 mod cluster;
+mod coalesce;
 pub mod instrumented;
 pub mod memory;
 pub mod redis;
@@ -82,7 +83,7 @@ pub struct Outcome {
 }
 
 /// Why a store could not decide. Messages never contain credentials.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("store call timed out after {0:?} (the hits may or may not have been counted)")]
     Timeout(std::time::Duration),

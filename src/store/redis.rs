@@ -28,6 +28,7 @@ use redis::{
 };
 
 use super::cluster::Cluster;
+use super::coalesce::Coalescer;
 use super::script::{self, DECISION, LIMITER, LuaScript, REPLY_PER_CHECK};
 use super::slot;
 use super::{
@@ -223,8 +224,8 @@ pub struct RedisStore {
 
 /// How calls reach Redis.
 enum Connector {
-    /// bb8 pool of multiplexed connections to one server.
-    Single(bb8::Pool<Manager>),
+    /// bb8 pool of multiplexed connections to one server; concurrent calls are coalesced.
+    Single(Coalescer),
     /// A bb8 pool per master, routed by slot (see `cluster.rs`).
     Cluster(Arc<Cluster>),
 }
@@ -250,10 +251,14 @@ impl RedisStore {
                 if url.starts_with("rediss://") && options.tls != TlsFiles::default() {
                     info = with_tls_files(info, &options.tls)?;
                 }
-                Connector::Single(new_pool(info, options.pool_size, options.timeout)?)
+                Connector::Single(Coalescer::new(new_pool(
+                    info,
+                    options.pool_size,
+                    options.timeout,
+                )?))
             }
             Target::Sentinel { master, sentinels } => {
-                Connector::Single(sentinel_pool(master, sentinels, &options)?)
+                Connector::Single(Coalescer::new(sentinel_pool(master, sentinels, &options)?))
             }
             Target::Cluster(nodes) => {
                 let mut template = connection_info(&nodes[0], &options)?;
@@ -298,23 +303,11 @@ impl RedisStore {
         }
     }
 
-    /// A connection to one server (single mode), handed back to the pool at once: the
-    /// multiplexed handle is shared by clones.
-    async fn connection(&self, pool: &bb8::Pool<Manager>) -> Result<Connection, StoreError> {
-        let pooled = pool.get().await.map_err(|e| match e {
-            bb8::RunError::User(e) => StoreError::Unavailable(describe(&e)),
-            bb8::RunError::TimedOut => {
-                StoreError::Unavailable("timed out waiting for a connection".into())
-            }
-        })?;
-        Ok(Connection::clone(&pooled))
-    }
-
     /// Loads every script (on every master of a cluster); Redis must compute the SHA1s we call
     /// them by.
     async fn load_script(&self) -> Result<(), StoreError> {
         let connections = match &self.connector {
-            Connector::Single(pool) => vec![self.connection(pool).await?],
+            Connector::Single(coalescer) => vec![checkout(coalescer.pool()).await?],
             Connector::Cluster(cluster) => {
                 cluster.refresh().await?;
                 let mut connections = Vec::new();
@@ -354,11 +347,9 @@ impl RedisStore {
             self.options.pinned_clock.as_ref().map(|c| c.now_micros()),
         );
         match &self.connector {
-            Connector::Single(pool) => {
-                let mut conn = self.connection(pool).await?;
-                eval_on(&mut conn.redis, script, &cmd, false)
-                    .await
-                    .map_err(|e| fail(&conn, e))
+            Connector::Single(coalescer) => {
+                let value = coalescer.call(cmd).await?;
+                T::from_redis_value(value).map_err(|e| StoreError::Protocol(e.to_string()))
             }
             Connector::Cluster(cluster) => {
                 let cmd = &cmd;
@@ -490,7 +481,10 @@ async fn once<C: ConnectionLike, T: redis::FromRedisValue>(
 }
 
 /// `SCRIPT LOAD` on the node `conn` is connected to.
-async fn load<C: ConnectionLike>(conn: &mut C, script: &LuaScript) -> redis::RedisResult<String> {
+pub(super) async fn load<C: ConnectionLike>(
+    conn: &mut C,
+    script: &LuaScript,
+) -> redis::RedisResult<String> {
     redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(script.source.as_str())
@@ -677,6 +671,17 @@ pub(super) fn fail(conn: &Connection, e: RedisError) -> StoreError {
         conn.broken.store(true, Ordering::Relaxed);
     }
     redis_error(e)
+}
+
+/// A connection from `pool`, handed back at once: the multiplexed handle is shared by clones.
+pub(super) async fn checkout(pool: &bb8::Pool<Manager>) -> Result<Connection, StoreError> {
+    let pooled = pool.get().await.map_err(|e| match e {
+        bb8::RunError::User(e) => StoreError::Unavailable(describe(&e)),
+        bb8::RunError::TimedOut => {
+            StoreError::Unavailable("timed out waiting for a connection".into())
+        }
+    })?;
+    Ok(Connection::clone(&pooled))
 }
 
 fn redis_error(e: RedisError) -> StoreError {

@@ -1,0 +1,149 @@
+//! Coalescing: the script calls of concurrent requests leave in one pipelined write.
+//!
+//! Profiling the Redis path showed Sluice spending its CPU on syscalls rather than on deciding:
+//! every `EVALSHA` went out in its own `writev` (which, on a loopback or a busy host, also pays for
+//! waking Redis), and every reply came back as its own wake-up. Requests therefore hand their
+//! command to one batcher task and wait for their own reply. Once woken, the batcher yields to
+//! the runtime a single time, so that every request that is ready to run can queue its command
+//! first, and then sends everything queued as one pipeline on one pooled connection. Nothing waits
+//! on a timer: a lone request goes out after one pass of the runtime's ready queue, and under load
+//! a batch holds whatever piled up meanwhile.
+//!
+//! Redis runs a pipeline's commands one after another, each script atomically, so a script sees
+//! exactly what it would have seen had its command been sent alone; each reply, error or not,
+//! belongs to its own command.
+
+use std::sync::OnceLock;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, Pipeline, RedisError, ServerErrorKind, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use super::StoreError;
+use super::redis::{Connection, Manager, checkout, fail, load};
+use super::script;
+
+/// Commands per pipeline at most, so one write stays a few kilobytes to a few hundred.
+const MAX_BATCH: usize = 256;
+
+/// The batcher of one pool of connections to one Redis server.
+pub(super) struct Coalescer {
+    pool: bb8::Pool<Manager>,
+    /// Started on first use, because the task needs the runtime that serves the requests.
+    queue: OnceLock<mpsc::UnboundedSender<Call>>,
+}
+
+struct Call {
+    cmd: Cmd,
+    reply: oneshot::Sender<Result<Value, StoreError>>,
+}
+
+impl Coalescer {
+    pub(super) fn new(pool: bb8::Pool<Manager>) -> Self {
+        Self {
+            pool,
+            queue: OnceLock::new(),
+        }
+    }
+
+    pub(super) fn pool(&self) -> &bb8::Pool<Manager> {
+        &self.pool
+    }
+
+    /// Sends a script call (`EVALSHA`) in the next batch and waits for its reply. A script that
+    /// Redis has forgotten is loaded again and the call resent, so callers never see `NOSCRIPT`;
+    /// any other error reply comes back as an error.
+    pub(super) async fn call(&self, cmd: Cmd) -> Result<Value, StoreError> {
+        let queue = self.queue.get_or_init(|| {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            tokio::spawn(batcher(self.pool.clone(), receiver));
+            sender
+        });
+        let (reply, answer) = oneshot::channel();
+        let stopped = || StoreError::Unavailable("the redis batcher has stopped".into());
+        queue.send(Call { cmd, reply }).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+/// Gathers queued calls into batches until every sender is gone (the store was dropped).
+async fn batcher(pool: bb8::Pool<Manager>, mut queue: mpsc::UnboundedReceiver<Call>) {
+    while let Some(first) = queue.recv().await {
+        // Requests woken together run before this task does again; their commands join the batch.
+        tokio::task::yield_now().await;
+        let mut batch = Vec::with_capacity(queue.len().min(MAX_BATCH) + 1);
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(call) => batch.push(call),
+                Err(_) => break,
+            }
+        }
+        // Sent from its own task so that a slow reply (or connect) never holds up the next batch.
+        tokio::spawn(send(pool.clone(), batch));
+    }
+}
+
+/// Sends one batch as a pipeline and hands each caller its reply.
+async fn send(pool: bb8::Pool<Manager>, batch: Vec<Call>) {
+    let mut pipe = Pipeline::with_capacity(batch.len());
+    let mut replies = Vec::with_capacity(batch.len());
+    for call in batch {
+        pipe.add_command(call.cmd);
+        replies.push(call.reply);
+    }
+    let answers = match checkout(&pool).await {
+        Ok(mut conn) => match run(&mut conn, &pipe).await {
+            Ok(values) => values
+                .into_iter()
+                .map(|value| match value {
+                    Value::ServerError(e) => Err(fail(&conn, RedisError::from(e))),
+                    value => Ok(value),
+                })
+                .collect(),
+            Err(e) => {
+                let e = fail(&conn, e);
+                vec![Err(e); replies.len()]
+            }
+        },
+        Err(e) => vec![Err(e); replies.len()],
+    };
+    for (reply, answer) in replies.into_iter().zip(answers) {
+        // A caller that gave up (deadline) has dropped its receiver; its answer is discarded.
+        let _ = reply.send(answer);
+    }
+}
+
+/// The pipeline's replies, one per command. Commands whose script Redis had forgotten (restart,
+/// failover, `SCRIPT FLUSH`) did not run; the scripts are loaded again and only those commands
+/// are sent a second time.
+async fn run(conn: &mut Connection, pipe: &Pipeline) -> redis::RedisResult<Vec<Value>> {
+    let mut values = conn.redis.req_packed_commands(pipe, 0, pipe.len()).await?;
+    let lost: Vec<usize> = (0..values.len())
+        .filter(|&i| is_noscript(&values[i]))
+        .collect();
+    if lost.is_empty() {
+        return Ok(values);
+    }
+    tracing::info!("redis lost a script; loading it again");
+    for script in script::all() {
+        load(&mut conn.redis, script).await?;
+    }
+    let mut again = Pipeline::with_capacity(lost.len());
+    let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
+    for &i in &lost {
+        again.add_command(cmds[i].clone());
+    }
+    let resent = conn
+        .redis
+        .req_packed_commands(&again, 0, lost.len())
+        .await?;
+    for (i, value) in lost.into_iter().zip(resent) {
+        values[i] = value;
+    }
+    Ok(values)
+}
+
+fn is_noscript(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
+}
