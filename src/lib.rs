@@ -5,6 +5,14 @@
 //! a [`store`] (in-process memory or Redis) for one atomic decision per request. [`settings`]
 //! turns the environment into typed options; [`cli`] is the command line.
 
+/// glibc's malloc took about a seventh of the server's CPU on the Redis path (arena locks,
+/// consolidation); with mimalloc the server used 14% less CPU per decision in the same run
+/// (docs/BENCHMARKS.md). Set here so the service, the benchmark's null server and the examples
+/// measure with the same allocator.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 pub mod cli;
 pub mod clock;
 pub mod config;
