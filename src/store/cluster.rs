@@ -1,5 +1,6 @@
-//! Redis Cluster routing: the slot map, one bb8-redis pool per master, and the cluster's replies
-//! that move a call (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, a dead node).
+//! Redis Cluster routing: the slot map, one bb8-redis pool and one batcher (`coalesce.rs`) per
+//! master, and the cluster's replies that move a call (`MOVED`, `ASK`, `TRYAGAIN`,
+//! `CLUSTERDOWN`, a dead node).
 //!
 //! We route ourselves instead of using redis-rs's cluster client because a rate limiter needs
 //! bounded, predictable behaviour when the cluster changes: redis-rs refreshes its slot map only
@@ -28,7 +29,9 @@ use arc_swap::ArcSwap;
 use redis::{ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::StoreError;
-use super::redis::{Connection, Manager, describe, fail, new_pool};
+use super::coalesce::{CallError, Coalescer, Connect};
+use super::redis::{Connection, Manager, describe, eval_on, fail, new_pool, redis_error};
+use super::script::LuaScript;
 use super::slot::SLOTS;
 
 /// Refreshes of the slot map are at least this far apart.
@@ -52,10 +55,7 @@ pub struct Cluster {
     pool_size: u32,
     connect_timeout: Duration,
     topology: ArcSwap<Topology>,
-    pools: Mutex<HashMap<String, bb8::Pool<Manager>>>,
-    /// Nodes that could not be reached, and until when calls to them fail at once instead of
-    /// waiting for a connection that will not come.
-    down: Mutex<HashMap<String, Instant>>,
+    nodes: Mutex<HashMap<String, Arc<Coalescer<Node>>>>,
     /// When the slot map was last refreshed (`None`: never).
     refresh: tokio::sync::Mutex<Option<Instant>>,
 }
@@ -93,8 +93,7 @@ impl Cluster {
                 owner: vec![None; usize::from(SLOTS)],
                 masters: Vec::new(),
             }),
-            pools: Mutex::new(HashMap::new()),
-            down: Mutex::new(HashMap::new()),
+            nodes: Mutex::new(HashMap::new()),
             refresh: tokio::sync::Mutex::new(None),
         }
     }
@@ -104,52 +103,25 @@ impl Cluster {
         self.topology.load().masters.clone()
     }
 
-    /// A connection to `node`, from its pool (created on first use). A node that could not be
-    /// reached recently fails at once.
-    pub async fn connection(&self, node: &str) -> Result<Connection, StoreError> {
-        if self.is_down(node) {
-            return Err(StoreError::Unavailable(format!("{node}: unreachable")));
+    /// The batcher of `node`, with its pool (created on first use).
+    fn node(&self, node: &str) -> Result<Arc<Coalescer<Node>>, StoreError> {
+        let mut nodes = lock(&self.nodes);
+        if let Some(found) = nodes.get(node) {
+            return Ok(found.clone());
         }
-        let pool = {
-            let mut pools = lock(&self.pools);
-            match pools.get(node) {
-                Some(pool) => pool.clone(),
-                None => {
-                    let pool =
-                        new_pool(self.node_info(node)?, self.pool_size, self.connect_timeout)?;
-                    pools.insert(node.to_string(), pool.clone());
-                    pool
-                }
-            }
-        };
-        // bb8 waits out its whole connection timeout even when the node refuses at once; a
-        // checkout that takes this long means the node is gone (connections are shared, so a
-        // live node hands one out immediately).
-        let checkout = tokio::time::timeout(CHECKOUT_WAIT, pool.get()).await;
-        match checkout {
-            Ok(Ok(pooled)) => Ok(Connection::clone(&pooled)),
-            failed => {
-                lock(&self.down).insert(node.to_string(), Instant::now() + DOWN_FOR);
-                Err(match failed {
-                    Ok(Err(bb8::RunError::User(e))) => {
-                        StoreError::Unavailable(format!("{node}: {}", describe(&e)))
-                    }
-                    _ => StoreError::Unavailable(format!("{node}: no connection")),
-                })
-            }
-        }
+        let created = Arc::new(Coalescer::new(Node {
+            name: node.to_string(),
+            pool: new_pool(self.node_info(node)?, self.pool_size, self.connect_timeout)?,
+            down_until: Mutex::new(None),
+        }));
+        nodes.insert(node.to_string(), created.clone());
+        Ok(created)
     }
 
-    fn is_down(&self, node: &str) -> bool {
-        let mut down = lock(&self.down);
-        match down.get(node) {
-            Some(until) if *until > Instant::now() => true,
-            Some(_) => {
-                down.remove(node);
-                false
-            }
-            None => false,
-        }
+    /// A connection to `node`, from its pool. A node that could not be reached recently fails
+    /// at once.
+    pub async fn connection(&self, node: &str) -> Result<Connection, StoreError> {
+        self.node(node)?.source().connect().await
     }
 
     fn node_info(&self, node: &str) -> Result<ConnectionInfo, StoreError> {
@@ -219,13 +191,16 @@ impl Cluster {
         }
     }
 
-    /// Runs `call` on the master of `slot`, following the cluster's redirections until the call
-    /// completes or fails for good. `call` gets a connection and whether to send `ASKING` first.
-    pub async fn run<T, F, Fut>(&self, slot: u16, call: F) -> Result<T, StoreError>
-    where
-        F: Fn(Connection, bool) -> Fut,
-        Fut: std::future::Future<Output = Result<T, (Connection, RedisError)>>,
-    {
+    /// Runs `cmd` (an `EVALSHA` of `script`) on the master of `slot`, following the cluster's
+    /// redirections until the call completes or fails for good. Calls to a node are coalesced
+    /// with other requests' (see `coalesce.rs`), except after `ASK`, which needs `ASKING` sent
+    /// right before the call.
+    pub async fn run(
+        &self,
+        slot: u16,
+        script: &LuaScript,
+        cmd: &redis::Cmd,
+    ) -> Result<Value, StoreError> {
         let mut target: Option<(String, bool)> = None;
         for _ in 0..=MAX_REDIRECTS {
             let (node, asking) = match target.take() {
@@ -241,12 +216,24 @@ impl Cluster {
                     }
                 },
             };
-            let attempt = match self.connection(&node).await {
-                Err(e) => Attempt::Unreachable(e),
-                Ok(conn) => match call(conn, asking).await {
+            let attempt = if asking {
+                match self.connection(&node).await {
+                    Err(e) => Attempt::Unreachable(e),
+                    Ok(mut conn) => match eval_on(&mut conn.redis, script, cmd, true).await {
+                        Ok(value) => Attempt::Done(value),
+                        Err(e) => classify(e).map_err(|e| fail(&conn, e))?,
+                    },
+                }
+            } else {
+                match self.node(&node)?.call(cmd.clone()).await {
+                    Ok(Value::ServerError(e)) => {
+                        classify(RedisError::from(e)).map_err(redis_error)?
+                    }
                     Ok(value) => Attempt::Done(value),
-                    Err((conn, e)) => classify(&conn, e)?,
-                },
+                    Err(CallError::NotSent(e)) => Attempt::Unreachable(e),
+                    // The script may have run: not retried, so hits are never counted twice.
+                    Err(CallError::Lost(e)) => return Err(e),
+                }
             };
             match &attempt {
                 Attempt::Done(_) => {}
@@ -295,21 +282,64 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Sorts a failed call into what to do next. Errors that may mean the script ran are final.
-fn classify<T>(conn: &Connection, e: RedisError) -> Result<Attempt<T>, StoreError> {
+/// Sorts a failed call into what to do next. Errors that may mean the script ran are final
+/// (returned as they are).
+fn classify<T>(e: RedisError) -> Result<Attempt<T>, RedisError> {
     match e.kind() {
         ErrorKind::Server(ServerErrorKind::Moved) => match e.redirect_node() {
             Some((node, _)) => Ok(Attempt::Moved(node.to_string())),
-            None => Err(fail(conn, e)),
+            None => Err(e),
         },
         ErrorKind::Server(ServerErrorKind::Ask) => match e.redirect_node() {
             Some((node, _)) => Ok(Attempt::Ask(node.to_string())),
-            None => Err(fail(conn, e)),
+            None => Err(e),
         },
         ErrorKind::Server(
             ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown,
         ) => Ok(Attempt::RetryLater),
-        _ => Err(fail(conn, e)),
+        _ => Err(e),
+    }
+}
+
+/// One master: its pool, and until when it counts as unreachable.
+pub(super) struct Node {
+    name: String,
+    pool: bb8::Pool<Manager>,
+    /// Calls fail at once until then instead of waiting for a connection that will not come.
+    down_until: Mutex<Option<Instant>>,
+}
+
+impl Connect for Node {
+    async fn connect(&self) -> Result<Connection, StoreError> {
+        {
+            let mut down = lock(&self.down_until);
+            match *down {
+                Some(until) if until > Instant::now() => {
+                    return Err(StoreError::Unavailable(format!(
+                        "{}: unreachable",
+                        self.name
+                    )));
+                }
+                Some(_) => *down = None,
+                None => {}
+            }
+        }
+        // bb8 waits out its whole connection timeout even when the node refuses at once; a
+        // checkout that takes this long means the node is gone (connections are shared, so a
+        // live node hands one out immediately).
+        let checkout = tokio::time::timeout(CHECKOUT_WAIT, self.pool.get()).await;
+        match checkout {
+            Ok(Ok(pooled)) => Ok(Connection::clone(&pooled)),
+            failed => {
+                *lock(&self.down_until) = Some(Instant::now() + DOWN_FOR);
+                Err(match failed {
+                    Ok(Err(bb8::RunError::User(e))) => {
+                        StoreError::Unavailable(format!("{}: {}", self.name, describe(&e)))
+                    }
+                    _ => StoreError::Unavailable(format!("{}: no connection", self.name)),
+                })
+            }
+        }
     }
 }
 

@@ -13,61 +13,91 @@
 //! exactly what it would have seen had its command been sent alone; each reply, error or not,
 //! belongs to its own command.
 
-use std::sync::OnceLock;
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisError, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use super::StoreError;
-use super::redis::{Connection, Manager, checkout, fail, load};
+use super::redis::{Connection, Manager, checkout, fail, load, retire_if_broken};
 use super::script;
 
 /// Commands per pipeline at most, so one write stays a few kilobytes to a few hundred.
 const MAX_BATCH: usize = 256;
 
-/// The batcher of one pool of connections to one Redis server.
-pub(super) struct Coalescer {
-    pool: bb8::Pool<Manager>,
+/// Where a batch gets its connection: a pool (one server), or a cluster node.
+pub(super) trait Connect: Send + Sync + 'static {
+    fn connect(&self) -> impl Future<Output = Result<Connection, StoreError>> + Send;
+}
+
+impl Connect for bb8::Pool<Manager> {
+    fn connect(&self) -> impl Future<Output = Result<Connection, StoreError>> + Send {
+        checkout(self)
+    }
+}
+
+/// Why a call has no reply. The difference matters to a cluster, which may send a call that was
+/// never sent to another node, but must not resend one that may have run.
+#[derive(Debug)]
+pub(super) enum CallError {
+    /// No connection could be had: the command was not sent.
+    NotSent(StoreError),
+    /// The connection failed with the command on it: the script may have run.
+    Lost(StoreError),
+}
+
+impl From<CallError> for StoreError {
+    fn from(e: CallError) -> Self {
+        match e {
+            CallError::NotSent(e) | CallError::Lost(e) => e,
+        }
+    }
+}
+
+/// The batcher of the connections to one Redis server.
+pub(super) struct Coalescer<C: Connect> {
+    source: Arc<C>,
     /// Started on first use, because the task needs the runtime that serves the requests.
     queue: OnceLock<mpsc::UnboundedSender<Call>>,
 }
 
 struct Call {
     cmd: Cmd,
-    reply: oneshot::Sender<Result<Value, StoreError>>,
+    reply: oneshot::Sender<Result<Value, CallError>>,
 }
 
-impl Coalescer {
-    pub(super) fn new(pool: bb8::Pool<Manager>) -> Self {
+impl<C: Connect> Coalescer<C> {
+    pub(super) fn new(source: C) -> Self {
         Self {
-            pool,
+            source: Arc::new(source),
             queue: OnceLock::new(),
         }
     }
 
-    pub(super) fn pool(&self) -> &bb8::Pool<Manager> {
-        &self.pool
+    pub(super) fn source(&self) -> &C {
+        &self.source
     }
 
-    /// Sends a script call (`EVALSHA`) in the next batch and waits for its reply. A script that
-    /// Redis has forgotten is loaded again and the call resent, so callers never see `NOSCRIPT`;
-    /// any other error reply comes back as an error.
-    pub(super) async fn call(&self, cmd: Cmd) -> Result<Value, StoreError> {
+    /// Sends a script call (`EVALSHA`) in the next batch and waits for its reply, which may be
+    /// an error reply (`Value::ServerError`). A script that Redis has forgotten is loaded again
+    /// and the call resent, so callers never see `NOSCRIPT`.
+    pub(super) async fn call(&self, cmd: Cmd) -> Result<Value, CallError> {
         let queue = self.queue.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
-            tokio::spawn(batcher(self.pool.clone(), receiver));
+            tokio::spawn(batcher(self.source.clone(), receiver));
             sender
         });
         let (reply, answer) = oneshot::channel();
-        let stopped = || StoreError::Unavailable("the redis batcher has stopped".into());
+        let stopped = || CallError::NotSent(StoreError::Unavailable("batcher stopped".into()));
         queue.send(Call { cmd, reply }).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 }
 
 /// Gathers queued calls into batches until every sender is gone (the store was dropped).
-async fn batcher(pool: bb8::Pool<Manager>, mut queue: mpsc::UnboundedReceiver<Call>) {
+async fn batcher<C: Connect>(source: Arc<C>, mut queue: mpsc::UnboundedReceiver<Call>) {
     while let Some(first) = queue.recv().await {
         // Requests woken together run before this task does again; their commands join the batch.
         tokio::task::yield_now().await;
@@ -80,33 +110,39 @@ async fn batcher(pool: bb8::Pool<Manager>, mut queue: mpsc::UnboundedReceiver<Ca
             }
         }
         // Sent from its own task so that a slow reply (or connect) never holds up the next batch.
-        tokio::spawn(send(pool.clone(), batch));
+        tokio::spawn(send(source.clone(), batch));
     }
 }
 
 /// Sends one batch as a pipeline and hands each caller its reply.
-async fn send(pool: bb8::Pool<Manager>, batch: Vec<Call>) {
+async fn send<C: Connect>(source: Arc<C>, batch: Vec<Call>) {
     let mut pipe = Pipeline::with_capacity(batch.len());
     let mut replies = Vec::with_capacity(batch.len());
     for call in batch {
         pipe.add_command(call.cmd);
         replies.push(call.reply);
     }
-    let answers = match checkout(&pool).await {
+    let answers: Vec<Result<Value, CallError>> = match source.connect().await {
         Ok(mut conn) => match run(&mut conn, &pipe).await {
             Ok(values) => values
                 .into_iter()
-                .map(|value| match value {
-                    Value::ServerError(e) => Err(fail(&conn, RedisError::from(e))),
-                    value => Ok(value),
+                .map(|value| {
+                    if let Value::ServerError(e) = &value {
+                        retire_if_broken(&conn, &RedisError::from(e.clone()));
+                    }
+                    Ok(value)
                 })
                 .collect(),
             Err(e) => {
                 let e = fail(&conn, e);
-                vec![Err(e); replies.len()]
+                (0..replies.len())
+                    .map(|_| Err(CallError::Lost(e.clone())))
+                    .collect()
             }
         },
-        Err(e) => vec![Err(e); replies.len()],
+        Err(e) => (0..replies.len())
+            .map(|_| Err(CallError::NotSent(e.clone())))
+            .collect(),
     };
     for (reply, answer) in replies.into_iter().zip(answers) {
         // A caller that gave up (deadline) has dropped its receiver; its answer is discarded.

@@ -24,7 +24,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     ClientTlsConfig, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
-    TlsCertificates,
+    TlsCertificates, Value,
 };
 
 use super::cluster::Cluster;
@@ -225,7 +225,7 @@ pub struct RedisStore {
 /// How calls reach Redis.
 enum Connector {
     /// bb8 pool of multiplexed connections to one server; concurrent calls are coalesced.
-    Single(Coalescer),
+    Single(Coalescer<bb8::Pool<Manager>>),
     /// A bb8 pool per master, routed by slot (see `cluster.rs`).
     Cluster(Arc<Cluster>),
 }
@@ -307,7 +307,7 @@ impl RedisStore {
     /// them by.
     async fn load_script(&self) -> Result<(), StoreError> {
         let connections = match &self.connector {
-            Connector::Single(coalescer) => vec![checkout(coalescer.pool()).await?],
+            Connector::Single(coalescer) => vec![checkout(coalescer.source()).await?],
             Connector::Cluster(cluster) => {
                 cluster.refresh().await?;
                 let mut connections = Vec::new();
@@ -347,21 +347,11 @@ impl RedisStore {
             self.options.pinned_clock.as_ref().map(|c| c.now_micros()),
         );
         match &self.connector {
-            Connector::Single(coalescer) => {
-                let value = coalescer.call(cmd).await?;
-                T::from_redis_value(value).map_err(|e| StoreError::Protocol(e.to_string()))
-            }
-            Connector::Cluster(cluster) => {
-                let cmd = &cmd;
-                cluster
-                    .run(slot, |mut conn, asking| async move {
-                        match eval_on(&mut conn.redis, script, cmd, asking).await {
-                            Ok(value) => Ok(value),
-                            Err(e) => Err((conn, e)),
-                        }
-                    })
-                    .await
-            }
+            Connector::Single(coalescer) => match coalescer.call(cmd).await? {
+                Value::ServerError(e) => Err(redis_error(RedisError::from(e))),
+                value => parse(value),
+            },
+            Connector::Cluster(cluster) => parse(cluster.run(slot, script, &cmd).await?),
         }
     }
 
@@ -443,10 +433,15 @@ impl RedisStore {
     }
 }
 
+/// A script's reply as the caller's type.
+fn parse<T: redis::FromRedisValue>(value: Value) -> Result<T, StoreError> {
+    T::from_redis_value(value).map_err(|e| StoreError::Protocol(e.to_string()))
+}
+
 /// `cmd` (an EVALSHA of `script`), after `ASKING` when a cluster slot is migrating to this
 /// node. `NOSCRIPT` means the script did not run (Redis restarted, failed over or was flushed):
 /// load it on this node and try once more, so callers never see it.
-async fn eval_on<C: ConnectionLike, T: redis::FromRedisValue>(
+pub(super) async fn eval_on<C: ConnectionLike, T: redis::FromRedisValue>(
     conn: &mut C,
     script: &LuaScript,
     cmd: &redis::Cmd,
@@ -664,13 +659,18 @@ fn decode(reply: &[i64], checks: usize) -> Result<Vec<Outcome>, StoreError> {
 
 /// Records a failed call: connection-level failures retire the connection.
 pub(super) fn fail(conn: &Connection, e: RedisError) -> StoreError {
+    retire_if_broken(conn, &e);
+    redis_error(e)
+}
+
+/// Retires the connection when `e` says it cannot serve more calls.
+pub(super) fn retire_if_broken(conn: &Connection, e: &RedisError) {
     // READONLY: the server was demoted to replica by a failover; a new connection (through the
     // sentinels) reaches the new master.
     let demoted = e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
     if demoted || e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
         conn.broken.store(true, Ordering::Relaxed);
     }
-    redis_error(e)
 }
 
 /// A connection from `pool`, handed back at once: the multiplexed handle is shared by clones.
@@ -684,7 +684,7 @@ pub(super) async fn checkout(pool: &bb8::Pool<Manager>) -> Result<Connection, St
     Ok(Connection::clone(&pooled))
 }
 
-fn redis_error(e: RedisError) -> StoreError {
+pub(super) fn redis_error(e: RedisError) -> StoreError {
     StoreError::Redis(describe(&e))
 }
 
