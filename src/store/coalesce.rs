@@ -6,14 +6,15 @@
 //! command to one batcher task and wait for their own reply. Once woken, the batcher yields to
 //! the runtime a single time, so that every request that is ready to run can queue its command
 //! first, and then sends everything queued as one pipeline on one pooled connection. Nothing waits
-//! on a timer: a lone request goes out after one pass of the runtime's ready queue, and under load
-//! a batch holds whatever piled up meanwhile.
+//! on a timer: under load a batch holds whatever piled up meanwhile. A call that starts while no
+//! other is in flight has nothing to share a write with, and goes out at once by itself.
 //!
 //! Redis runs a pipeline's commands one after another, each script atomically, so a script sees
 //! exactly what it would have seen had its command been sent alone; each reply, error or not,
 //! belongs to its own command.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use redis::aio::ConnectionLike;
@@ -61,6 +62,8 @@ pub(super) struct Coalescer<C: Connect> {
     source: Arc<C>,
     /// Started on first use, because the task needs the runtime that serves the requests.
     queue: OnceLock<mpsc::UnboundedSender<Call>>,
+    /// Calls between their start and their reply.
+    in_flight: AtomicUsize,
 }
 
 struct Call {
@@ -73,6 +76,7 @@ impl<C: Connect> Coalescer<C> {
         Self {
             source: Arc::new(source),
             queue: OnceLock::new(),
+            in_flight: AtomicUsize::new(0),
         }
     }
 
@@ -84,6 +88,15 @@ impl<C: Connect> Coalescer<C> {
     /// an error reply (`Value::ServerError`). A script that Redis has forgotten is loaded again
     /// and the call resent, so callers never see `NOSCRIPT`.
     pub(super) async fn call(&self, cmd: Cmd) -> Result<Value, CallError> {
+        let entered = InFlight::enter(&self.in_flight);
+        if entered.alone {
+            // Nothing to share a write with: send at once, without the two task hops (batcher,
+            // sender) that a batch costs. This keeps an idle service's latency what it was.
+            let mut pipe = Pipeline::with_capacity(1);
+            pipe.add_command(cmd);
+            let mut answers = exchange(&*self.source, &pipe).await;
+            return answers.pop().expect("one answer per command");
+        }
         let queue = self.queue.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
             tokio::spawn(batcher(self.source.clone(), receiver));
@@ -122,8 +135,17 @@ async fn send<C: Connect>(source: Arc<C>, batch: Vec<Call>) {
         pipe.add_command(call.cmd);
         replies.push(call.reply);
     }
-    let answers: Vec<Result<Value, CallError>> = match source.connect().await {
-        Ok(mut conn) => match run(&mut conn, &pipe).await {
+    let answers = exchange(&*source, &pipe).await;
+    for (reply, answer) in replies.into_iter().zip(answers) {
+        // A caller that gave up (deadline) has dropped its receiver; its answer is discarded.
+        let _ = reply.send(answer);
+    }
+}
+
+/// Sends `pipe` on a connection from `source`: one answer per command, in order.
+async fn exchange<C: Connect>(source: &C, pipe: &Pipeline) -> Vec<Result<Value, CallError>> {
+    match source.connect().await {
+        Ok(mut conn) => match run(&mut conn, pipe).await {
             Ok(values) => values
                 .into_iter()
                 .map(|value| {
@@ -135,18 +157,34 @@ async fn send<C: Connect>(source: Arc<C>, batch: Vec<Call>) {
                 .collect(),
             Err(e) => {
                 let e = fail(&conn, e);
-                (0..replies.len())
+                (0..pipe.len())
                     .map(|_| Err(CallError::Lost(e.clone())))
                     .collect()
             }
         },
-        Err(e) => (0..replies.len())
+        Err(e) => (0..pipe.len())
             .map(|_| Err(CallError::NotSent(e.clone())))
             .collect(),
-    };
-    for (reply, answer) in replies.into_iter().zip(answers) {
-        // A caller that gave up (deadline) has dropped its receiver; its answer is discarded.
-        let _ = reply.send(answer);
+    }
+}
+
+/// Counts a call as in flight until it is dropped (answered, or abandoned at its deadline).
+struct InFlight<'a> {
+    count: &'a AtomicUsize,
+    /// No other call was in flight when this one started.
+    alone: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        let alone = count.fetch_add(1, Ordering::Relaxed) == 0;
+        Self { count, alone }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
