@@ -1,14 +1,15 @@
 //! The Redis store (standalone Redis): one `EVALSHA` of the decision script per request.
 //!
-//! Connections come from a `bb8` pool of `bb8-redis` multiplexed connections. A request checks a
-//! connection out, clones the handle and returns it at once, so concurrent requests share
-//! connections and pipeline on the wire instead of queueing for a free one. bb8-redis never
+//! Connections come from a `bb8` pool of `bb8-redis` multiplexed connections. Script calls go
+//! through `coalesce.rs`, which sends the calls of concurrent requests as one pipeline on one
+//! pooled connection (checked out, cloned and returned at once). bb8-redis never
 //! reports a connection as broken, so [`Manager`] wraps it with a flag that a failed call sets;
 //! the pool then replaces that connection on its next checkout, without a PING per request.
 //!
 //! The script is loaded with `SCRIPT LOAD` at start-up and called by SHA1. Redis forgets scripts
 //! on restart, failover and `SCRIPT FLUSH`; a `NOSCRIPT` reply means the script did not run, so
-//! the store loads it again and retries once, and the caller sees no error.
+//! the store loads it again and retries once (in `coalesce.rs`; in `eval_on` for a call sent
+//! after a cluster's `ASK`), and the caller sees no error.
 
 use std::collections::BTreeMap;
 use std::fmt;
