@@ -103,9 +103,16 @@ impl<C: Connect> Coalescer<C> {
             sender
         });
         let (reply, answer) = oneshot::channel();
-        let stopped = || CallError::NotSent(StoreError::Unavailable("batcher stopped".into()));
-        queue.send(Call { cmd, reply }).map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+        queue
+            .send(Call { cmd, reply })
+            .map_err(|_| CallError::NotSent(StoreError::Unavailable("batcher stopped".into())))?;
+        // No answer means the sending task was dropped (the runtime is stopping) and the call may
+        // have reached Redis, so it counts as lost: a cluster must not send it elsewhere.
+        answer.await.map_err(|_| {
+            CallError::Lost(StoreError::Unavailable(
+                "the call was abandoned without an answer".into(),
+            ))
+        })?
     }
 }
 
