@@ -19,19 +19,20 @@
 //!   and a retry could count its hits twice. The caller gets an error (and the failure policy).
 //!
 //! Scripts are loaded on every master at start-up; a master that joins or is promoted later
-//! answers `NOSCRIPT` once and gets them then (see `redis.rs`).
+//! answers `NOSCRIPT` once and gets them then (see `coalesce.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use redis::{ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{
+    ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value,
+};
 
 use super::StoreError;
-use super::coalesce::{CallError, Coalescer, Connect};
-use super::redis::{Connection, Manager, describe, eval_on, fail, new_pool, redis_error};
-use super::script::LuaScript;
+use super::coalesce::{CallError, Coalescer, Connect, send_on};
+use super::redis::{Connection, Manager, describe, fail, new_pool, redis_error};
 use super::slot::SLOTS;
 
 /// Refreshes of the slot map are at least this far apart.
@@ -191,16 +192,11 @@ impl Cluster {
         }
     }
 
-    /// Runs `cmd` (an `EVALSHA` of `script`) on the master of `slot`, following the cluster's
+    /// Runs `cmd` (an `EVALSHA`) on the master of `slot`, following the cluster's
     /// redirections until the call completes or fails for good. Calls to a node are coalesced
     /// with other requests' (see `coalesce.rs`), except after `ASK`, which needs `ASKING` sent
     /// right before the call.
-    pub async fn run(
-        &self,
-        slot: u16,
-        script: &LuaScript,
-        cmd: &redis::Cmd,
-    ) -> Result<Value, StoreError> {
+    pub async fn run(&self, slot: u16, cmd: &redis::Cmd) -> Result<Value, StoreError> {
         let mut target: Option<(String, bool)> = None;
         for _ in 0..=MAX_REDIRECTS {
             let (node, asking) = match target.take() {
@@ -219,10 +215,26 @@ impl Cluster {
             let attempt = if asking {
                 match self.connection(&node).await {
                     Err(e) => Attempt::Unreachable(e),
-                    Ok(mut conn) => match eval_on(&mut conn.redis, script, cmd, true).await {
-                        Ok(value) => Attempt::Done(value),
-                        Err(e) => classify(e).map_err(|e| fail(&conn, e))?,
-                    },
+                    Ok(mut conn) => {
+                        // After a NOSCRIPT the call is resent without ASKING; the node then
+                        // answers MOVED (the script did not run) and the loop follows it.
+                        let mut pipe = Pipeline::with_capacity(2);
+                        pipe.cmd("ASKING").add_command(cmd.clone());
+                        match send_on(&mut conn, &pipe).await {
+                            Ok(mut replies) => match replies.pop() {
+                                Some(Value::ServerError(e)) => {
+                                    classify(RedisError::from(e)).map_err(|e| fail(&conn, e))?
+                                }
+                                Some(value) => Attempt::Done(value),
+                                None => {
+                                    return Err(StoreError::Protocol(
+                                        "no reply after ASKING".into(),
+                                    ));
+                                }
+                            },
+                            Err(e) => return Err(fail(&conn, e)),
+                        }
+                    }
                 }
             } else {
                 match self.node(&node)?.call(cmd.clone()).await {

@@ -152,7 +152,7 @@ async fn send<C: Connect>(source: Arc<C>, batch: Vec<Call>) {
 /// Sends `pipe` on a connection from `source`: one answer per command, in order.
 async fn exchange<C: Connect>(source: &C, pipe: &Pipeline) -> Vec<Result<Value, CallError>> {
     match source.connect().await {
-        Ok(mut conn) => match run(&mut conn, pipe).await {
+        Ok(mut conn) => match send_on(&mut conn, pipe).await {
             Ok(values) => values
                 .into_iter()
                 .map(|value| {
@@ -195,10 +195,13 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// The pipeline's replies, one per command. Commands whose script Redis had forgotten (restart,
-/// failover, `SCRIPT FLUSH`) did not run; the scripts are loaded again and only those commands
-/// are sent a second time.
-async fn run(conn: &mut Connection, pipe: &Pipeline) -> redis::RedisResult<Vec<Value>> {
+/// Sends `pipe` on `conn`: its replies, one per command. Commands whose script Redis had forgotten
+/// (restart, failover, `SCRIPT FLUSH`) did not run; the scripts are loaded again and only those
+/// commands are sent a second time. The one place that recovers from `NOSCRIPT`.
+pub(super) async fn send_on(
+    conn: &mut Connection,
+    pipe: &Pipeline,
+) -> redis::RedisResult<Vec<Value>> {
     let mut values = conn.redis.req_packed_commands(pipe, 0, pipe.len()).await?;
     let lost: Vec<usize> = (0..values.len())
         .filter(|&i| is_noscript(&values[i]))

@@ -8,8 +8,8 @@
 //!
 //! The script is loaded with `SCRIPT LOAD` at start-up and called by SHA1. Redis forgets scripts
 //! on restart, failover and `SCRIPT FLUSH`; a `NOSCRIPT` reply means the script did not run, so
-//! the store loads it again and retries once (in `coalesce.rs`; in `eval_on` for a call sent
-//! after a cluster's `ASK`), and the caller sees no error.
+//! the store loads it again and retries once (`coalesce::send_on`), and the caller sees no
+//! error.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -352,7 +352,7 @@ impl RedisStore {
                 Value::ServerError(e) => Err(redis_error(RedisError::from(e))),
                 value => parse(value),
             },
-            Connector::Cluster(cluster) => parse(cluster.run(slot, script, &cmd).await?),
+            Connector::Cluster(cluster) => parse(cluster.run(slot, &cmd).await?),
         }
     }
 
@@ -437,43 +437,6 @@ impl RedisStore {
 /// A script's reply as the caller's type.
 fn parse<T: redis::FromRedisValue>(value: Value) -> Result<T, StoreError> {
     T::from_redis_value(value).map_err(|e| StoreError::Protocol(e.to_string()))
-}
-
-/// `cmd` (an EVALSHA of `script`), after `ASKING` when a cluster slot is migrating to this
-/// node. `NOSCRIPT` means the script did not run (Redis restarted, failed over or was flushed):
-/// load it on this node and try once more, so callers never see it.
-pub(super) async fn eval_on<C: ConnectionLike, T: redis::FromRedisValue>(
-    conn: &mut C,
-    script: &LuaScript,
-    cmd: &redis::Cmd,
-    asking: bool,
-) -> redis::RedisResult<T> {
-    match once(conn, cmd, asking).await {
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            tracing::info!("redis lost a script; loading it again");
-            load(conn, script).await?;
-            once(conn, cmd, asking).await
-        }
-        other => other,
-    }
-}
-
-async fn once<C: ConnectionLike, T: redis::FromRedisValue>(
-    conn: &mut C,
-    cmd: &redis::Cmd,
-    asking: bool,
-) -> redis::RedisResult<T> {
-    if asking {
-        let (value,): (T,) = redis::pipe()
-            .cmd("ASKING")
-            .ignore()
-            .add_command(cmd.clone())
-            .query_async(conn)
-            .await?;
-        Ok(value)
-    } else {
-        cmd.query_async(conn).await
-    }
 }
 
 /// `SCRIPT LOAD` on the node `conn` is connected to.
