@@ -13,10 +13,13 @@
 //! series bounded by the config (upstream's memory-growth complaint).
 
 use std::borrow::Cow;
+use std::fmt;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::config::{Algorithm, Limit, Quota};
@@ -25,6 +28,8 @@ use crate::store::Outcome;
 
 #[derive(Debug)]
 pub struct Metrics {
+    /// Tells this instance's cached handles from another's (see [`RuleCounters`]).
+    id: u64,
     registry: Registry,
     near_limit_ratio: f64,
     total_hits: IntCounterVec,
@@ -108,7 +113,9 @@ impl Metrics {
         .expect("valid metric");
         r.register(Box::new(store_call.clone()))
             .expect("each metric is registered once");
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             near_limit_ratio,
             total_hits: counter_vec(
                 &r,
@@ -236,8 +243,11 @@ impl Metrics {
             return;
         };
         let key = stats_key(limit, entries);
+        let per_request = RuleCounters::default();
+        let counters = self.counters_of(limit, &key).unwrap_or(&per_request);
         let labels = [domain, key.as_ref()];
-        self.total_hits.with_label_values(&labels).inc_by(hits);
+        let count = |which: RuleMetric, n: u64| counters.get(self, which, &labels).inc_by(n);
+        count(RuleMetric::TotalHits, hits);
         // The windows count hits against requests_per_unit; the buckets against their burst.
         let capacity = u64::from(algorithm.burst().unwrap_or(requests_per_unit));
         let after = match algorithm {
@@ -249,15 +259,15 @@ impl Metrics {
         };
         let (within, near, over) = split(hits, after, capacity, self.near_limit_ratio);
         if within > 0 {
-            self.within_limit.with_label_values(&labels).inc_by(within);
+            count(RuleMetric::WithinLimit, within);
         }
         if near > 0 {
-            self.near_limit.with_label_values(&labels).inc_by(near);
+            count(RuleMetric::NearLimit, near);
         }
         if over > 0 {
-            self.over_limit.with_label_values(&labels).inc_by(over);
+            count(RuleMetric::OverLimit, over);
             if limit.shadow_mode {
-                self.shadow_mode.with_label_values(&labels).inc_by(hits);
+                count(RuleMetric::ShadowMode, hits);
             }
         }
     }
@@ -271,9 +281,39 @@ impl Metrics {
         hits: u64,
     ) {
         let key = stats_key(limit, entries);
-        self.over_limit_with_local_cache
-            .with_label_values(&[domain, key.as_ref()])
+        let labels = [domain, key.as_ref()];
+        self.counters_of(limit, &key)
+            .unwrap_or(&RuleCounters::default())
+            .get(self, RuleMetric::OverLimitWithLocalCache, &labels)
             .inc_by(hits);
+    }
+
+    /// The request counter and latency histogram of one API (`grpc_method` label).
+    pub fn api(&self, method: &str) -> ApiMetrics {
+        ApiMetrics {
+            requests: self.total_requests.with_label_values(&[method]),
+            response_time: self.response_time.with_label_values(&[method]),
+        }
+    }
+
+    /// The limit's cached counters, when `key` is its fixed stats key and not one built for
+    /// this request.
+    fn counters_of<'l>(&self, limit: &'l Limit, key: &Cow<'l, str>) -> Option<&'l RuleCounters> {
+        match key {
+            Cow::Borrowed(_) => limit.stats.counters.for_metrics(self),
+            Cow::Owned(_) => None,
+        }
+    }
+
+    fn rule_vec(&self, which: RuleMetric) -> &IntCounterVec {
+        match which {
+            RuleMetric::TotalHits => &self.total_hits,
+            RuleMetric::WithinLimit => &self.within_limit,
+            RuleMetric::NearLimit => &self.near_limit,
+            RuleMetric::OverLimit => &self.over_limit,
+            RuleMetric::ShadowMode => &self.shadow_mode,
+            RuleMetric::OverLimitWithLocalCache => &self.over_limit_with_local_cache,
+        }
     }
 
     /// The text exposition of every metric.
@@ -283,6 +323,76 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut out)
             .expect("encoding metrics to memory cannot fail");
         out
+    }
+}
+
+/// The handles of one API's request metrics, resolved once by its server.
+#[derive(Debug, Clone)]
+pub struct ApiMetrics {
+    pub requests: IntCounter,
+    pub response_time: Histogram,
+}
+
+/// The per-rule counters, in the order of [`RuleCounters`]'s cells.
+#[derive(Clone, Copy)]
+enum RuleMetric {
+    TotalHits,
+    WithinLimit,
+    NearLimit,
+    OverLimit,
+    ShadowMode,
+    OverLimitWithLocalCache,
+}
+
+/// A limit's per-rule counters (labels: domain and stats key), each resolved on first use.
+///
+/// Looking a counter up by its labels hashes both strings and takes the vector's lock, and a
+/// request did that two to four times per descriptor. A limit whose stats key does not depend on
+/// the request keeps its handles with it (`config::Stats::counters`), so the lookups happen once
+/// per limit and configuration. A counter is only created when first counted, as with the
+/// lookups, so `/metrics` shows the same series either way.
+#[derive(Default)]
+pub struct RuleCounters {
+    cells: [OnceLock<IntCounter>; 6],
+}
+
+impl RuleCounters {
+    fn get(&self, metrics: &Metrics, which: RuleMetric, labels: &[&str; 2]) -> &IntCounter {
+        self.cells[which as usize].get_or_init(|| metrics.rule_vec(which).with_label_values(labels))
+    }
+}
+
+/// Where a limit keeps its [`RuleCounters`]: the first [`Metrics`] that counts for the limit
+/// fills it (a process has one; tests may have several, which then look their counters up).
+#[derive(Default)]
+pub struct RuleCountersSlot(OnceLock<(u64, RuleCounters)>);
+
+impl RuleCountersSlot {
+    fn for_metrics(&self, metrics: &Metrics) -> Option<&RuleCounters> {
+        let (owner, counters) = self.0.get_or_init(|| (metrics.id, RuleCounters::default()));
+        (*owner == metrics.id).then_some(counters)
+    }
+}
+
+/// A copy starts empty: it is a cache, not part of the limit's value.
+impl Clone for RuleCountersSlot {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+/// Always equal: two limits that differ only in what they have cached are the same limit.
+impl PartialEq for RuleCountersSlot {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for RuleCountersSlot {}
+
+impl fmt::Debug for RuleCountersSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RuleCountersSlot")
     }
 }
 

@@ -247,6 +247,7 @@ fn build_level(
                 segments: stats.segments.clone(),
                 value_levels: stats.value_levels.clone(),
                 detailed: spec.detailed_metric,
+                counters: Default::default(),
             },
             path: path.clone(),
             origin: Some(Origin {

@@ -19,6 +19,7 @@ use std::sync::Arc;
 pub use load::{LoadOptions, load_dir, load_sources};
 pub use wildcard::Wildcard;
 
+use crate::metrics::RuleCountersSlot;
 use crate::proto::{DescriptorEntry, OverrideUnit, ResponseUnit};
 
 /// The unit of a limit. Windows are aligned to the Unix epoch; a month is 30 days and a year 365,
@@ -375,6 +376,8 @@ pub struct Stats {
     pub value_levels: Vec<usize>,
     /// `detailed_metric`: every segment becomes `<key>_<runtime value>`.
     pub detailed: bool,
+    /// The metric handles of this limit, when its stats key is the same for every request.
+    pub counters: RuleCountersSlot,
 }
 
 /// A whole loaded configuration: every domain of every file.

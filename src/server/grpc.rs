@@ -28,7 +28,7 @@ use super::limiter_api::LimiterApi;
 use super::{ServeError, tls};
 use crate::limiter::{LimitError, RateLimiter};
 use crate::limiters::NamedLimiters;
-use crate::metrics::Metrics;
+use crate::metrics::{ApiMetrics, Metrics};
 use crate::proto::sluice::v1::limiter_server::LimiterServer;
 use crate::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
 use crate::settings::Settings;
@@ -43,6 +43,7 @@ pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 pub struct RateLimitService {
     limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
+    api: ApiMetrics,
 }
 
 #[tonic::async_trait]
@@ -51,13 +52,8 @@ impl proto::RateLimitService for RateLimitService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let method = ["ShouldRateLimit"];
-        self.metrics.total_requests.with_label_values(&method).inc();
-        let _timer = self
-            .metrics
-            .response_time
-            .with_label_values(&method)
-            .start_timer();
+        self.api.requests.inc();
+        let _timer = self.api.response_time.start_timer();
         let span = tracing::debug_span!("ShouldRateLimit", otel.kind = "server");
         if !span.is_disabled() {
             // The caller's W3C trace context, so our spans join its trace.
@@ -152,8 +148,12 @@ where
         .add_service(health)
         .add_service(reflection)
         .add_service(
-            RateLimitServiceServer::new(RateLimitService { limiter, metrics })
-                .max_decoding_message_size(MAX_REQUEST_BYTES),
+            RateLimitServiceServer::new(RateLimitService {
+                limiter,
+                api: metrics.api("ShouldRateLimit"),
+                metrics,
+            })
+            .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(LimiterServer::new(LimiterApi::new(named)));
     let serving: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =

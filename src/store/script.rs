@@ -20,6 +20,9 @@ const LIBRARY: &[&str] = &[
 /// Integers in the decision script's reply per check.
 pub const REPLY_PER_CHECK: usize = 4;
 
+/// Arguments per check after ARGV[1], as `lua/decide.lua` reads them.
+const ARGS_PER_CHECK: usize = 6;
+
 pub struct LuaScript {
     pub source: String,
     pub sha1: String,
@@ -86,6 +89,14 @@ pub fn encode(
             }
         }
     }
+}
+
+/// Arguments and bytes that [`encode`] appends for `checks`, an upper bound for the usual
+/// sizes (every number is at most 20 digits).
+pub fn capacity(checks: &[Check]) -> (usize, usize) {
+    let keys: usize = checks.iter().map(|c| c.key.len()).sum();
+    let arguments = 2 + checks.len() * (1 + ARGS_PER_CHECK);
+    (arguments, keys + 21 + checks.len() * (22 + 5 * 20))
 }
 
 pub fn rule_name(rule: &Rule) -> &'static str {
@@ -175,9 +186,6 @@ pub fn parse_rule(name: &str, args: &[String; 4]) -> Result<Rule, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Arguments per check after ARGV[1], as `lua/decide.lua` reads them.
-    const ARGS_PER_CHECK: usize = 6;
 
     #[test]
     fn stored_rules_read_back() {
