@@ -16,14 +16,10 @@ local ARGS_PER_CHECK = 6
 
 local now_us = script_now()
 local reply = {}
-local key_index = 0
-for arg = 2, #ARGV, ARGS_PER_CHECK do
-  key_index = key_index + 1
-  local admitted, remaining, reset_ms, used = run_rule(KEYS[key_index], now_us, ARGV[arg],
-    ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3], ARGV[arg + 4], ARGV[arg + 5])
-  reply[#reply + 1] = admitted
-  reply[#reply + 1] = remaining
-  reply[#reply + 1] = reset_ms
-  reply[#reply + 1] = used
+for check = 1, #KEYS do
+  local arg = 2 + (check - 1) * ARGS_PER_CHECK
+  local at = (check - 1) * 4
+  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = run_rule(KEYS[check], now_us,
+    ARGV[arg], ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3], ARGV[arg + 4], ARGV[arg + 5])
 end
 return reply

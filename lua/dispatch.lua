@@ -2,7 +2,7 @@
 -- lays them out. Shared by both entry points (decide.lua, limiter.lua).
 local function run_rule(key, now_us, algorithm, hits, a, b, c, d)
   if algorithm == 'fixed_window' then
-    return fixed_window(key, math.floor(now_us / 1000), hits, a, b, c, d)
+    return fixed_window(key, floor(now_us / 1000), hits, a, b, c, d)
   elseif algorithm == 'sliding_window_log' then
     return sliding_window_log(key, now_us, hits, a, b)
   elseif algorithm == 'sliding_window_counter' then
@@ -18,6 +18,6 @@ end
 -- The current time in microseconds: Redis's clock, or the time pinned by a test in ARGV[1].
 local function script_now()
   if ARGV[1] ~= '' then return tonumber(ARGV[1]) end
-  local time = redis.call('TIME')
+  local time = call('TIME')
   return tonumber(time[1]) * 1000000 + tonumber(time[2])
 end

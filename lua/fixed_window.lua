@@ -1,22 +1,27 @@
 -- Fixed window: one integer counter per window, named with the window start by the caller, so the
 -- keys are the same as envoyproxy/ratelimit's (INCRBY + EXPIRE).
 --
--- The expiry is set in the same atomic step as the increment, so no counter is ever left without
--- a TTL, and only when the key is new (or was left without a TTL by another writer), so a hot key
--- does not replicate an EXPIRE per hit. The reset is measured on Redis's clock against the end of
--- the window the key names, clamped to [1 ms, window].
+-- The expiry is set in the same atomic step as the increment, so no counter of ours is ever left
+-- without a TTL, and only when the key is new, so a hot key does not replicate an EXPIRE per hit.
+-- Another writer of the same keys (envoyproxy/ratelimit sends INCRBY and EXPIRE separately) can
+-- leave one without a TTL; the script repairs that whenever the count passes a multiple of 64.
+-- Checking on every hit cost a PTTL per descriptor, about an eighth of the script's time, to fix
+-- what is only a leak: a key names its window, so a stale one is never counted again. The reset
+-- is measured on Redis's clock against the end of the window the key names, clamped to
+-- [1 ms, window].
 --
 -- Arguments: hits (decimal string, 0 = look without counting), limit, window_ms, window_end_ms,
 -- ttl_ms (window plus expiry jitter). Returns admitted (0/1), remaining, reset_ms, count.
 local function fixed_window(key, now_ms, hits, limit, window_ms, window_end_ms, ttl_ms)
   local count
   if hits == '0' then
-    count = tonumber(redis.call('GET', key) or '0') or 0
+    count = tonumber(call('GET', key) or '0') or 0
   else
     -- hits stays a string: INCRBY takes it verbatim, with no float formatting on the way.
-    count = redis.call('INCRBY', key, hits)
-    if count == tonumber(hits) or redis.call('PTTL', key) < 0 then
-      redis.call('PEXPIRE', key, ttl_ms)
+    count = call('INCRBY', key, hits)
+    local added = tonumber(hits)
+    if count == added or (count % 64 < added and call('PTTL', key) < 0) then
+      call('PEXPIRE', key, ttl_ms)
     end
   end
   limit = tonumber(limit)

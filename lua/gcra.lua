@@ -5,14 +5,14 @@
 local function gcra(key, now, hits, interval, burst)
   hits, interval, burst = tonumber(hits), tonumber(interval), tonumber(burst)
   local tat = now
-  local stored = redis.call('GET', key)
+  local stored = call('GET', key)
   -- A TAT in the future is kept when the clock steps back: no tokens are minted.
   if stored and tonumber(stored) > now then tat = tonumber(stored) end
   local capacity = burst * interval
   local function tokens(t)
     local backlog = t - now
     if backlog > capacity then backlog = capacity end
-    return math.floor((capacity - backlog) / interval)
+    return floor((capacity - backlog) / interval)
   end
   if hits > burst then
     local remaining = tokens(tat)
@@ -22,7 +22,7 @@ local function gcra(key, now, hits, interval, burst)
   if new_tat - now <= capacity then
     local remaining = tokens(new_tat)
     if new_tat > now then
-      redis.call('SET', key, string.format('%.0f', new_tat), 'PX', micros_to_ms(new_tat - now))
+      call('SET', key, string.format('%.0f', new_tat), 'PX', micros_to_ms(new_tat - now))
     end
     return 1, remaining, micros_to_ms(new_tat - now), burst - remaining
   end

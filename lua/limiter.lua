@@ -17,14 +17,14 @@ local op, has_client = ARGV[2], ARGV[3] == '1'
 local now_us = script_now()
 
 local function record()
-  return redis.call('HMGET', config, 'rule', 'a', 'b', 'c', 'd', 'cap', 'pc', 'desc')
+  return call('HMGET', config, 'rule', 'a', 'b', 'c', 'd', 'cap', 'pc', 'desc')
 end
 
 if op == 'get' then
   return record()
 elseif op == 'set' then
   local mode = ARGV[4]
-  local gen = redis.call('HGET', config, 'gen')
+  local gen = call('HGET', config, 'gen')
   if gen and mode == 'try' then
     return {0, record()}
   end
@@ -33,43 +33,43 @@ elseif op == 'set' then
     local next_gen = now_us
     if gen and tonumber(gen) >= next_gen then next_gen = tonumber(gen) + 1 end
     gen = string.format('%.0f', next_gen)
-    redis.call('DEL', KEYS[2], KEYS[3])
+    call('DEL', KEYS[2], KEYS[3])
   end
-  redis.call('HSET', config, 'rule', ARGV[5], 'a', ARGV[6], 'b', ARGV[7], 'c', ARGV[8],
+  call('HSET', config, 'rule', ARGV[5], 'a', ARGV[6], 'b', ARGV[7], 'c', ARGV[8],
     'd', ARGV[9], 'cap', ARGV[10], 'pc', ARGV[11], 'desc', ARGV[12], 'gen', gen)
   return {1, record()}
 elseif op == 'delete' then
-  local existed = redis.call('DEL', config)
-  redis.call('DEL', KEYS[2], KEYS[3])
+  local existed = call('DEL', config)
+  call('DEL', KEYS[2], KEYS[3])
   return existed
 elseif op == 'acquire' then
-  local c = redis.call('HMGET', config, 'rule', 'a', 'b', 'c', 'd', 'cap', 'gen', 'pc')
+  local c = call('HMGET', config, 'rule', 'a', 'b', 'c', 'd', 'cap', 'gen', 'pc')
   if not c[1] then return {} end
   local state, epoch = KEYS[2], KEYS[3]
   if c[8] == '1' then
     if not has_client then return {-1} end
     state, epoch = KEYS[4], KEYS[5]
   end
-  if redis.call('GET', epoch) ~= c[7] then redis.call('DEL', state) end
+  if call('GET', epoch) ~= c[7] then call('DEL', state) end
   local hits = ARGV[4]
   local admitted, remaining, reset_ms, used
   if c[1] == 'fixed_window' then
     -- Stored as limit and window seconds; the window is picked on Redis's clock, and the
     -- counter expires when it ends.
     local window_ms = tonumber(c[3]) * 1000
-    local now_ms = math.floor(now_us / 1000)
-    local window_end = (math.floor(now_ms / window_ms) + 1) * window_ms
+    local now_ms = floor(now_us / 1000)
+    local window_end = (floor(now_ms / window_ms) + 1) * window_ms
     admitted, remaining, reset_ms, used = run_rule(state, now_us, 'fixed_window', hits, c[2],
       window_ms, window_end, window_end - now_ms)
   else
     admitted, remaining, reset_ms, used = run_rule(state, now_us, c[1], hits, c[2], c[3], c[4], c[5])
   end
   -- The epoch lives exactly as long as the state it vouches for.
-  local ttl = redis.call('PTTL', state)
+  local ttl = call('PTTL', state)
   if ttl > 0 then
-    redis.call('SET', epoch, c[7], 'PX', ttl)
+    call('SET', epoch, c[7], 'PX', ttl)
   else
-    redis.call('DEL', epoch)
+    call('DEL', epoch)
   end
   return {admitted, remaining, reset_ms, used, tonumber(c[6])}
 end

@@ -5,7 +5,7 @@
 -- alike.
 local function sliding_window_counter(key, now, hits, limit, window)
   hits, limit, window = tonumber(hits), tonumber(limit), tonumber(window)
-  local state = redis.call('HMGET', key, 's', 'c', 'p')
+  local state = call('HMGET', key, 's', 'c', 'p')
   local start = tonumber(state[1]) or 0
   local current = tonumber(state[2]) or 0
   local previous = tonumber(state[3]) or 0
@@ -21,7 +21,7 @@ local function sliding_window_counter(key, now, hits, limit, window)
   end
   start = aligned
   local elapsed = now - start
-  local weighted = math.floor(previous * (window - elapsed) / window)
+  local weighted = floor(previous * (window - elapsed) / window)
   local estimate = weighted + current
   local admitted = hits <= limit and estimate + hits <= limit
   if admitted then current = current + hits end
@@ -37,17 +37,17 @@ local function sliding_window_counter(key, now, hits, limit, window)
     wait = until_empty
   elseif current + hits <= limit then
     local room = limit - current - hits
-    local at = math.floor(window - (room + 1) * window / previous) + 1
+    local at = floor(window - (room + 1) * window / previous) + 1
     at = math.min(math.max(at, elapsed + 1), window)
     wait = at - elapsed
   else
     local room = limit - hits
-    local at = math.floor(window - (room + 1) * window / current) + 1
+    local at = floor(window - (room + 1) * window / current) + 1
     wait = window - elapsed + math.max(at, 0)
   end
   if admitted and (current > 0 or previous > 0) then
-    redis.call('HSET', key, 's', string.format('%.0f', start), 'c', current, 'p', previous)
-    redis.call('PEXPIRE', key, micros_to_ms(ttl))
+    call('HSET', key, 's', string.format('%.0f', start), 'c', current, 'p', previous)
+    call('PEXPIRE', key, micros_to_ms(ttl))
   end
   local used = estimate
   if admitted then used = estimate + hits end

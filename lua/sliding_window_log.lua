@@ -4,13 +4,13 @@
 -- Twin of sliding_window_log in src/store/algorithms.rs.
 local function sliding_window_log(key, now, hits, limit, window)
   hits, limit, window = tonumber(hits), tonumber(limit), tonumber(window)
-  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local newest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
   -- A clock that steps back must not reorder the log (and keeps member names unique).
   if newest[2] and tonumber(newest[2]) > now then now = tonumber(newest[2]) end
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.0f', now - window))
-  local count = redis.call('ZCARD', key)
+  call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.0f', now - window))
+  local count = call('ZCARD', key)
   local function until_empty()
-    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    local last = call('ZRANGE', key, -1, -1, 'WITHSCORES')
     if last[2] then return tonumber(last[2]) + window - now end
     return 0
   end
@@ -24,10 +24,10 @@ local function sliding_window_log(key, now, hits, limit, window)
         args[#args + 1] = score
         args[#args + 1] = score .. ':' .. (count + i)
       end
-      redis.call('ZADD', key, unpack(args))
+      call('ZADD', key, unpack(args))
     end
     local ttl = until_empty()
-    if ttl > 0 then redis.call('PEXPIRE', key, micros_to_ms(ttl)) end
+    if ttl > 0 then call('PEXPIRE', key, micros_to_ms(ttl)) end
     return 1, limit - count - hits, micros_to_ms(ttl), count + hits
   end
   local wait
@@ -36,7 +36,7 @@ local function sliding_window_log(key, now, hits, limit, window)
   else
     -- The (count + hits - limit)-th oldest member must leave the window first.
     local index = count + hits - limit - 1
-    local entry = redis.call('ZRANGE', key, index, index, 'WITHSCORES')
+    local entry = call('ZRANGE', key, index, index, 'WITHSCORES')
     wait = tonumber(entry[2]) + window - now
   end
   return 0, limit - count, micros_to_ms(wait), count

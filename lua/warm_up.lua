@@ -13,7 +13,7 @@ local function warm_up(key, now, hits, permits, window, warmup, cold_factor)
   local max_permits = threshold + 2.0 * warmup / (stable + cold)
   local slope = (cold - stable) / (max_permits - threshold)
   local cool_down = warmup / max_permits
-  local state = redis.call('HMGET', key, 's', 'n')
+  local state = call('HMGET', key, 's', 'n')
   local stored, next_free
   if state[1] and state[2] then
     stored = tonumber(state[1]) / 1e6
@@ -41,17 +41,17 @@ local function warm_up(key, now, hits, permits, window, warmup, cold_factor)
       take = take - used
     end
     local wait = micros + stable * take + (hits - spend) * stable
-    next_free = next_free + math.floor(wait)
+    next_free = next_free + floor(wait)
     stored = stored - spend
   end
   local free_in = next_free - now
   if free_in < 0 then free_in = 0 end
-  local ttl = free_in + math.ceil((max_permits - stored) * cool_down)
+  local ttl = free_in + ceil((max_permits - stored) * cool_down)
   if ttl < 1 then ttl = 1 end
   if admitted then
-    redis.call('HSET', key, 's', string.format('%.0f', math.floor(stored * 1e6)),
+    call('HSET', key, 's', string.format('%.0f', floor(stored * 1e6)),
       'n', string.format('%.0f', next_free))
-    redis.call('PEXPIRE', key, micros_to_ms(ttl))
+    call('PEXPIRE', key, micros_to_ms(ttl))
   end
   local ready = 0
   if next_free <= now then ready = 1 end

@@ -62,6 +62,34 @@ async fn keys_are_upstreams_and_always_expire() {
     }
 }
 
+/// Another writer of the same keys (upstream sends INCRBY and EXPIRE separately) may leave a
+/// counter without a TTL; the script gives it one back at the latest when the count passes the
+/// next multiple of 64 (see lua/fixed_window.lua).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_counter_left_without_a_ttl_gets_one_back() {
+    let redis = RedisServer::start();
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(
+        dir.path(),
+        Some(&redis),
+        &[("EXPIRATION_JITTER_MAX_SECONDS", "0")],
+    );
+    let mut c = sluice.client().await;
+    avoid_window_edge(60, 15).await;
+    let key = format!("app_user_bob_{}", now_secs() / 60 * 60);
+    let mut conn = redis.connection();
+    // Not 0: a count equal to the hits is taken for a new key, which gets its TTL anyway.
+    let () = conn.set(&key, 10).unwrap();
+    let bob = || request("app", vec![descriptor(&[("user", "bob")])]);
+    for _ in 10..64 {
+        ask(&mut c, bob()).await;
+    }
+    let count: i64 = conn.get(&key).unwrap();
+    assert_eq!(count, 64, "every hit is counted, over the limit too");
+    let ttl: i64 = conn.pttl(&key).unwrap();
+    assert!((1..=60_000).contains(&ttl), "{key} has TTL {ttl} ms");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn script_flush_is_invisible_to_callers() {
     let redis = RedisServer::start();
