@@ -335,8 +335,8 @@ impl RedisStore {
     }
 
     /// Runs `script` by SHA1 with the arguments `build` appends; every key is in `slot`.
-    /// `capacity` is the (arguments, bytes) to reserve for the command, a hint that saves the
-    /// reallocations of growing it one argument at a time.
+    /// `capacity` is the (arguments, bytes) `build` will append, a hint that saves growing the
+    /// command one argument at a time; (0, 0) when no one measured that it matters.
     async fn eval<T: redis::FromRedisValue>(
         &self,
         slot: u16,
@@ -345,7 +345,8 @@ impl RedisStore {
         build: impl FnOnce(&mut redis::Cmd, Option<u64>),
     ) -> Result<T, StoreError> {
         let (arguments, bytes) = capacity;
-        let mut cmd = redis::Cmd::with_capacity(arguments + 2, bytes + 64);
+        // Plus the command name and the SHA1 (40 hex digits).
+        let mut cmd = redis::Cmd::with_capacity(arguments + 2, bytes + "EVALSHA".len() + 40);
         cmd.arg("EVALSHA").arg(script.sha1.as_str());
         build(
             &mut cmd,
@@ -422,7 +423,7 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         let client = keys.client.as_ref().unwrap_or(&keys.shared);
         let slot = slot::slot(keys.config.as_bytes());
-        self.eval(slot, &LIMITER, (16, 256), |cmd, pinned| {
+        self.eval(slot, &LIMITER, (0, 0), |cmd, pinned| {
             cmd.arg(5)
                 .arg(&keys.config)
                 .arg(&keys.shared.state)

@@ -91,12 +91,16 @@ pub fn encode(
     }
 }
 
-/// Arguments and bytes that [`encode`] appends for `checks`, an upper bound for the usual
-/// sizes (every number is at most 20 digits).
+/// Arguments and bytes that [`encode`] appends for `checks`: an upper bound, since a `u64` has
+/// at most 20 digits and the longest algorithm name is 22 bytes.
 pub fn capacity(checks: &[Check]) -> (usize, usize) {
+    const NUMBER: usize = 20;
+    const ALGORITHM_NAME: usize = 22;
     let keys: usize = checks.iter().map(|c| c.key.len()).sum();
+    // The key count and the pinned time, then per check its key and its arguments.
     let arguments = 2 + checks.len() * (1 + ARGS_PER_CHECK);
-    (arguments, keys + 21 + checks.len() * (22 + 5 * 20))
+    let per_check = ALGORITHM_NAME + (ARGS_PER_CHECK - 1) * NUMBER;
+    (arguments, 2 * NUMBER + keys + checks.len() * per_check)
 }
 
 pub fn rule_name(rule: &Rule) -> &'static str {
@@ -258,5 +262,40 @@ mod tests {
             &args[5..11],
             ["fixed_window", "3", "10", "60000", "120000", "60007"]
         );
+    }
+
+    #[test]
+    fn capacity_covers_what_encode_appends() {
+        let checks = [
+            Check {
+                key: "d_k_v_60".into(),
+                hits: u64::MAX,
+                rule: Rule::FixedWindow {
+                    limit: u64::MAX,
+                    window_secs: 60,
+                    window_start: 60,
+                },
+            },
+            Check {
+                key: "d_k_w".into(),
+                hits: u64::MAX,
+                rule: Rule::SlidingWindowCounter {
+                    limit: u64::MAX,
+                    window: u64::MAX,
+                },
+            },
+        ];
+        let mut cmd = redis::Cmd::new();
+        encode(&mut cmd, &checks, Some(u64::MAX), || 7);
+        let args: Vec<usize> = cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(bytes) => bytes.len(),
+                _ => panic!("only simple arguments"),
+            })
+            .collect();
+        let (arguments, bytes) = capacity(&checks);
+        assert_eq!(arguments, args.len());
+        assert!(bytes >= args.iter().sum(), "{bytes} < {args:?}");
     }
 }
