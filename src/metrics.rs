@@ -52,6 +52,8 @@ pub struct Metrics {
     pub memory_evictions: IntCounter,
     pub connections_open: IntGaugeVec,
     pub connections_rejected: IntCounterVec,
+    descriptors_refused: IntCounterVec,
+    long_parts: IntCounterVec,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -221,8 +223,32 @@ impl Metrics {
                 "Connections closed at accept because MAX_CONNECTIONS were open, by listener",
                 &["listener"],
             ),
+            descriptors_refused: counter_vec(
+                &r,
+                "sluice_descriptors_refused_total",
+                "Descriptors answered OVER_LIMIT without being counted, because they were beyond \
+                 the input limits (too_many_descriptors, too_many_entries, bad_override_unit)",
+                &["reason"],
+            ),
+            long_parts: counter_vec(
+                &r,
+                "sluice_long_descriptor_parts_total",
+                "Domains, keys and values longer than their input limit, judged under a digest \
+                 of their text",
+                &["part"],
+            ),
             registry: r,
         }
+    }
+
+    /// A descriptor refused without being judged (`reason` is a fixed label, never request text).
+    pub fn record_refused_descriptor(&self, reason: &'static str) {
+        self.descriptors_refused.with_label_values(&[reason]).inc();
+    }
+
+    /// A domain, key or value over its input limit (`part`).
+    pub fn record_long_part(&self, part: &'static str) {
+        self.long_parts.with_label_values(&[part]).inc();
     }
 
     /// Upstream's split of a descriptor's hits into within/near/over the limit.

@@ -28,6 +28,17 @@
 //! identical to upstream's. The cost: during a migration, a value that contains one of them is
 //! counted separately by the two services.
 //!
+//! # Long parts: a digest instead of the text
+//!
+//! A domain, key or value longer than its input limit (`MAX_DOMAIN_BYTES`,
+//! `MAX_DESCRIPTOR_KEY_BYTES`, `MAX_DESCRIPTOR_VALUE_BYTES`) is still judged: refusing the request
+//! would make Envoy fail open, so one long header would switch every limit off. In the key such a
+//! part is written as `%%` followed by the 64 hex digits of the SHA-256 of its bytes. Escaped
+//! text never contains `%%` (every `%` it holds is followed by two hex digits), so a digest can
+//! never equal a short part, and two long parts share a counter only if SHA-256 collides. The
+//! key stays bounded whatever the client sends; upstream, which has no such limit, would write the
+//! whole value into Redis.
+//!
 //! The other algorithms keep their time inside their state, so their keys carry no window:
 //! `<prefix>{<domain>_<key1>_<value1>_…}:<algorithm>` (see [`KeyBuilder::state`]).
 //!
@@ -66,7 +77,32 @@ pub struct PrefixError(String);
 #[derive(Debug, Clone, Default)]
 pub struct KeyBuilder {
     prefix: String,
+    /// Parts longer than these (bytes) are written as a digest (see the module doc).
+    long: LongParts,
 }
+
+/// From how many bytes on a domain, key or value is written as its digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LongParts {
+    pub domain: usize,
+    pub key: usize,
+    pub value: usize,
+}
+
+impl Default for LongParts {
+    fn default() -> Self {
+        let limits = super::InputLimits::default();
+        Self {
+            domain: limits.max_domain_bytes,
+            key: limits.max_key_bytes,
+            value: limits.max_value_bytes,
+        }
+    }
+}
+
+/// What marks a digest in a key: never produced by escaping, which writes `%` only before two hex
+/// digits.
+const DIGEST_MARK: &str = "%%";
 
 impl KeyBuilder {
     pub fn new(prefix: &str) -> Result<Self, PrefixError> {
@@ -75,7 +111,14 @@ impl KeyBuilder {
         }
         Ok(Self {
             prefix: prefix.to_string(),
+            long: LongParts::default(),
         })
+    }
+
+    /// Uses `long` as the lengths above which parts are digested.
+    pub fn with_long_parts(mut self, long: LongParts) -> Self {
+        self.long = long;
+        self
     }
 
     /// The key of the fixed-window counter of `entries` under `limit` for the window that starts
@@ -144,11 +187,13 @@ impl KeyBuilder {
     }
 
     fn start(&self, domain: &str, entries: &[DescriptorEntry]) -> String {
+        // Long parts become 66-byte digests; this is only a capacity hint.
+        let long = self.long;
         let size = self.prefix.len()
-            + domain.len()
+            + domain.len().min(long.domain)
             + entries
                 .iter()
-                .map(|e| e.key.len() + e.value.len() + 2)
+                .map(|e| e.key.len().min(long.key) + e.value.len().min(long.value) + 70)
                 .sum::<usize>()
             + 24;
         let mut key = String::with_capacity(size);
@@ -164,19 +209,32 @@ impl KeyBuilder {
         entries: &[DescriptorEntry],
         limit: &Limit,
     ) {
-        escape_into(key, domain, reserved_in_name);
+        let long = self.long;
+        part_into(key, domain, long.domain, reserved_in_name);
         for (index, entry) in entries.iter().enumerate() {
             key.push('_');
-            escape_into(key, &entry.key, reserved_in_name);
+            part_into(key, &entry.key, long.key, reserved_in_name);
             key.push('_');
             match limit.shared_value(index) {
                 // The pattern comes from the config, not the request: its `*` stays raw, which
                 // no escaped runtime value can contain, so the two never meet; its braces are
                 // escaped like a name's so they cannot form a hash tag.
                 Some(pattern) => escape_into(key, pattern, reserved_in_name),
-                None => escape_into(key, &entry.value, reserved_in_value),
+                None => part_into(key, &entry.value, long.value, reserved_in_value),
             }
         }
+    }
+}
+
+/// Writes `text` escaped, or as its digest when it is longer than `max` bytes.
+fn part_into(out: &mut String, text: &str, max: usize, reserved: fn(u8) -> bool) {
+    if text.len() <= max {
+        return escape_into(out, text, reserved);
+    }
+    out.push_str(DIGEST_MARK);
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    for byte in digest.as_ref() {
+        write!(out, "{byte:02x}").expect("writing to a String cannot fail");
     }
 }
 
@@ -264,6 +322,52 @@ mod tests {
                 60
             ),
             "share-threshold-test_files_files/*_60"
+        );
+    }
+
+    #[test]
+    fn long_parts_become_digests_that_no_short_part_can_equal() {
+        let keys = KeyBuilder::new("").unwrap().with_long_parts(LongParts {
+            domain: 8,
+            key: 8,
+            value: 8,
+        });
+        let digest_of = |text: &str| {
+            let d = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+            let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+            format!("%%{hex}")
+        };
+        let long = "v".repeat(9);
+        let key = keys.fixed_window("d", &e(&[("k", &long)]), &limit(), 60);
+        assert_eq!(key, format!("d_k_{}_60", digest_of(&long)));
+        // At the limit: the text itself.
+        let key = keys.fixed_window("d", &e(&[("k", "12345678")]), &limit(), 60);
+        assert_eq!(key, "d_k_12345678_60");
+        // A short value that spells a digest is escaped, so it cannot meet a long one's key.
+        let roomy = KeyBuilder::new("").unwrap().with_long_parts(LongParts {
+            value: 100,
+            ..LongParts::default()
+        });
+        let long = "v".repeat(101);
+        let forged = digest_of(&long);
+        let key = roomy.fixed_window("d", &e(&[("k", &forged)]), &limit(), 60);
+        assert_eq!(key, format!("d_k_%25%25{}_60", &forged[2..]));
+        let key = roomy.fixed_window("d", &e(&[("k", &long)]), &limit(), 60);
+        assert_eq!(key, format!("d_k_{forged}_60"));
+        // Long domains and keys too, in the state keys as well.
+        let key = keys.state(
+            &"D".repeat(9),
+            &e(&[(&"K".repeat(9), "v")]),
+            &limit(),
+            "gcra",
+        );
+        assert_eq!(
+            key,
+            format!(
+                "{{{}_{}_v}}:gcra",
+                digest_of(&"D".repeat(9)),
+                digest_of(&"K".repeat(9))
+            )
         );
     }
 

@@ -1,7 +1,9 @@
 //! The decision path: from a `RateLimitRequest` to a `RateLimitResponse`.
 //!
-//! In order: check the request against the input limits, find the domain, match each descriptor
-//! to a limit (or take Envoy's override), drop limits named by another's `replaces`, answer
+//! In order: refuse a request that names no domain or no descriptor (the only requests that get
+//! an error), find the domain, match each descriptor to a limit (or take Envoy's override;
+//! a descriptor beyond the input limits is refused on its own, see [`Refusal`]), drop limits
+//! named by another's `replaces`, answer
 //! `unlimited` ones directly, turn the rest into [`Check`]s with their counter keys, ask the store
 //! once for all of them, and build the statuses and the overall code with upstream's rules for
 //! per-rule shadow mode, quota mode and global shadow mode. Response headers and dynamic metadata
@@ -12,19 +14,18 @@ mod local_cache;
 mod response;
 
 use std::borrow::Cow;
-use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwapOption;
 use tracing::Instrument;
 
-pub use key::{KeyBuilder, PrefixError};
+pub use key::{KeyBuilder, LongParts, PrefixError};
 pub use response::HeaderNames;
 
 use self::local_cache::OverLimitCache;
 use crate::clock::Clock;
-use crate::config::{Algorithm as ConfigAlgorithm, Limit, Quota, RateLimitConfig, Unit};
+use crate::config::{Algorithm as ConfigAlgorithm, Domain, Limit, Quota, RateLimitConfig, Unit};
 use crate::metrics::Metrics;
 use crate::proto::{
     Code, DescriptorStatus, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
@@ -39,7 +40,9 @@ pub const UNLIMITED_REMAINING: u32 = u32::MAX;
 /// keeps every counter far from Redis's 64-bit `INCRBY` overflow without changing any answer.
 pub const MAX_HITS: u64 = u32::MAX as u64 + 1;
 
-/// Size limits a request must respect before any matching or store work.
+/// Bounds on what one request can cost. None of them makes a request fail: a domain, key or
+/// value over its byte limit is judged under a digest of its text (see [`key`]), and a descriptor
+/// past the descriptor or entry count is refused on its own ([`Refusal`]).
 #[derive(Debug, Clone)]
 pub struct InputLimits {
     pub max_descriptors: usize,
@@ -122,6 +125,7 @@ pub struct RateLimiter {
     failed_open: AtomicU64,
     fail_open_log: LogThrottle,
     store_error_log: LogThrottle,
+    refusal_log: LogThrottle,
 }
 
 /// What became of one request descriptor before the store call.
@@ -129,6 +133,8 @@ pub struct RateLimiter {
 #[allow(clippy::large_enum_variant)]
 enum Plan<'c> {
     NoLimit,
+    /// Could not be judged: answered OVER_LIMIT without counting (see [`Refusal`]).
+    Refused,
     Unlimited,
     /// Counted: the limit and the index of its check.
     Counted(Cow<'c, Limit>, usize),
@@ -141,6 +147,12 @@ impl RateLimiter {
         clock: Arc<dyn Clock>,
         options: LimiterOptions,
     ) -> Self {
+        let input = &options.input_limits;
+        let keys = keys.with_long_parts(LongParts {
+            domain: input.max_domain_bytes,
+            key: input.max_key_bytes,
+            value: input.max_value_bytes,
+        });
         Self {
             config: ArcSwapOption::empty(),
             store,
@@ -153,6 +165,7 @@ impl RateLimiter {
             failed_open: AtomicU64::new(0),
             fail_open_log: LogThrottle::default(),
             store_error_log: LogThrottle::default(),
+            refusal_log: LogThrottle::default(),
         }
     }
 
@@ -186,25 +199,25 @@ impl RateLimiter {
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, LimitError> {
-        self.validate(request)?;
+        validate(request)?;
         let config = self.config.load();
         let Some(config) = config.as_deref() else {
             return Err(LimitError::NoConfig);
         };
+        self.count_long_parts(request);
         let Some(domain) = config.domain(&request.domain) else {
             tracing::debug!("domain not found");
             return Ok(response::all_ok(request.descriptors.len()));
         };
 
-        // Match, then apply `replaces` across the whole request.
-        let mut matched = request
+        // Match, then apply `replaces` across the whole request. A descriptor that cannot be
+        // judged is refused on its own; the others are still decided.
+        let mut matched: Vec<Result<Option<Cow<Limit>>, Refusal>> = request
             .descriptors
             .iter()
-            .map(|d| match &d.limit {
-                Some(o) => override_limit(o.requests_per_unit, o.unit).map(|l| Some(Cow::Owned(l))),
-                None => Ok(domain.find(&d.entries).map(Cow::Borrowed)),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+            .enumerate()
+            .map(|(index, descriptor)| self.match_one(domain, index, descriptor))
+            .collect();
         drop_replaced(&mut matched);
 
         // Plan the store call.
@@ -215,8 +228,10 @@ impl RateLimiter {
             .into_iter()
             .zip(&request.descriptors)
             .map(|(limit, descriptor)| {
-                let Some(limit) = limit else {
-                    return Plan::NoLimit;
+                let limit = match limit {
+                    Err(_) => return Plan::Refused,
+                    Ok(None) => return Plan::NoLimit,
+                    Ok(Some(limit)) => limit,
                 };
                 let Quota::PerUnit {
                     requests_per_unit,
@@ -271,6 +286,7 @@ impl RateLimiter {
         for plan in &plans {
             let (status, limit) = match plan {
                 Plan::NoLimit => (response::no_limit(), None),
+                Plan::Refused => (response::refused(), None),
                 Plan::Unlimited => (response::unlimited(), None),
                 Plan::Counted(limit, index) => {
                     if let Some(metrics) = &self.metrics {
@@ -490,55 +506,111 @@ impl RateLimiter {
         (key, rule)
     }
 
-    fn validate(&self, request: &RateLimitRequest) -> Result<(), LimitError> {
+    /// The limit of one descriptor: none, the matched or overriding one, or a [`Refusal`] when
+    /// the descriptor is beyond the input limits. Those limits bound the work and the key size a
+    /// request can cause; refusing only the offending descriptor (never the request) means no
+    /// client can make Envoy fail open by sending one, and still judges all the others.
+    fn match_one<'c>(
+        &self,
+        domain: &'c Domain,
+        index: usize,
+        descriptor: &RateLimitDescriptor,
+    ) -> Result<Option<Cow<'c, Limit>>, Refusal> {
         let max = &self.options.input_limits;
-        if request.domain.is_empty() {
-            return Err(invalid("rate limit domain must not be empty".into()));
-        }
-        if request.descriptors.is_empty() {
-            return Err(invalid(
-                "rate limit descriptor list must not be empty".into(),
-            ));
-        }
-        at_most(
-            || "rate limit domain",
-            request.domain.len(),
-            "bytes",
-            max.max_domain_bytes,
-        )?;
-        at_most(
-            || "rate limit request",
-            request.descriptors.len(),
-            "descriptors",
-            max.max_descriptors,
-        )?;
-        for (i, d) in request.descriptors.iter().enumerate() {
-            if d.entries.is_empty() {
-                return Err(invalid(format!("descriptor {i} has no entries")));
+        let refused = |refusal: Refusal| {
+            if let Some(m) = &self.metrics {
+                m.record_refused_descriptor(refusal.label());
             }
-            at_most(
-                || format!("descriptor {i}"),
-                d.entries.len(),
-                "entries",
-                max.max_entries,
-            )?;
-            for e in &d.entries {
-                at_most(
-                    || format!("descriptor {i} key"),
-                    e.key.len(),
-                    "bytes",
-                    max.max_key_bytes,
-                )?;
-                at_most(
-                    || format!("descriptor {i} value"),
-                    e.value.len(),
-                    "bytes",
-                    max.max_value_bytes,
-                )?;
+            if let Some(held_back) = self.refusal_log.allow(self.clock.now_secs()) {
+                tracing::warn!(
+                    descriptor = index,
+                    reason = refusal.label(),
+                    held_back,
+                    "descriptor refused without being counted (answered OVER_LIMIT)"
+                );
             }
+            Err(refusal)
+        };
+        if index >= max.max_descriptors {
+            return refused(Refusal::TooManyDescriptors);
         }
-        Ok(())
+        if descriptor.entries.len() > max.max_entries {
+            return refused(Refusal::TooManyEntries);
+        }
+        // Upstream answers a descriptor with no entries OK (no limit can match it).
+        if descriptor.entries.is_empty() {
+            return Ok(None);
+        }
+        match &descriptor.limit {
+            Some(o) => match Unit::from_override(o.unit) {
+                Some(unit) => Ok(Some(Cow::Owned(Limit::from_override(
+                    o.requests_per_unit,
+                    unit,
+                )))),
+                None => refused(Refusal::BadOverrideUnit),
+            },
+            None => Ok(domain.find(&descriptor.entries).map(Cow::Borrowed)),
+        }
     }
+
+    /// Counts the domain, keys and values over their input limits; they are judged under a
+    /// digest of their text (see [`key`]).
+    fn count_long_parts(&self, request: &RateLimitRequest) {
+        let Some(metrics) = &self.metrics else {
+            return;
+        };
+        let max = &self.options.input_limits;
+        if request.domain.len() > max.max_domain_bytes {
+            metrics.record_long_part("domain");
+        }
+        for entry in request.descriptors.iter().flat_map(|d| &d.entries) {
+            if entry.key.len() > max.max_key_bytes {
+                metrics.record_long_part("key");
+            }
+            if entry.value.len() > max.max_value_bytes {
+                metrics.record_long_part("value");
+            }
+        }
+    }
+}
+
+/// Why a descriptor was refused without being judged. Each is answered OVER_LIMIT (the safe
+/// side: padding a request must not switch a limit off), counted in
+/// `sluice_descriptors_refused_total{reason}` and logged at most once a second. None of them can
+/// come from a client behind Envoy: the number of descriptors and entries and the override unit
+/// are set by Envoy's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Past `MAX_DESCRIPTORS_PER_REQUEST`.
+    TooManyDescriptors,
+    /// More than `MAX_ENTRIES_PER_DESCRIPTOR` entries.
+    TooManyEntries,
+    /// A `limit` override whose unit is not one of the protocol's.
+    BadOverrideUnit,
+}
+
+impl Refusal {
+    /// The `reason` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::TooManyDescriptors => "too_many_descriptors",
+            Refusal::TooManyEntries => "too_many_entries",
+            Refusal::BadOverrideUnit => "bad_override_unit",
+        }
+    }
+}
+
+/// The only requests that get no decision at all: nothing names what to limit.
+fn validate(request: &RateLimitRequest) -> Result<(), LimitError> {
+    if request.domain.is_empty() {
+        return Err(invalid("rate limit domain must not be empty".into()));
+    }
+    if request.descriptors.is_empty() {
+        return Err(invalid(
+            "rate limit descriptor list must not be empty".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The store rule of `algorithm` for `limit` permits per `window` microseconds. A fixed window's
@@ -575,22 +647,6 @@ fn invalid(message: String) -> LimitError {
     LimitError::InvalidRequest(message)
 }
 
-/// `what: <n> <unit>, the maximum is <max>` when `n` is over `max`. `what` names the field and
-/// is only called then: this runs for every entry of every request, and formatting the names of
-/// fields that are within their limits was a measurable part of the request path.
-fn at_most<W: fmt::Display>(
-    what: impl FnOnce() -> W,
-    n: usize,
-    unit: &str,
-    max: usize,
-) -> Result<(), LimitError> {
-    if n > max {
-        let what = what();
-        return Err(invalid(format!("{what}: {n} {unit}, the maximum is {max}")));
-    }
-    Ok(())
-}
-
 /// Upstream's precedence: a set per-descriptor `hits_addend` wins (0 = check only); otherwise
 /// the request's, where 0 means 1.
 fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
@@ -601,32 +657,24 @@ fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
     hits.min(MAX_HITS)
 }
 
-fn override_limit(requests_per_unit: u32, unit: i32) -> Result<Limit, LimitError> {
-    match Unit::from_override(unit) {
-        Some(unit) => Ok(Limit::from_override(requests_per_unit, unit)),
-        None => Err(LimitError::InvalidRequest(format!(
-            "descriptor limit override has an invalid unit ({unit})"
-        ))),
-    }
-}
-
 /// Drops every matched limit whose name another matched limit `replaces` (unlimited ones
 /// included, as upstream does).
-fn drop_replaced(matched: &mut [Option<Cow<'_, Limit>>]) {
+fn drop_replaced<E>(matched: &mut [Result<Option<Cow<'_, Limit>>, E>]) {
     let replaced: Vec<String> = matched
         .iter()
-        .flatten()
+        .flat_map(|m| m.iter().flatten())
         .flat_map(|l| l.replaces.iter().cloned())
         .collect();
     if replaced.is_empty() {
         return;
     }
     for slot in matched.iter_mut() {
-        if slot
-            .as_ref()
-            .is_some_and(|l| !l.name.is_empty() && replaced.contains(&l.name))
+        if let Ok(limit) = slot
+            && limit
+                .as_ref()
+                .is_some_and(|l| !l.name.is_empty() && replaced.contains(&l.name))
         {
-            *slot = None;
+            *limit = None;
         }
     }
 }

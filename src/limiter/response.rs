@@ -31,6 +31,15 @@ pub fn no_limit() -> DescriptorStatus {
     }
 }
 
+/// A descriptor refused without being judged (see [`super::Refusal`]): OVER_LIMIT, nothing left,
+/// no limit named.
+pub fn refused() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::OverLimit as i32,
+        ..Default::default()
+    }
+}
+
 pub fn unlimited() -> DescriptorStatus {
     DescriptorStatus {
         code: Code::Ok as i32,

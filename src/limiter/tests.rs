@@ -292,13 +292,9 @@ async fn overrides_bypass_the_tree() {
     assert_eq!(limit.unit, crate::proto::ResponseUnit::Hour as i32);
     assert_eq!(h.codes(&request(vec![d.clone()])).await.0, Code::OverLimit);
 
+    // An unknown unit refuses that descriptor (see descriptors_beyond_the_input_limits_...).
     d.limit.as_mut().unwrap().unit = 0;
-    let err = h
-        .limiter
-        .should_rate_limit(&request(vec![d]))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, LimitError::InvalidRequest(_)), "{err}");
+    assert_eq!(h.codes(&request(vec![d])).await.0, Code::OverLimit);
 }
 
 #[tokio::test]
@@ -435,7 +431,7 @@ async fn dynamic_metadata_merges_descriptors_under_the_limit() {
 }
 
 #[tokio::test]
-async fn invalid_requests_are_refused_with_upstream_messages() {
+async fn only_requests_naming_nothing_are_errors() {
     let h = harness(LimiterOptions::default());
     let message = |r: Result<RateLimitResponse, LimitError>| match r {
         Err(LimitError::InvalidRequest(m)) => m,
@@ -451,10 +447,146 @@ async fn invalid_requests_are_refused_with_upstream_messages() {
         message(h.limiter.should_rate_limit(&request(vec![])).await),
         "rate limit descriptor list must not be empty"
     );
-    let many = request(vec![descriptor(&[("user", "x")]); 65]);
-    assert!(message(h.limiter.should_rate_limit(&many).await).contains("maximum is 64"));
-    let long = request(vec![descriptor(&[("user", &"v".repeat(4097))])]);
-    assert!(message(h.limiter.should_rate_limit(&long).await).contains("maximum is 4096"));
+}
+
+fn statuses(r: &RateLimitResponse) -> (i32, Vec<(i32, u32)>) {
+    (
+        r.overall_code,
+        r.statuses
+            .iter()
+            .map(|s| (s.code, s.limit_remaining))
+            .collect(),
+    )
+}
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+#[tokio::test]
+async fn a_long_value_is_judged_and_cannot_hide_another_descriptor() {
+    let h = harness(LimiterOptions::default());
+    // The login limit (1 a minute) is spent.
+    let login = descriptor(&[("path", "/login")]);
+    let r = h
+        .limiter
+        .should_rate_limit(&request(vec![login.clone()]))
+        .await;
+    assert_eq!(r.unwrap().overall_code, OK);
+
+    // 5 000 bytes, over MAX_DESCRIPTOR_VALUE_BYTES (4 096): still counted under per_user (2 a
+    // minute), and the login descriptor beside it is still refused.
+    let long = "u".repeat(5_000);
+    let both = request(vec![descriptor(&[("user", &long)]), login.clone()]);
+    let r = h.limiter.should_rate_limit(&both).await.unwrap();
+    assert_eq!(statuses(&r), (OVER, vec![(OK, 1), (OVER, 0)]));
+    let alone = request(vec![descriptor(&[("user", &long)])]);
+    let r = h.limiter.should_rate_limit(&alone).await.unwrap();
+    assert_eq!(statuses(&r), (OK, vec![(OK, 0)]));
+    let r = h.limiter.should_rate_limit(&alone).await.unwrap();
+    assert_eq!(
+        statuses(&r),
+        (OVER, vec![(OVER, 0)]),
+        "the long value's counter counts"
+    );
+
+    // Another long value (differing in its last byte only) has its own counter.
+    let other = format!("{}v", &long[..4_999]);
+    let r = h
+        .limiter
+        .should_rate_limit(&request(vec![descriptor(&[("user", &other)])]))
+        .await
+        .unwrap();
+    assert_eq!(statuses(&r), (OK, vec![(OK, 1)]));
+}
+
+#[tokio::test]
+async fn long_keys_and_domains_are_judged_too() {
+    let h = harness(LimiterOptions {
+        input_limits: InputLimits {
+            max_key_bytes: 2,
+            max_domain_bytes: 2,
+            ..InputLimits::default()
+        },
+        ..LimiterOptions::default()
+    });
+    // "user" and "app" are over the (tiny) limits: matched on their text, counted under digests.
+    let one = request(vec![descriptor(&[("user", "a")])]);
+    for remaining in [1, 0] {
+        let r = h.limiter.should_rate_limit(&one).await.unwrap();
+        assert_eq!(statuses(&r), (OK, vec![(OK, remaining)]));
+    }
+    let r = h.limiter.should_rate_limit(&one).await.unwrap();
+    assert_eq!(statuses(&r), (OVER, vec![(OVER, 0)]));
+}
+
+#[tokio::test]
+async fn descriptors_beyond_the_input_limits_are_refused_alone() {
+    let h = harness(LimiterOptions {
+        input_limits: InputLimits {
+            max_descriptors: 2,
+            max_entries: 2,
+            ..InputLimits::default()
+        },
+        ..LimiterOptions::default()
+    });
+    // The third descriptor is past the count: refused (OVER_LIMIT, not counted); the first two
+    // are decided as usual.
+    let r = h
+        .limiter
+        .should_rate_limit(&request(vec![
+            descriptor(&[("user", "a")]),
+            descriptor(&[("health", "x")]),
+            descriptor(&[("user", "b")]),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(
+        statuses(&r),
+        (OVER, vec![(OK, 1), (OK, UNLIMITED_REMAINING), (OVER, 0)])
+    );
+    assert!(r.statuses[2].current_limit.is_none());
+    // ... and "b" was not counted.
+    let r = h
+        .limiter
+        .should_rate_limit(&request(vec![descriptor(&[("user", "b")])]))
+        .await
+        .unwrap();
+    assert_eq!(statuses(&r), (OK, vec![(OK, 1)]));
+
+    // Too many entries: that descriptor alone.
+    let r = h
+        .limiter
+        .should_rate_limit(&request(vec![
+            descriptor(&[("user", "c")]),
+            descriptor(&[("a", "1"), ("b", "2"), ("c", "3")]),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(statuses(&r), (OVER, vec![(OK, 1), (OVER, 0)]));
+
+    // A bad override unit: that descriptor alone.
+    let mut bad_unit = descriptor(&[("user", "d")]);
+    bad_unit.limit = Some(RateLimitOverride {
+        requests_per_unit: 100,
+        unit: 0,
+    });
+    let r = h
+        .limiter
+        .should_rate_limit(&request(vec![bad_unit, descriptor(&[("user", "e")])]))
+        .await
+        .unwrap();
+    assert_eq!(statuses(&r), (OVER, vec![(OVER, 0), (OK, 1)]));
+
+    // No entries: OK with no limit, as upstream answers; the others are decided.
+    let r = h
+        .limiter
+        .should_rate_limit(&request(vec![
+            RateLimitDescriptor::default(),
+            descriptor(&[("user", "f")]),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(statuses(&r), (OK, vec![(OK, 0), (OK, 1)]));
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@
 //!
 //! | cause | status |
 //! |---|---|
-//! | empty domain or descriptor list, input limits, bad override unit | `INVALID_ARGUMENT` |
+//! | empty domain or descriptor list (input limits are answered per descriptor) | `INVALID_ARGUMENT` |
 //! | no configuration loaded | `UNAVAILABLE` |
 //! | store failure or timeout | `UNAVAILABLE` |
 
