@@ -77,6 +77,12 @@ scenarios = {
         {"backend": "redis", "redis": {"type": "cluster", "url": "n1:6379,n2:6379,n3:6379"}},
         {"REDIS_TYPE": "cluster", "REDIS_URL": "n1:6379,n2:6379,n3:6379"},
     ),
+    "native API on its own port with a token": (
+        {"limiterApi": {"enabled": True, "port": 8082,
+                        "token": {"existingSecret": "limiter-token", "secretKey": "token"}}},
+        {"LIMITER_API_ENABLED": "true", "LIMITER_GRPC_PORT": "8082",
+         "LIMITER_API_TOKEN": {"secretKeyRef": {"name": "limiter-token", "key": "token"}}},
+    ),
     "tracing and fail-open": (
         {"tracing": {"otlpEndpoint": "http://collector:4317"}, "failurePolicy": "fail_open",
          "serviceMonitor": {"enabled": True}},
@@ -92,6 +98,8 @@ for label, (values, want_env) in scenarios.items():
     validate(docs, label)
     limits_load(docs, label)
     env = env_of(docs)
+    if not values.get("limiterApi", {}).get("enabled"):
+        check("LIMITER_API_ENABLED" not in env, f"{label}: the native API stays off")
     for name, value in want_env.items():
         check(env.get(name) == value, f"{label}: {name}={env.get(name)!r} (want {value!r})")
 

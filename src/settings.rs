@@ -42,6 +42,8 @@ pub struct Settings {
     pub max_connections: usize,
     /// Longest wait of the native API's `Acquire`/`TryAcquire`.
     pub limiter_max_wait: Duration,
+    /// The native API (`sluice.v1.Limiter`); `None` unless `LIMITER_API_ENABLED=true`.
+    pub limiter_api: Option<LimiterApiSettings>,
     /// The Redis store's circuit breaker.
     pub breaker: BreakerOptions,
     /// How often the config directory is checked for changes; zero turns live reload off.
@@ -51,6 +53,26 @@ pub struct Settings {
     /// `USE_PROMETHEUS=true`: metrics also on a listener of their own (`PROMETHEUS_ADDR`,
     /// `PROMETHEUS_PATH`), where upstream serves them; `/metrics` on the HTTP port stays.
     pub prometheus: Option<PrometheusListener>,
+}
+
+/// Where and for whom the native API is served. It is off by default: it lets any caller create
+/// limiters and spend their permits, which an Envoy-only deployment never needs.
+#[derive(Clone)]
+pub struct LimiterApiSettings {
+    /// `LIMITER_GRPC_PORT` (on `GRPC_HOST`): a listener of its own, so the API can be kept off
+    /// the port Envoy reaches; `None` serves it on the gRPC port.
+    pub addr: Option<SocketAddr>,
+    /// `LIMITER_API_TOKEN`: callers must send `authorization: Bearer <token>`.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for LimiterApiSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LimiterApiSettings")
+            .field("addr", &self.addr)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -125,7 +147,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
 
     fn error(&self, name: &str, reason: impl Into<String>) -> SettingsError {
         let value = self.raw(name).unwrap_or_default();
-        let value = if name.ends_with("_AUTH") {
+        let value = if name.ends_with("_AUTH") || name.ends_with("_TOKEN") {
             "<redacted>".to_string()
         } else if name.ends_with("_URL") {
             redact_url(&value)
@@ -286,6 +308,7 @@ impl Settings {
             // a leak or an attack. 10 000 is about 140 MiB of connection state.
             max_connections: env.number("MAX_CONNECTIONS", 10_000)?,
             limiter_max_wait: env.duration("LIMITER_MAX_WAIT", Duration::from_secs(30))?,
+            limiter_api: limiter_api(env)?,
             reload_interval: env.duration("CONFIG_RELOAD_INTERVAL", Duration::from_secs(1))?,
             near_limit_ratio: match env.raw("NEAR_LIMIT_RATIO").map(|v| v.parse::<f64>()) {
                 None => 0.8,
@@ -438,6 +461,28 @@ fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend,
         startup_max_wait: (!max_wait.is_zero()).then_some(max_wait),
         start_degraded: env.bool("REDIS_STARTUP_DEGRADED", false)?,
     })
+}
+
+fn limiter_api<F: Fn(&str) -> Option<String>>(
+    env: &Env<F>,
+) -> Result<Option<LimiterApiSettings>, SettingsError> {
+    let enabled = env.bool("LIMITER_API_ENABLED", false)?;
+    let names = ["LIMITER_GRPC_PORT", "LIMITER_API_TOKEN"];
+    if !enabled {
+        if let Some(name) = names.into_iter().find(|n| env.raw(n).is_some()) {
+            return Err(env.error(name, "has no effect unless LIMITER_API_ENABLED=true"));
+        }
+        return Ok(None);
+    }
+    let addr = match env.raw("LIMITER_GRPC_PORT") {
+        None => None,
+        Some(_) => Some(env.addr("GRPC_HOST", "LIMITER_GRPC_PORT", 0)?),
+    };
+    let token = env.raw("LIMITER_API_TOKEN");
+    if token.as_ref().is_some_and(|t| t.len() < 16) {
+        return Err(env.error("LIMITER_API_TOKEN", "must have at least 16 characters"));
+    }
+    Ok(Some(LimiterApiSettings { addr, token }))
 }
 
 fn grpc_tls<F: Fn(&str) -> Option<String>>(

@@ -154,6 +154,8 @@ const SERIES: &[&str] = &[
     "ratelimit_service_rate_limit_over_limit_with_local_cache",
     "sluice_connections_open",
     "sluice_connections_rejected_total",
+    "sluice_descriptors_refused_total",
+    "sluice_long_descriptor_parts_total",
 ];
 /// Histograms: only their `_bucket`, `_sum` and `_count` series exist.
 const HISTOGRAMS: &[&str] = &[

@@ -1,5 +1,5 @@
-//! The gRPC adapter: Envoy's `RateLimitService`, Sluice's own `sluice.v1.Limiter` (see
-//! `limiter_api.rs`), health and reflection, on one port.
+//! The gRPC adapter: Envoy's `RateLimitService`, health and reflection on the gRPC port, and
+//! Sluice's own `sluice.v1.Limiter` (see `limiter_api.rs`) there or on a port of its own.
 //!
 //! Errors become gRPC statuses so that Envoy's `failure_mode_deny` can act on them (Envoy treats
 //! any non-OK status as a failed call; a response with `overall_code: UNKNOWN` is not):
@@ -24,12 +24,10 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::connections::{self, ConnectionLimit};
-use super::limiter_api::LimiterApi;
+use super::limiter_api::LimiterApiService;
 use super::{ServeError, tls};
 use crate::limiter::{LimitError, RateLimiter};
-use crate::limiters::NamedLimiters;
 use crate::metrics::{ApiMetrics, Metrics};
-use crate::proto::sluice::v1::limiter_server::LimiterServer;
 use crate::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
 use crate::settings::Settings;
 
@@ -112,12 +110,14 @@ pub fn to_status(error: LimitError) -> Status {
     }
 }
 
+/// Serves RLS, health, reflection and, when it shares the port, the native API on `listener`.
+#[allow(clippy::too_many_arguments)]
 pub fn serve<H>(
     listener: TcpListener,
     settings: &Settings,
     limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
-    named: Arc<NamedLimiters>,
+    limiter_api: Option<LimiterApiService>,
     health: H,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError>
@@ -138,13 +138,7 @@ where
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    let router = tonic::transport::Server::builder()
-        .max_connection_age(settings.grpc_max_connection_age)
-        .max_connection_age_grace(settings.grpc_max_connection_age_grace)
-        // Bounds per connection, so one client cannot hold unbounded server state.
-        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+    let router = builder(settings)
         .add_service(health)
         .add_service(reflection)
         .add_service(
@@ -155,7 +149,43 @@ where
             })
             .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
-        .add_service(LimiterServer::new(LimiterApi::new(named)));
+        .add_optional_service(limiter_api);
+    listen(router, listener, limit, settings, stopped)
+}
+
+/// Serves only the native API on a listener of its own (`LIMITER_GRPC_PORT`), with the gRPC
+/// port's TLS settings.
+pub fn serve_limiter_api(
+    listener: TcpListener,
+    settings: &Settings,
+    service: LimiterApiService,
+    metrics: &Metrics,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError> {
+    let limit = ConnectionLimit::new(settings.max_connections, "limiter_api", metrics);
+    let router = builder(settings).add_service(service);
+    listen(router, listener, limit, settings, stopped)
+}
+
+/// The HTTP/2 settings every gRPC listener shares.
+fn builder(settings: &Settings) -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .max_connection_age(settings.grpc_max_connection_age)
+        .max_connection_age_grace(settings.grpc_max_connection_age_grace)
+        // Bounds per connection, so one client cannot hold unbounded server state.
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+}
+
+/// Accepts on `listener` (with TLS when configured) until `stopped`.
+fn listen(
+    router: tonic::transport::server::Router,
+    listener: TcpListener,
+    limit: ConnectionLimit,
+    settings: &Settings,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError> {
     let serving: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
         match &settings.grpc_tls {
             None => {

@@ -7,14 +7,22 @@
 //! | no such limiter | `NOT_FOUND` |
 //! | `Acquire` would wait past the server's maximum | `DEADLINE_EXCEEDED` |
 //! | store failure or timeout | `UNAVAILABLE` |
+//! | `LIMITER_API_TOKEN` set and the call's bearer token missing or different | `UNAUTHENTICATED` |
+//!
+//! The API is off unless `LIMITER_API_ENABLED=true`. Its calls reach the store through a
+//! circuit breaker of their own (see `server::serve`), so nothing done here can change an RLS
+//! answer or RLS health.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use crate::clock::{Clock, SystemClock};
 use crate::limiters::{Acquired, LimiterError, NamedLimiters};
+use crate::proto::sluice::v1::limiter_server::LimiterServer;
 use crate::proto::sluice::v1::{
     AcquireRequest, AcquireResponse, AvailablePermitsRequest, AvailablePermitsResponse,
     DeleteRequest, DeleteResponse, GetConfigRequest, LimiterConfig, SetMode as ApiSetMode,
@@ -27,9 +35,65 @@ pub struct LimiterApi {
     limiters: Arc<NamedLimiters>,
 }
 
-impl LimiterApi {
-    pub fn new(limiters: Arc<NamedLimiters>) -> Self {
-        Self { limiters }
+/// The native API as a gRPC service, behind its token check.
+pub type LimiterApiService = InterceptedService<LimiterServer<LimiterApi>, BearerToken>;
+
+/// The service for `limiters`; with `token`, every call must carry it as a bearer token.
+/// Messages are capped like RLS requests (`super::grpc::MAX_REQUEST_BYTES`).
+pub fn service(limiters: Arc<NamedLimiters>, token: Option<&str>) -> LimiterApiService {
+    let server = LimiterServer::new(LimiterApi { limiters })
+        .max_decoding_message_size(super::grpc::MAX_REQUEST_BYTES);
+    InterceptedService::new(server, BearerToken::new(token))
+}
+
+/// Checks `authorization: Bearer <token>`. The comparison runs over SHA-256 digests in constant
+/// time, so neither the token's bytes nor its length can be learnt from response times.
+#[derive(Clone)]
+pub struct BearerToken {
+    expected: Option<[u8; 32]>,
+}
+
+impl BearerToken {
+    fn new(token: Option<&str>) -> Self {
+        Self {
+            expected: token.map(digest),
+        }
+    }
+}
+
+fn digest(text: &str) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    let mut out = [0; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+impl Interceptor for BearerToken {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(expected) = &self.expected else {
+            return Ok(request);
+        };
+        let presented = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(digest);
+        let matches = presented.is_some_and(|p| {
+            // Every byte is compared whatever the first difference, so the time does not depend
+            // on where it is.
+            p.iter()
+                .zip(expected)
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+        });
+        if matches {
+            Ok(request)
+        } else {
+            Err(Status::unauthenticated(
+                "the Limiter API needs a valid bearer token (LIMITER_API_TOKEN)",
+            ))
+        }
     }
 }
 

@@ -73,10 +73,13 @@ pub async fn serve(
     let measured = |store: Arc<dyn Store>, name| -> Arc<dyn Store> {
         Arc::new(Instrumented::new(store, name, metrics.clone()))
     };
-    // Redis stores sit behind a circuit breaker whose state becomes the health status.
+    // Redis stores sit behind a circuit breaker; the RLS path's breakers make the health
+    // status. The native API gets a store (pool, batcher and breaker) of its own, so nothing it
+    // does can change an RLS answer, RLS health or RLS latency.
     let mut store_usable = Vec::new();
     let mut per_second_store = None;
     let mut memory_store = None;
+    let mut named_store = None;
     let store: Arc<dyn Store> = match &settings.backend {
         Backend::Memory(options) => {
             let store = Arc::new(MemoryStore::new(options.clone(), clock.clone()));
@@ -97,20 +100,40 @@ pub async fn serve(
                 *startup_max_wait
             };
             let main = open_redis(options, wait, degraded, &settings).await?;
-            store_usable.push(("redis", main.usable()));
+            store_usable.push(("redis", main.usable(), HealthRole::Counts));
             if let Some(options) = per_second {
                 let store = open_redis(options, wait, degraded, &settings).await?;
-                store_usable.push(("redis_per_second", store.usable()));
+                store_usable.push(("redis_per_second", store.usable(), HealthRole::Counts));
                 per_second_store = Some(measured(Arc::new(store), "redis_per_second"));
+            }
+            if settings.limiter_api.is_some() {
+                let store = open_redis(options, wait, true, &settings).await?;
+                store_usable.push(("redis_limiter_api", store.usable(), HealthRole::Ignored));
+                named_store = Some(measured(Arc::new(store), "redis"));
             }
             measured(Arc::new(main), "redis")
         }
     };
-    let named = Arc::new(NamedLimiters::new(
-        store.clone(),
-        keys.clone(),
-        settings.limiter_max_wait,
-    ));
+    let named = settings.limiter_api.as_ref().map(|api| {
+        if api.token.is_none()
+            && settings
+                .grpc_tls
+                .as_ref()
+                .is_none_or(|t| t.client_ca.is_none())
+        {
+            tracing::warn!(
+                "the Limiter API is enabled without LIMITER_API_TOKEN or client certificates \
+                 (GRPC_CLIENT_TLS_CACERT): anyone who reaches its port can create limiters"
+            );
+        }
+        let store = named_store.clone().unwrap_or_else(|| store.clone());
+        let limiters = Arc::new(NamedLimiters::new(
+            store,
+            keys.clone(),
+            settings.limiter_max_wait,
+        ));
+        limiter_api::service(limiters, api.token.as_deref())
+    });
     metrics.config_load_success.inc();
     let mut limiter = RateLimiter::new(store, keys, clock, settings.limiter.clone())
         .with_metrics(metrics.clone());
@@ -169,12 +192,27 @@ pub async fn serve(
         tokio::spawn(follow_stores(health.clone(), metrics.clone(), store_usable));
     }
 
+    // The native API on its own port, or beside RLS.
+    let own_port = settings.limiter_api.as_ref().and_then(|api| api.addr);
+    let (shared_api, limiter_api) = match (named, own_port) {
+        (Some(service), Some(addr)) => {
+            let listener = bind(addr)?;
+            let addr = listener
+                .local_addr()
+                .map_err(|source| ServeError::Bind { addr, source })?;
+            let serving =
+                grpc::serve_limiter_api(listener, &settings, service, &metrics, stopped())?;
+            (None, Some((addr, serving)))
+        }
+        (named, _) => (named, None),
+    };
+    let limiter_api_addr = limiter_api.as_ref().map(|(addr, _)| *addr);
     let grpc = grpc::serve(
         grpc_listener,
         &settings,
         limiter.clone(),
         metrics.clone(),
-        named,
+        shared_api,
         health_service,
         stopped(),
     )?;
@@ -211,7 +249,12 @@ pub async fn serve(
         observability,
         stopped(),
     );
-    tracing::info!(grpc = %grpc_addr, http = %http_addr, "sluice is listening");
+    match limiter_api_addr {
+        Some(limiter) => tracing::info!(
+            grpc = %grpc_addr, http = %http_addr, %limiter, "sluice is listening"
+        ),
+        None => tracing::info!(grpc = %grpc_addr, http = %http_addr, "sluice is listening"),
+    }
 
     let prometheus = async {
         match prometheus {
@@ -219,7 +262,13 @@ pub async fn serve(
             None => Ok(()),
         }
     };
-    let servers = async { tokio::try_join!(grpc, http, prometheus) };
+    let limiter_api = async {
+        match limiter_api {
+            Some((_, serving)) => serving.await,
+            None => Ok(()),
+        }
+    };
+    let servers = async { tokio::try_join!(grpc, http, prometheus, limiter_api) };
     tokio::pin!(servers);
     tokio::select! {
         result = &mut servers => {
@@ -276,25 +325,34 @@ async fn open_redis(
     Ok(breaker)
 }
 
-/// Keeps health SERVING only while every store's breaker is closed, and the breaker gauges
+/// Whether a store's breaker takes part in the health status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HealthRole {
+    /// The RLS path's stores: Envoy's answers depend on them.
+    Counts,
+    /// The native API's store: only its own gauge follows it.
+    Ignored,
+}
+
+/// Keeps health SERVING only while every RLS store's breaker is closed, and the breaker gauges
 /// current.
 async fn follow_stores(
     health: Health,
     metrics: Arc<Metrics>,
-    mut stores: Vec<(&'static str, watch::Receiver<bool>)>,
+    mut stores: Vec<(&'static str, watch::Receiver<bool>, HealthRole)>,
 ) {
     loop {
         let mut all = true;
-        for (name, usable) in &mut stores {
+        for (name, usable, counts) in &mut stores {
             let usable = *usable.borrow_and_update();
             metrics
                 .breaker_open
                 .with_label_values(&[*name])
                 .set(i64::from(!usable));
-            all &= usable;
+            all &= usable || *counts == HealthRole::Ignored;
         }
         health.set_store_usable(all).await;
-        let changes = stores.iter_mut().map(|(_, s)| Box::pin(s.changed()));
+        let changes = stores.iter_mut().map(|(_, s, _)| Box::pin(s.changed()));
         if futures::future::select_all(changes).await.0.is_err() {
             return;
         }

@@ -5,7 +5,9 @@
 //! [`StoreError::Unavailable`] until `cool_down` has passed. Then one call is let through as a
 //! probe (half-open): success closes the breaker, failure opens it again for twice as long (up to
 //! `max_cool_down`). Every change is published on a watch channel, which the server turns into
-//! its health status.
+//! its health status. Only outages count as failures (transport errors, deadlines, a server that
+//! refuses every call); an error reply to one call's script is that call's problem, so no caller
+//! can open the breaker for everyone by provoking one.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -101,8 +103,11 @@ impl<S: Store> Breaker<S> {
     }
 
     fn record<T>(&self, result: &Result<T, StoreError>) {
+        // Any answer, an error reply included, shows the store is reachable; only outages
+        // count as failures (see `StoreError::is_outage`).
+        let answered = !result.as_ref().is_err_and(StoreError::is_outage);
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let next = match (&*state, result.is_ok()) {
+        let next = match (&*state, answered) {
             (_, true) => State::Closed { failures: 0 },
             (State::Closed { failures }, false) if failures + 1 < self.options.failures_to_open => {
                 State::Closed {

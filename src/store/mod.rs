@@ -89,6 +89,11 @@ pub enum StoreError {
     Timeout(std::time::Duration),
     #[error("redis error: {0}")]
     Redis(String),
+    /// The store ran the script and answered with an error reply (a wrong type, a number out
+    /// of range): a bug or an input the script cannot represent, never an outage. It does not
+    /// count toward the circuit breaker.
+    #[error("script error: {0}")]
+    Script(String),
     #[error("no redis connection available: {0}")]
     Unavailable(String),
     #[error("store returned a malformed reply: {0}")]
@@ -99,11 +104,23 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether this error says the store cannot serve (a transport failure, a deadline, a server
+    /// that refuses every call), as opposed to an answer to this one call. Only these count
+    /// toward the circuit breaker: a caller that can provoke a script error must not be able to
+    /// open it for everyone.
+    pub fn is_outage(&self) -> bool {
+        match self {
+            StoreError::Timeout(_) | StoreError::Redis(_) | StoreError::Unavailable(_) => true,
+            StoreError::Script(_) | StoreError::Protocol(_) | StoreError::Setup(_) => false,
+        }
+    }
+
     /// The `error` label of `sluice_store_errors_total`.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreError::Timeout(_) => "timeout",
             StoreError::Redis(_) => "redis",
+            StoreError::Script(_) => "script",
             StoreError::Unavailable(_) => "unavailable",
             StoreError::Protocol(_) => "protocol",
             StoreError::Setup(_) => "setup",

@@ -654,7 +654,21 @@ pub(super) async fn checkout(pool: &bb8::Pool<Manager>) -> Result<Connection, St
 }
 
 pub(super) fn redis_error(e: RedisError) -> StoreError {
-    StoreError::Redis(describe(&e))
+    if is_script_error(&e) {
+        StoreError::Script(describe(&e))
+    } else {
+        StoreError::Redis(describe(&e))
+    }
+}
+
+/// An error reply about this call's work (`ERR` from a script or command, `WRONGTYPE`,
+/// `CROSSSLOT`, `EXECABORT`), as opposed to one saying the server cannot serve now (`BUSY`,
+/// `LOADING`, `READONLY`, `OOM`, cluster states, authentication) or a transport failure.
+fn is_script_error(e: &RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("ERR" | "WRONGTYPE" | "CROSSSLOT" | "EXECABORT")
+    )
 }
 
 /// Error text for logs and clients. redis-rs errors carry the server's message or an I/O error,

@@ -167,6 +167,8 @@ pub enum StoreKind {
 pub struct Sluice {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
+    /// The native API's own listener, when `LIMITER_GRPC_PORT` is set.
+    pub limiter_api: Option<SocketAddr>,
     child: Child,
     pub stdout_rest: mpsc::Receiver<String>,
 }
@@ -191,7 +193,10 @@ pub fn sluice_command(config: &Path) -> Command {
         .env("PORT", "0")
         .env("LOG_FORMAT", "json")
         .env("LOG_LEVEL", "info")
-        .env("REDIS_TIMEOUT", "5s");
+        .env("REDIS_TIMEOUT", "5s")
+        // Off by default in the service; most tests use it (tests/limiter_api.rs checks the
+        // default with this removed).
+        .env("LIMITER_API_ENABLED", "true");
     cmd
 }
 
@@ -249,6 +254,9 @@ impl Sluice {
                 return Sluice {
                     grpc: addr("grpc"),
                     http: addr("http"),
+                    limiter_api: event["fields"]["limiter"]
+                        .as_str()
+                        .map(|a| a.parse().unwrap()),
                     child,
                     stdout_rest: rx,
                 };
