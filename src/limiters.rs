@@ -8,8 +8,19 @@
 //! and keeps what was counted, `UPDATE_RESET_STATE` starts over (Redisson's `setRate`). Waiting is
 //! done here, asynchronously, for as long as the algorithm says; a request that could never be
 //! granted is refused at once instead of waiting forever.
+//!
+//! # Waiting in line
+//!
+//! Callers that wait for the same budget on one replica form a line ([`Line`]) and are served in
+//! arrival order: only the caller at its head asks the store, once per wake-up, after the delay
+//! the algorithm gave it; the others wait on the line without store calls. When the head is
+//! granted the last permit, it leaves the next one a hint (the delay it was last given), so a
+//! steady-rate limiter costs about one store call per grant instead of one per waiter per
+//! wake-up. A caller that does not wait (timeout 0) is answered at once, line or not. Callers on
+//! other replicas are not in this line; the store still decides every grant.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prost::Message;
@@ -17,7 +28,7 @@ use prost::Message;
 use crate::config::Algorithm as ConfigAlgorithm;
 use crate::limiter::{KeyBuilder, rule_for};
 use crate::proto::sluice::v1::{Algorithm as ApiAlgorithm, LimiterConfig, Mode};
-use crate::store::{Acquisition, LimiterRecord, SetMode, Store, StoreError};
+use crate::store::{Acquisition, LimiterRecord, Outcome, SetMode, Store, StoreError};
 
 /// Longest limiter name, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
@@ -60,6 +71,29 @@ pub struct NamedLimiters {
     keys: KeyBuilder,
     /// Bound of `Acquire` (and of any `TryAcquire` timeout).
     max_wait: Duration,
+    /// The waiting lines, by budget (limiter name and client); a line is dropped when its last
+    /// caller leaves.
+    lines: Mutex<HashMap<String, Arc<Line>>>,
+}
+
+/// The callers of one replica waiting for one budget. tokio's mutex hands itself over in the
+/// order it was asked for, which is the arrival order; it guards what the heads learnt.
+#[derive(Debug, Default)]
+struct Line {
+    head: tokio::sync::Mutex<Hint>,
+}
+
+/// What a head leaves the next one.
+#[derive(Debug, Default, Clone, Copy)]
+struct Hint {
+    /// When the next store call is worth making; `None`: at once.
+    next_at: Option<Instant>,
+    /// When the previous head was granted.
+    granted_at: Option<Instant>,
+    /// The shortest time seen between two grants of this line: how long one permit takes to
+    /// come back. The shortest, because a late wake-up makes a period longer and must not
+    /// make the next head later still.
+    period: Option<Duration>,
 }
 
 impl NamedLimiters {
@@ -68,6 +102,24 @@ impl NamedLimiters {
             store,
             keys,
             max_wait,
+            lines: Mutex::default(),
+        }
+    }
+
+    /// The line of `name`'s budget for `client`, created when nobody waits on it.
+    fn line(&self, name: &str, client: &str) -> (String, Arc<Line>) {
+        let budget = format!("{name}\0{client}");
+        let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        let line = lines.entry(budget.clone()).or_default().clone();
+        (budget, line)
+    }
+
+    /// Drops `line` from the map when the caller leaving was its last user. Clones are only made
+    /// under the map's lock, so the count cannot grow meanwhile.
+    fn leave(&self, budget: &str, line: Arc<Line>) {
+        let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        if Arc::strong_count(&line) == 2 {
+            lines.remove(budget);
         }
     }
 
@@ -106,8 +158,9 @@ impl NamedLimiters {
         Ok(outcome.remaining)
     }
 
-    /// Takes `permits`, waiting up to `timeout` (at most the server's maximum). Dropping the
-    /// future (a cancelled call) ends the wait.
+    /// Takes `permits`, waiting up to `timeout` (at most the server's maximum) in line behind
+    /// the callers of this replica that came first (see the module doc). Dropping the future (a
+    /// cancelled call) ends the wait and gives up the place in line.
     pub async fn try_acquire(
         &self,
         name: &str,
@@ -117,33 +170,105 @@ impl NamedLimiters {
     ) -> Result<Acquired, LimiterError> {
         let timeout = timeout.min(self.max_wait);
         let started = Instant::now();
-        loop {
-            let (outcome, capacity) = self.attempt(name, client, permits).await?;
-            if permits > capacity {
-                return Err(LimiterError::TooManyPermits {
-                    name: name.to_string(),
-                    permits,
-                    capacity,
-                });
+        let (budget, line) = self.line(name, client);
+        let result = self
+            .wait_in_line(&line, name, client, permits, timeout, started)
+            .await;
+        self.leave(&budget, line);
+        result
+    }
+
+    async fn wait_in_line(
+        &self,
+        line: &Line,
+        name: &str,
+        client: &str,
+        permits: u64,
+        timeout: Duration,
+        started: Instant,
+    ) -> Result<Acquired, LimiterError> {
+        let settled = |outcome: Outcome| {
+            let wait = Duration::from_millis(outcome.reset_ms);
+            (outcome.admitted || started.elapsed() + wait > timeout)
+                .then(|| answer(outcome, started))
+        };
+        // Nobody ahead, or not willing to wait: ask at once.
+        let mut refused = None;
+        if timeout.is_zero() || line.head.try_lock().is_ok() {
+            let outcome = self.attempt_within(name, client, permits).await?;
+            if let Some(done) = settled(outcome) {
+                return Ok(done);
             }
-            let waited = started.elapsed();
-            let retry_after = Duration::from_millis(outcome.reset_ms);
-            if outcome.admitted || waited + retry_after > timeout {
-                return Ok(Acquired {
-                    acquired: outcome.admitted,
-                    waited,
-                    remaining: outcome.remaining,
-                    retry_after: if outcome.admitted {
-                        Duration::ZERO
-                    } else {
-                        retry_after
-                    },
-                });
-            }
-            // The algorithm's own delay: by then the same request would be admitted, unless
-            // another caller took the permits first, in which case we go round again.
-            tokio::time::sleep(retry_after).await;
+            refused = Some(outcome);
         }
+        let deadline = tokio::time::Instant::from_std(started + timeout);
+        let Ok(mut hint) = tokio::time::timeout_at(deadline, line.head.lock()).await else {
+            // Those ahead kept the line until the deadline.
+            return Ok(Acquired {
+                acquired: false,
+                waited: started.elapsed(),
+                remaining: 0,
+                retry_after: refused.map_or(Duration::from_millis(1), |o| {
+                    Duration::from_millis(o.reset_ms)
+                }),
+            });
+        };
+        loop {
+            // The algorithm's own delay, or the hint the previous head left.
+            let wait = match refused {
+                Some(outcome) => Duration::from_millis(outcome.reset_ms),
+                None => hint.next_at.map_or(Duration::ZERO, |at| {
+                    at.saturating_duration_since(Instant::now())
+                }),
+            };
+            if started.elapsed() + wait > timeout {
+                return Ok(Acquired {
+                    acquired: false,
+                    waited: started.elapsed(),
+                    remaining: 0,
+                    retry_after: wait.max(Duration::from_millis(1)),
+                });
+            }
+            tokio::time::sleep(wait).await;
+            let outcome = self.attempt_within(name, client, permits).await?;
+            if outcome.admitted {
+                // When we took the last permit, the next one comes back about one period
+                // later. An early guess costs one refused call, which gives the exact delay.
+                let now = Instant::now();
+                let period = match (hint.granted_at.map(|at| now - at), hint.period) {
+                    (Some(seen), Some(known)) => Some(seen.min(known)),
+                    (seen, known) => seen.or(known),
+                };
+                *hint = Hint {
+                    next_at: period.filter(|_| outcome.remaining == 0).map(|p| now + p),
+                    granted_at: Some(now),
+                    period,
+                };
+                return Ok(answer(outcome, started));
+            }
+            if let Some(done) = settled(outcome) {
+                return Ok(done);
+            }
+            refused = Some(outcome);
+        }
+    }
+
+    /// One store attempt; more permits than the limiter can ever grant is an error.
+    async fn attempt_within(
+        &self,
+        name: &str,
+        client: &str,
+        permits: u64,
+    ) -> Result<Outcome, LimiterError> {
+        let (outcome, capacity) = self.attempt(name, client, permits).await?;
+        if permits > capacity {
+            return Err(LimiterError::TooManyPermits {
+                name: name.to_string(),
+                permits,
+                capacity,
+            });
+        }
+        Ok(outcome)
     }
 
     /// Takes `permits`, waiting as long as needed up to the server's maximum.
@@ -168,7 +293,7 @@ impl NamedLimiters {
         name: &str,
         client: &str,
         permits: u64,
-    ) -> Result<(crate::store::Outcome, u64), LimiterError> {
+    ) -> Result<(Outcome, u64), LimiterError> {
         check_name(name)?;
         let client = (!client.is_empty()).then_some(client);
         let keys = self.keys.limiter(name, client);
@@ -177,6 +302,20 @@ impl NamedLimiters {
             Acquisition::NeedsClient => Err(LimiterError::NeedsClient(name.to_string())),
             Acquisition::Decided { outcome, capacity } => Ok((outcome, capacity)),
         }
+    }
+}
+
+/// The reply for a final outcome.
+fn answer(outcome: Outcome, started: Instant) -> Acquired {
+    Acquired {
+        acquired: outcome.admitted,
+        waited: started.elapsed(),
+        remaining: outcome.remaining,
+        retry_after: if outcome.admitted {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(outcome.reset_ms)
+        },
     }
 }
 
