@@ -196,10 +196,18 @@ async fn connection_age_through_envoy_loses_no_decision() {
         },
         "Envoy's ratelimit stats"
     );
-    // The connection really was aged out under the load, or this test proves nothing.
+    // The connection really was aged out under the load, or this test proves nothing (health
+    // checks have connections of their own, not counted here).
     let connections = envoy.stat("cluster.sluice.upstream_cx_total");
     assert!(
         connections >= 2,
         "Envoy opened {connections} connection(s) to Sluice"
+    );
+    // And none of them went away with a call still on it: that is the cut the errors above
+    // come from.
+    assert_eq!(
+        envoy.stat("cluster.sluice.upstream_cx_destroy_with_active_rq"),
+        0,
+        "connections to Sluice closed under calls"
     );
 }
