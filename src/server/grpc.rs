@@ -138,9 +138,19 @@ where
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    let router = tonic::transport::Server::builder()
-        .max_connection_age(settings.grpc_max_connection_age)
-        .max_connection_age_grace(settings.grpc_max_connection_age_grace)
+    // Connection age: at the age tonic sends GOAWAY (hyper's graceful shutdown) and lets the
+    // calls in flight finish; at age + grace the listener closes the connection
+    // (`connections::Expiring`). tonic is not given the grace: with one it would drop the
+    // connection at age + grace without ever sending GOAWAY. Zero turns either off, as upstream
+    // (grpc-go reads 0 as "never").
+    let age = settings.grpc_max_connection_age;
+    let grace = settings.grpc_max_connection_age_grace;
+    let lifetime = (!age.is_zero() && !grace.is_zero()).then(|| age.saturating_add(grace));
+    let mut builder = tonic::transport::Server::builder();
+    if !age.is_zero() {
+        builder = builder.max_connection_age(age);
+    }
+    let router = builder
         // Bounds per connection, so one client cannot hold unbounded server state.
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
@@ -159,12 +169,17 @@ where
     let serving: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
         match &settings.grpc_tls {
             None => {
-                let incoming = connections::incoming(listener, limit);
+                let incoming = connections::incoming(listener, limit, lifetime);
                 Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
             }
             Some(tls) => {
-                let incoming =
-                    tls::incoming(listener, limit, tls.clone(), settings.reload_interval)?;
+                let incoming = tls::incoming(
+                    listener,
+                    limit,
+                    tls.clone(),
+                    settings.reload_interval,
+                    lifetime,
+                )?;
                 Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
             }
         };
