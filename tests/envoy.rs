@@ -145,7 +145,6 @@ async fn long_header_value_does_not_bypass_the_limit() {
 /// under steady load, the admitted count must still be exactly the limit, and Envoy must have
 /// seen no error.
 #[tokio::test]
-#[ignore = "needs the GOAWAY fix (branch goaway)"]
 async fn connection_age_through_envoy_loses_no_decision() {
     const LIMIT: usize = 300;
     const REQUESTS: usize = 3000;
