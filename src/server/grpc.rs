@@ -168,14 +168,29 @@ pub fn serve_limiter_api(
 }
 
 /// The HTTP/2 settings every gRPC listener shares.
+///
+/// Connection age: at the age tonic sends GOAWAY (hyper's graceful shutdown) and lets the calls
+/// in flight finish; at age + grace the listener closes the connection
+/// (`connections::Expiring`, see [`lifetime`]). tonic is not given the grace: with one it would
+/// drop the connection at age + grace without ever sending GOAWAY. Zero turns either off, as
+/// upstream (grpc-go reads 0 as "never").
 fn builder(settings: &Settings) -> tonic::transport::Server {
-    tonic::transport::Server::builder()
-        .max_connection_age(settings.grpc_max_connection_age)
-        .max_connection_age_grace(settings.grpc_max_connection_age_grace)
+    let mut builder = tonic::transport::Server::builder();
+    if !settings.grpc_max_connection_age.is_zero() {
+        builder = builder.max_connection_age(settings.grpc_max_connection_age);
+    }
+    builder
         // Bounds per connection, so one client cannot hold unbounded server state.
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+}
+
+/// How long a connection may live in all: age + grace, when both are set.
+fn lifetime(settings: &Settings) -> Option<Duration> {
+    let age = settings.grpc_max_connection_age;
+    let grace = settings.grpc_max_connection_age_grace;
+    (!age.is_zero() && !grace.is_zero()).then(|| age.saturating_add(grace))
 }
 
 /// Accepts on `listener` (with TLS when configured) until `stopped`.
@@ -186,15 +201,21 @@ fn listen(
     settings: &Settings,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError> {
+    let lifetime = lifetime(settings);
     let serving: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
         match &settings.grpc_tls {
             None => {
-                let incoming = connections::incoming(listener, limit);
+                let incoming = connections::incoming(listener, limit, lifetime);
                 Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
             }
             Some(tls) => {
-                let incoming =
-                    tls::incoming(listener, limit, tls.clone(), settings.reload_interval)?;
+                let incoming = tls::incoming(
+                    listener,
+                    limit,
+                    tls.clone(),
+                    settings.reload_interval,
+                    lifetime,
+                )?;
                 Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
             }
         };

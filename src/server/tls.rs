@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
-use crate::server::connections::{Admitted, ConnectionLimit};
+use crate::server::connections::{Admitted, ConnectionLimit, Expiring};
 
 /// Longest a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -117,18 +117,20 @@ impl ServerTls {
     }
 }
 
+/// A TLS connection as tonic serves it.
+pub type Connection = Expiring<TlsStream<Admitted<TcpStream>>>;
+
 /// Accepts TCP connections on `listener` and yields the ones whose TLS handshake succeeds.
 /// Connections count against `limit` from the TCP accept on, so handshakes in progress are
-/// capped too.
+/// capped too. Each is closed `lifetime` after its handshake (`None`: never); the wrapper sits
+/// outside TLS so that the server sees the failure directly.
 pub fn incoming(
     listener: TcpListener,
     limit: ConnectionLimit,
     tls: ServerTls,
     reload_interval: Duration,
-) -> Result<
-    tokio_stream::wrappers::ReceiverStream<std::io::Result<TlsStream<Admitted<TcpStream>>>>,
-    TlsError,
-> {
+    lifetime: Option<Duration>,
+) -> Result<tokio_stream::wrappers::ReceiverStream<std::io::Result<Connection>>, TlsError> {
     let config = Arc::new(ArcSwap::new(tls.load()?));
     let tls = Arc::new(tls);
     if !reload_interval.is_zero() {
@@ -146,7 +148,7 @@ pub fn incoming(
             tokio::spawn(async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) if tls.client_allowed(&stream) => {
-                        let _ = tx.send(Ok(stream)).await;
+                        let _ = tx.send(Ok(Expiring::new(stream, lifetime))).await;
                     }
                     Ok(Ok(_)) => {
                         tracing::debug!(%peer, "client certificate lacks the required name")

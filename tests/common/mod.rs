@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod envoy;
 pub mod load;
 
 use std::io::{BufRead, BufReader, Read, Write};

