@@ -429,3 +429,99 @@ async fn a_grpc_client_sees_calls_within_the_grace_answered_and_longer_ones_cut(
     );
     eprintln!("the cut call: {status:?} after {took:?}");
 }
+
+/// What one connection of the load saw.
+#[derive(Default, Debug)]
+struct Seen {
+    /// Closed by the server, as opposed to dropped by us when the run ended.
+    closed: bool,
+    goaway: bool,
+    sent: u32,
+    answered: u32,
+}
+
+/// Sends `request` to ShouldRateLimit on one connection, one call after another, until a GOAWAY
+/// comes (then it only waits for the answer in flight and the close) or `until` passes.
+fn one_connection(addr: SocketAddr, request: &[u8], until: Instant) -> Seen {
+    let (tcp, started) = connect(addr);
+    let mut h2 = H2::new(tcp, started);
+    let mut seen = Seen::default();
+    let mut next_id = 1;
+    // The call in flight, and whether its response message came.
+    let mut pending: Option<(u32, bool)> = None;
+    loop {
+        if pending.is_none() && !seen.goaway {
+            if Instant::now() >= until {
+                return seen;
+            }
+            let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+            h2.call(next_id, path, Some(request));
+            pending = Some((next_id, false));
+            next_id += 2;
+            seen.sent += 1;
+        }
+        let Some(frame) = h2.next() else {
+            seen.closed = true;
+            return seen;
+        };
+        match (frame.kind, pending) {
+            (GOAWAY, _) => seen.goaway = true,
+            (DATA, Some((id, _))) if frame.stream == id => pending = Some((id, true)),
+            (HEADERS, Some((id, data))) if frame.stream == id && frame.flags & END_STREAM != 0 => {
+                seen.answered += u32::from(data);
+                pending = None;
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn under_load_every_connection_gets_a_goaway_before_it_closes_and_every_call_an_answer() {
+    // A short age so that each client goes through many connections; a grace far above the
+    // few milliseconds a call takes.
+    let dir = config_dir(
+        "domain: app\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n",
+    );
+    let sluice = Sluice::start(
+        dir.path(),
+        None,
+        &[
+            ("GRPC_MAX_CONNECTION_AGE", "300ms"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "1s"),
+        ],
+    );
+    let request = request("app", vec![descriptor(&[("user", "x")])]).encode_to_vec();
+    let until = Instant::now() + Duration::from_secs(3);
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (addr, request) = (sluice.grpc, request.clone());
+            std::thread::spawn(move || {
+                let mut all = Vec::new();
+                loop {
+                    let seen = one_connection(addr, &request, until);
+                    let last = !seen.closed;
+                    all.push(seen);
+                    if last {
+                        return all;
+                    }
+                }
+            })
+        })
+        .collect();
+    let seen: Vec<Seen> = clients
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .collect();
+    let closed = seen.iter().filter(|s| s.closed).count();
+    let without_goaway = seen.iter().filter(|s| s.closed && !s.goaway).count();
+    let sent: u32 = seen.iter().map(|s| s.sent).sum();
+    let answered: u32 = seen.iter().map(|s| s.answered).sum();
+    eprintln!(
+        "{} connections, {closed} closed by the server, {without_goaway} of them without GOAWAY; {sent} calls sent, {answered} answered",
+        seen.len()
+    );
+    assert!(closed >= 4, "{seen:?}");
+    assert_eq!(without_goaway, 0, "{seen:?}");
+    assert_eq!(answered, sent, "{seen:?}");
+}

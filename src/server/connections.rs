@@ -283,3 +283,37 @@ impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connecte
         self.io.connect_info()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn an_expiring_connection_works_until_its_lifetime_and_then_fails_even_when_idle() {
+        let lifetime = Duration::from_millis(200);
+        let (ours, mut peer) = tokio::io::duplex(64);
+        let started = Instant::now();
+        let mut conn = Expiring::new(ours, Some(lifetime));
+        peer.write_all(b"ping").await.unwrap();
+        let mut buf = [0u8; 4];
+        conn.read_exact(&mut buf).await.unwrap();
+        conn.write_all(b"pong").await.unwrap();
+
+        // Nothing more arrives: the read waiting for it is woken by the deadline.
+        let e = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
+            .await
+            .expect("the deadline ends the idle read")
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(e.get_ref().is_some_and(|e| e.is::<Expired>()), "{e}");
+        assert!(started.elapsed() >= lifetime);
+        assert!(conn.write_all(b"late").await.is_err());
+        assert!(conn.flush().await.is_err());
+        // Shutting down still works: it is how the socket gets closed.
+        conn.shutdown().await.unwrap();
+    }
+}
