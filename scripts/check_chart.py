@@ -81,6 +81,7 @@ scenarios = {
         {"limiterApi": {"enabled": True, "port": 8082,
                         "token": {"existingSecret": "limiter-token", "secretKey": "token"}}},
         {"LIMITER_API_ENABLED": "true", "LIMITER_GRPC_PORT": "8082",
+         "LIMITER_MAX_COUNT": "10000", "LIMITER_IDLE_EXPIRY": "168h",
          "LIMITER_API_TOKEN": {"secretKeyRef": {"name": "limiter-token", "key": "token"}}},
     ),
     "tracing and fail-open": (

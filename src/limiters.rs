@@ -28,10 +28,36 @@ use prost::Message;
 use crate::config::Algorithm as ConfigAlgorithm;
 use crate::limiter::{KeyBuilder, rule_for};
 use crate::proto::sluice::v1::{Algorithm as ApiAlgorithm, LimiterConfig, Mode};
-use crate::store::{Acquisition, LimiterRecord, Outcome, SetMode, Store, StoreError};
+use crate::store::{
+    Acquisition, LimiterRecord, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError,
+};
 
 /// Longest limiter name, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
+
+/// Longest client id, in bytes.
+pub const MAX_CLIENT_ID_BYTES: usize = 256;
+
+/// How many limiters may exist and how long an unused one is kept: the native API's state is
+/// bounded whatever its callers do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// `LIMITER_MAX_COUNT`: live limiters at most; creating one more is RESOURCE_EXHAUSTED.
+    /// 0: no maximum.
+    pub max_count: u64,
+    /// `LIMITER_IDLE_EXPIRY`: a limiter neither set nor acquired from for this long is deleted
+    /// (config and shared state; per-client states expire on their own).
+    pub idle: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            max_count: 10_000,
+            idle: Duration::from_secs(7 * 86_400),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum LimiterError {
@@ -51,6 +77,8 @@ pub enum LimiterError {
     },
     #[error("acquiring would wait longer than the server's maximum of {0:?}")]
     WaitTooLong(Duration),
+    #[error("{0} limiters exist, the most this server keeps (LIMITER_MAX_COUNT)")]
+    TooManyLimiters(u64),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -74,6 +102,12 @@ pub struct NamedLimiters {
     /// The waiting lines, by budget (limiter name and client); a line is dropped when its last
     /// caller leaves.
     lines: Mutex<HashMap<String, Arc<Line>>>,
+    bounds: Bounds,
+    /// Where the store keeps the registry of limiters.
+    registry: String,
+    /// When this replica last told the registry a limiter was used: it does so at most once per
+    /// [`NamedLimiters::touch_period`], not on every acquisition.
+    touched: Mutex<HashMap<String, Instant>>,
 }
 
 /// The callers of one replica waiting for one budget. tokio's mutex hands itself over in the
@@ -100,9 +134,113 @@ impl NamedLimiters {
     pub fn new(store: Arc<dyn Store>, keys: KeyBuilder, max_wait: Duration) -> Self {
         Self {
             store,
+            registry: keys.limiter_registry(),
             keys,
             max_wait,
             lines: Mutex::default(),
+            bounds: Bounds::default(),
+            touched: Mutex::default(),
+        }
+    }
+
+    pub fn with_bounds(mut self, bounds: Bounds) -> Self {
+        self.bounds = bounds;
+        self
+    }
+
+    /// How often a used limiter's idle time is pushed back in the registry, per replica.
+    fn touch_period(&self) -> Duration {
+        self.bounds.idle / 16
+    }
+
+    fn idle_ms(&self) -> u64 {
+        u64::try_from(self.bounds.idle.as_millis()).unwrap_or(u64::MAX / 4)
+    }
+
+    /// Registers `name` or keeps it for another idle period; false when the registry is full.
+    async fn touch(&self, name: &str) -> Result<bool, LimiterError> {
+        if self.bounds.idle.is_zero() && self.bounds.max_count == 0 {
+            return Ok(true);
+        }
+        let op = RegistryOp::Touch {
+            name,
+            // Zero: kept until deleted.
+            idle_ms: if self.bounds.idle.is_zero() {
+                u64::MAX / 4
+            } else {
+                self.idle_ms()
+            },
+            max: self.bounds.max_count,
+        };
+        match self.store.registry(&self.registry, op).await? {
+            RegistryReply::Touched(registered) => Ok(registered),
+            other => Err(StoreError::Protocol(format!("registry answered {other:?}")).into()),
+        }
+    }
+
+    /// After a use of `name`: pushes its idle time back, at most once per touch period.
+    async fn used(&self, name: &str) {
+        if self.bounds.idle.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        {
+            let mut touched = self.touched.lock().unwrap_or_else(|p| p.into_inner());
+            if touched
+                .get(name)
+                .is_some_and(|at| now.duration_since(*at) < self.touch_period())
+            {
+                return;
+            }
+            // Bounded like the registry: forgetting only costs an early touch.
+            if touched.len() as u64 >= self.bounds.max_count.max(1024) {
+                touched.clear();
+            }
+            touched.insert(name.to_string(), now);
+        }
+        // A full registry or a store error must not fail the acquisition that was granted; the
+        // limiter exists, so it is kept until the sweep (a later touch registers it).
+        if let Err(e) = self.touch(name).await {
+            tracing::debug!(error = %e, limiter = name, "could not refresh the limiter's idle time");
+        }
+    }
+
+    /// Deletes the limiters unused for the idle period, as the registry lists them. Every
+    /// replica runs this now and then; deleting twice is harmless.
+    pub async fn sweep_idle(&self) -> Result<usize, LimiterError> {
+        const BATCH: usize = 100;
+        let mut deleted = 0;
+        loop {
+            let op = RegistryOp::TakeExpired { at_most: BATCH };
+            let RegistryReply::Expired(names) = self.store.registry(&self.registry, op).await?
+            else {
+                return Err(StoreError::Protocol("registry answered no names".into()).into());
+            };
+            for name in &names {
+                self.store
+                    .delete_limiter(&self.keys.limiter(name, None))
+                    .await?;
+                tracing::info!(limiter = %name, idle = ?self.bounds.idle, "idle limiter deleted");
+            }
+            deleted += names.len();
+            if names.len() < BATCH {
+                return Ok(deleted);
+            }
+        }
+    }
+
+    /// Sweeps idle limiters every `every` for as long as the limiters exist.
+    pub async fn sweep_idle_forever(limiters: std::sync::Weak<NamedLimiters>, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(limiters) = limiters.upgrade() else {
+                return;
+            };
+            if let Err(e) = limiters.sweep_idle().await {
+                tracing::warn!(error = %e, "sweeping idle limiters failed; will try again");
+            }
         }
     }
 
@@ -130,6 +268,9 @@ impl NamedLimiters {
         mode: SetMode,
     ) -> Result<(bool, LimiterConfig), LimiterError> {
         let (config, record) = compile(config)?;
+        if !self.touch(&config.name).await? {
+            return Err(LimiterError::TooManyLimiters(self.bounds.max_count));
+        }
         let keys = self.keys.limiter(&config.name, None);
         let (applied, current) = self.store.set_limiter(&keys, &record, mode).await?;
         Ok((applied, describe(&current)?))
@@ -146,10 +287,14 @@ impl NamedLimiters {
 
     pub async fn delete(&self, name: &str) -> Result<bool, LimiterError> {
         check_name(name)?;
-        Ok(self
+        let deleted = self
             .store
             .delete_limiter(&self.keys.limiter(name, None))
-            .await?)
+            .await?;
+        self.store
+            .registry(&self.registry, RegistryOp::Remove { name })
+            .await?;
+        Ok(deleted)
     }
 
     /// Permits that could be taken now.
@@ -295,12 +440,20 @@ impl NamedLimiters {
         permits: u64,
     ) -> Result<(Outcome, u64), LimiterError> {
         check_name(name)?;
+        if client.len() > MAX_CLIENT_ID_BYTES {
+            return Err(LimiterError::Invalid(format!(
+                "a client_id may have at most {MAX_CLIENT_ID_BYTES} bytes"
+            )));
+        }
         let client = (!client.is_empty()).then_some(client);
         let keys = self.keys.limiter(name, client);
         match self.store.acquire(&keys, permits).await? {
             Acquisition::NoSuchLimiter => Err(LimiterError::NotFound(name.to_string())),
             Acquisition::NeedsClient => Err(LimiterError::NeedsClient(name.to_string())),
-            Acquisition::Decided { outcome, capacity } => Ok((outcome, capacity)),
+            Acquisition::Decided { outcome, capacity } => {
+                self.used(name).await;
+                Ok((outcome, capacity))
+            }
         }
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::config::LoadOptions;
 use crate::limiter::{FailurePolicy, HeaderNames, InputLimits, LimiterOptions};
+use crate::limiters::Bounds;
 use crate::server::tls::ServerTls;
 use crate::store::breaker::BreakerOptions;
 use crate::store::redis::{RedisAuth, Target, redact_url};
@@ -64,6 +65,8 @@ pub struct LimiterApiSettings {
     pub addr: Option<SocketAddr>,
     /// `LIMITER_API_TOKEN`: callers must send `authorization: Bearer <token>`.
     pub token: Option<String>,
+    /// `LIMITER_MAX_COUNT` and `LIMITER_IDLE_EXPIRY`.
+    pub bounds: Bounds,
 }
 
 impl std::fmt::Debug for LimiterApiSettings {
@@ -71,6 +74,7 @@ impl std::fmt::Debug for LimiterApiSettings {
         f.debug_struct("LimiterApiSettings")
             .field("addr", &self.addr)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("bounds", &self.bounds)
             .finish()
     }
 }
@@ -467,7 +471,12 @@ fn limiter_api<F: Fn(&str) -> Option<String>>(
     env: &Env<F>,
 ) -> Result<Option<LimiterApiSettings>, SettingsError> {
     let enabled = env.bool("LIMITER_API_ENABLED", false)?;
-    let names = ["LIMITER_GRPC_PORT", "LIMITER_API_TOKEN"];
+    let names = [
+        "LIMITER_GRPC_PORT",
+        "LIMITER_API_TOKEN",
+        "LIMITER_MAX_COUNT",
+        "LIMITER_IDLE_EXPIRY",
+    ];
     if !enabled {
         if let Some(name) = names.into_iter().find(|n| env.raw(n).is_some()) {
             return Err(env.error(name, "has no effect unless LIMITER_API_ENABLED=true"));
@@ -482,7 +491,16 @@ fn limiter_api<F: Fn(&str) -> Option<String>>(
     if token.as_ref().is_some_and(|t| t.len() < 16) {
         return Err(env.error("LIMITER_API_TOKEN", "must have at least 16 characters"));
     }
-    Ok(Some(LimiterApiSettings { addr, token }))
+    let defaults = Bounds::default();
+    let bounds = Bounds {
+        max_count: env.number("LIMITER_MAX_COUNT", defaults.max_count)?,
+        idle: env.duration("LIMITER_IDLE_EXPIRY", defaults.idle)?,
+    };
+    Ok(Some(LimiterApiSettings {
+        addr,
+        token,
+        bounds,
+    }))
 }
 
 fn grpc_tls<F: Fn(&str) -> Option<String>>(
@@ -608,6 +626,34 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Settings::from_vars(&Env(move |name| map.get(name).cloned()))
+    }
+
+    #[test]
+    fn the_native_api_is_off_unless_enabled_and_its_token_is_never_shown() {
+        assert!(settings(&[]).unwrap().limiter_api.is_none());
+        let api = settings(&[
+            ("LIMITER_API_ENABLED", "true"),
+            ("LIMITER_GRPC_PORT", "8082"),
+            ("LIMITER_API_TOKEN", "0123456789abcdef"),
+            ("LIMITER_IDLE_EXPIRY", "168h"),
+            ("LIMITER_MAX_COUNT", "5"),
+        ])
+        .unwrap()
+        .limiter_api
+        .unwrap();
+        assert_eq!(api.addr, Some("0.0.0.0:8082".parse().unwrap()));
+        assert_eq!(api.bounds.idle, Duration::from_secs(168 * 3600));
+        assert_eq!(api.bounds.max_count, 5);
+        assert!(!format!("{api:?}").contains("0123456789abcdef"));
+        let err = settings(&[
+            ("LIMITER_API_ENABLED", "true"),
+            ("LIMITER_API_TOKEN", "short"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.variable, "LIMITER_API_TOKEN");
+        assert!(!err.to_string().contains("short"), "{err}");
+        let err = settings(&[("LIMITER_MAX_COUNT", "5")]).unwrap_err();
+        assert_eq!(err.variable, "LIMITER_MAX_COUNT");
     }
 
     #[test]

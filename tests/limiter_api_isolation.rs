@@ -332,3 +332,95 @@ async fn a_hostile_native_client_cannot_disturb_rls() {
     })
     .await;
 }
+
+/// The native API's state is bounded: at most `LIMITER_MAX_COUNT` limiters, idle ones deleted
+/// after `LIMITER_IDLE_EXPIRY`, names and client ids of at most 256 bytes. On both stores.
+#[tokio::test(flavor = "multi_thread")]
+async fn named_state_is_bounded() {
+    for_each_store(|kind, redis| async move {
+        let dir = config_dir(CONFIG);
+        let sluice = Sluice::start(
+            dir.path(),
+            redis.as_ref(),
+            &[("LIMITER_MAX_COUNT", "3"), ("LIMITER_IDLE_EXPIRY", "2s")],
+        );
+        let mut c = limiter_client(sluice.grpc).await;
+        for name in ["a", "b", "kept"] {
+            c.set_rate(set_rate(name, Algorithm::FixedWindow, 100))
+                .await
+                .unwrap();
+        }
+        let status = c
+            .set_rate(set_rate("d", Algorithm::FixedWindow, 100))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            status.code(),
+            tonic::Code::ResourceExhausted,
+            "{kind:?}: {status:?}"
+        );
+        // Changing an existing one is not creating one.
+        c.set_rate(set_rate("a", Algorithm::FixedWindow, 50))
+            .await
+            .unwrap();
+        c.delete(sluice::proto::sluice::v1::DeleteRequest { name: "b".into() })
+            .await
+            .unwrap();
+        c.set_rate(set_rate("d", Algorithm::FixedWindow, 100))
+            .await
+            .unwrap();
+
+        // Lengths.
+        let status = c.try_acquire(take(&"n".repeat(257), 1)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{kind:?}");
+        let mut long_client = take("a", 1);
+        long_client.client_id = "c".repeat(257);
+        let status = c.try_acquire(long_client).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{kind:?}");
+
+        // Idle ones go; one used every 200 ms stays. The sweep runs every second. ("a" was last
+        // used when it was set above.)
+        let started = Instant::now();
+        loop {
+            let kept = c.try_acquire(take("kept", 1)).await.unwrap().into_inner();
+            assert!(kept.acquired, "{kind:?}: the limiter in use was deleted");
+            let idle = c.try_acquire(take("d", 1)).await;
+            if started.elapsed() < Duration::from_millis(1_500) {
+                // Well within its idle time (the try above is itself a use, so only look early).
+                assert!(idle.is_ok(), "{kind:?}: {idle:?}");
+            }
+            // Looking at its config is not a use.
+            let gone = c
+                .get_config(sluice::proto::sluice::v1::GetConfigRequest { name: "a".into() })
+                .await;
+            if gone
+                .as_ref()
+                .is_err_and(|s| s.code() == tonic::Code::NotFound)
+            {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{kind:?}: an idle limiter was never deleted"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        println!(
+            "{kind:?}: an idle limiter was deleted {:?} after its last use",
+            started.elapsed()
+        );
+        if let Some(redis) = &redis {
+            let mut conn = redis.connection();
+            let exists: i64 = redis::cmd("EXISTS")
+                .arg("{limiter_a}:config")
+                .query(&mut conn)
+                .unwrap();
+            assert_eq!(exists, 0, "the deleted limiter's config is gone from Redis");
+        }
+        // Its place is free again.
+        c.set_rate(set_rate("e", Algorithm::FixedWindow, 100))
+            .await
+            .unwrap();
+    })
+    .await;
+}

@@ -186,6 +186,12 @@ impl KeyBuilder {
         }
     }
 
+    /// The registry of named limiters (which exist, until when each is kept while idle):
+    /// `<prefix>{limiters}:registry`. Its tag differs from every limiter's `{limiter_<name>}`.
+    pub fn limiter_registry(&self) -> String {
+        format!("{}{{limiters}}:registry", self.prefix)
+    }
+
     fn start(&self, domain: &str, entries: &[DescriptorEntry]) -> String {
         // Long parts become 66-byte digests; this is only a capacity hint.
         let long = self.long;

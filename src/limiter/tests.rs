@@ -676,6 +676,13 @@ impl Store for CountingStore {
     ) -> crate::store::StoreFuture<'a, crate::store::Acquisition> {
         self.inner.acquire(keys, permits)
     }
+    fn registry<'a>(
+        &'a self,
+        key: &'a str,
+        op: crate::store::RegistryOp<'a>,
+    ) -> crate::store::StoreFuture<'a, crate::store::RegistryReply> {
+        self.inner.registry(key, op)
+    }
     fn kind(&self) -> &'static str {
         "counting"
     }

@@ -6,6 +6,7 @@
 //! | bad config, more permits than the limiter can ever grant, missing client_id | `INVALID_ARGUMENT` |
 //! | no such limiter | `NOT_FOUND` |
 //! | `Acquire` would wait past the server's maximum | `DEADLINE_EXCEEDED` |
+//! | creating a limiter while `LIMITER_MAX_COUNT` exist | `RESOURCE_EXHAUSTED` |
 //! | store failure or timeout | `UNAVAILABLE` |
 //! | `LIMITER_API_TOKEN` set and the call's bearer token missing or different | `UNAUTHENTICATED` |
 //!
@@ -105,6 +106,7 @@ fn to_status(error: LimiterError) -> Status {
         | LimiterError::NeedsClient(_) => Status::invalid_argument(message),
         LimiterError::NotFound(_) => Status::not_found(message),
         LimiterError::WaitTooLong(_) => Status::deadline_exceeded(message),
+        LimiterError::TooManyLimiters(_) => Status::resource_exhausted(message),
         LimiterError::Store(e) => {
             static STORE_ERRORS: LogThrottle = LogThrottle::new();
             if let Some(held_back) = STORE_ERRORS.allow(SystemClock.now_secs()) {

@@ -15,6 +15,7 @@ pub mod tls;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -127,11 +128,17 @@ pub async fn serve(
             );
         }
         let store = named_store.clone().unwrap_or_else(|| store.clone());
-        let limiters = Arc::new(NamedLimiters::new(
-            store,
-            keys.clone(),
-            settings.limiter_max_wait,
-        ));
+        let limiters = Arc::new(
+            NamedLimiters::new(store, keys.clone(), settings.limiter_max_wait)
+                .with_bounds(api.bounds),
+        );
+        if !api.bounds.idle.is_zero() {
+            // Idle limiters are looked for a few times per idle period, at least once a minute.
+            let every =
+                (api.bounds.idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+            let sweeping = NamedLimiters::sweep_idle_forever(Arc::downgrade(&limiters), every);
+            tokio::spawn(sweeping);
+        }
         limiter_api::service(limiters, api.token.as_deref())
     });
     metrics.config_load_success.inc();

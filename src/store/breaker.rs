@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::{
-    Acquisition, Check, LimiterKeys, LimiterRecord, SetMode, Store, StoreError, StoreFuture,
+    Acquisition, Check, LimiterKeys, LimiterRecord, RegistryOp, RegistryReply, SetMode, Store,
+    StoreError, StoreFuture,
 };
 
 #[derive(Debug, Clone)]
@@ -179,6 +180,10 @@ impl<S: Store> Store for Breaker<S> {
         self.guarded(move || self.store.acquire(keys, permits))
     }
 
+    fn registry<'a>(&'a self, key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply> {
+        self.guarded(move || self.store.registry(key, op))
+    }
+
     fn kind(&self) -> &'static str {
         self.store.kind()
     }
@@ -231,6 +236,9 @@ mod tests {
             unimplemented!("not used by these tests")
         }
         fn acquire<'a>(&'a self, _: &'a LimiterKeys, _: u64) -> StoreFuture<'a, Acquisition> {
+            unimplemented!("not used by these tests")
+        }
+        fn registry<'a>(&'a self, _: &'a str, _: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply> {
             unimplemented!("not used by these tests")
         }
         fn kind(&self) -> &'static str {

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use prometheus::Histogram;
 
 use super::{
-    Acquisition, Check, LimiterKeys, LimiterRecord, SetMode, Store, StoreError, StoreFuture,
+    Acquisition, Check, LimiterKeys, LimiterRecord, RegistryOp, RegistryReply, SetMode, Store,
+    StoreError, StoreFuture,
 };
 use crate::metrics::Metrics;
 
@@ -84,6 +85,10 @@ impl Store for Instrumented {
 
     fn acquire<'a>(&'a self, keys: &'a LimiterKeys, permits: u64) -> StoreFuture<'a, Acquisition> {
         self.measured("acquire", self.store.acquire(keys, permits))
+    }
+
+    fn registry<'a>(&'a self, key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply> {
+        self.measured("registry", self.store.registry(key, op))
     }
 
     fn kind(&self) -> &'static str {

@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use super::algorithms::{self, State, Step};
 use super::{
-    Acquisition, Check, LimiterKeys, LimiterRecord, Outcome, Rule, SetMode, Store, StoreFuture,
-    fixed_window_outcome,
+    Acquisition, Check, LimiterKeys, LimiterRecord, Outcome, RegistryOp, RegistryReply, Rule,
+    SetMode, Store, StoreFuture, fixed_window_outcome,
 };
 use crate::clock::Clock;
 
@@ -59,6 +59,9 @@ pub struct MemoryStore {
     /// do not (there is one per limiter an application created).
     limiters: Mutex<HashMap<String, (LimiterRecord, u64)>>,
     generations: AtomicU64,
+    /// The registry of named limiters: name → until when it is kept while idle (ms on the
+    /// store's clock). Bounded by the service's maximum count of limiters.
+    registry: Mutex<HashMap<String, u64>>,
 }
 
 #[derive(Debug)]
@@ -127,6 +130,7 @@ impl MemoryStore {
             inner,
             limiters: Mutex::new(HashMap::new()),
             generations: AtomicU64::new(1),
+            registry: Mutex::new(HashMap::new()),
         }
     }
 
@@ -392,6 +396,46 @@ impl Store for MemoryStore {
             }
         };
         Box::pin(std::future::ready(Ok(acquisition)))
+    }
+
+    /// The same operations as `lua/registry.lua`, on one map (one registry per process, so
+    /// `_key` names nothing here).
+    fn registry<'a>(&'a self, _key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply> {
+        let now_ms = self.inner.clock.now_millis();
+        let mut registry = lock(&self.registry);
+        let reply = match op {
+            RegistryOp::Touch { name, idle_ms, max } => {
+                let keep_until = now_ms + idle_ms;
+                if let Some(until) = registry.get_mut(name) {
+                    *until = keep_until;
+                    RegistryReply::Touched(true)
+                } else if max > 0
+                    && registry.values().filter(|&&until| until > now_ms).count() as u64 >= max
+                {
+                    RegistryReply::Touched(false)
+                } else {
+                    registry.insert(name.to_string(), keep_until);
+                    RegistryReply::Touched(true)
+                }
+            }
+            RegistryOp::TakeExpired { at_most } => {
+                let gone: Vec<String> = registry
+                    .iter()
+                    .filter(|&(_, &until)| until <= now_ms)
+                    .map(|(name, _)| name.clone())
+                    .take(at_most)
+                    .collect();
+                for name in &gone {
+                    registry.remove(name);
+                }
+                RegistryReply::Expired(gone)
+            }
+            RegistryOp::Remove { name } => {
+                registry.remove(name);
+                RegistryReply::Removed
+            }
+        };
+        Box::pin(std::future::ready(Ok(reply)))
     }
 
     fn kind(&self) -> &'static str {

@@ -183,6 +183,34 @@ pub enum Acquisition {
     },
 }
 
+/// An operation on the registry of named limiters: which exist, and until when each is kept
+/// while nobody uses it. Times are on the store's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegistryOp<'a> {
+    /// Registers `name`, or keeps it another `idle_ms` if it is registered; a new name is
+    /// refused while `max` names are live (0: no maximum).
+    Touch {
+        name: &'a str,
+        idle_ms: u64,
+        max: u64,
+    },
+    /// Removes and returns up to `at_most` names whose time has passed.
+    TakeExpired { at_most: usize },
+    /// Removes `name`.
+    Remove { name: &'a str },
+}
+
+/// What a registry operation found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegistryReply {
+    /// `Touch`: whether the name is registered now (false: the registry is full).
+    Touched(bool),
+    /// `TakeExpired`: the names removed.
+    Expired(Vec<String>),
+    /// `Remove`: done.
+    Removed,
+}
+
 pub trait Store: Send + Sync + Debug {
     /// Decides every check, returning one outcome per check in the same order.
     fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a>;
@@ -204,6 +232,9 @@ pub trait Store: Send + Sync + Debug {
     /// Takes `permits` (0: only looks) under the limiter's current config, atomically with
     /// reading it.
     fn acquire<'a>(&'a self, keys: &'a LimiterKeys, permits: u64) -> StoreFuture<'a, Acquisition>;
+
+    /// Changes or reads the registry of named limiters kept under `key`.
+    fn registry<'a>(&'a self, key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply>;
 
     /// A short name for logs and health output.
     fn kind(&self) -> &'static str;

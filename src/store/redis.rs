@@ -30,11 +30,11 @@ use redis::{
 
 use super::cluster::Cluster;
 use super::coalesce::Coalescer;
-use super::script::{self, DECISION, LIMITER, LuaScript, REPLY_PER_CHECK};
+use super::script::{self, DECISION, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK};
 use super::slot;
 use super::{
-    Acquisition, Check, LimiterKeys, LimiterRecord, Outcome, SetMode, Store, StoreError,
-    StoreFuture,
+    Acquisition, Check, LimiterKeys, LimiterRecord, Outcome, RegistryOp, RegistryReply, SetMode,
+    Store, StoreError, StoreFuture,
 };
 use crate::clock::Clock;
 
@@ -765,6 +765,46 @@ impl Store for RedisStore {
                     })
                 }
                 other => Err(StoreError::Protocol(format!("acquire replied {other:?}"))),
+            }
+        })
+    }
+
+    fn registry<'a>(&'a self, key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply> {
+        self.bounded(async move {
+            let slot = slot::slot(key.as_bytes());
+            let args = |cmd: &mut redis::Cmd, pinned: Option<u64>| {
+                cmd.arg(1)
+                    .arg(key)
+                    .arg(pinned.map_or(String::new(), |t| t.to_string()));
+            };
+            match op {
+                RegistryOp::Touch { name, idle_ms, max } => {
+                    let registered: i64 = self
+                        .eval(slot, &REGISTRY, (0, 0), |cmd, pinned| {
+                            args(cmd, pinned);
+                            cmd.arg("touch").arg(name).arg(idle_ms).arg(max);
+                        })
+                        .await?;
+                    Ok(RegistryReply::Touched(registered == 1))
+                }
+                RegistryOp::TakeExpired { at_most } => {
+                    let names: Vec<String> = self
+                        .eval(slot, &REGISTRY, (0, 0), |cmd, pinned| {
+                            args(cmd, pinned);
+                            cmd.arg("expired").arg(at_most);
+                        })
+                        .await?;
+                    Ok(RegistryReply::Expired(names))
+                }
+                RegistryOp::Remove { name } => {
+                    let _: i64 = self
+                        .eval(slot, &REGISTRY, (0, 0), |cmd, pinned| {
+                            args(cmd, pinned);
+                            cmd.arg("remove").arg(name);
+                        })
+                        .await?;
+                    Ok(RegistryReply::Removed)
+                }
             }
         })
     }

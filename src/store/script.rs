@@ -46,9 +46,13 @@ pub static DECISION: LazyLock<LuaScript> =
 pub static LIMITER: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::assemble(include_str!("../../lua/limiter.lua")));
 
+/// One operation on the registry of named limiters (`lua/registry.lua`).
+pub static REGISTRY: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::assemble(include_str!("../../lua/registry.lua")));
+
 /// Every script, for loading at start-up.
-pub fn all() -> [&'static LuaScript; 2] {
-    [&DECISION, &LIMITER]
+pub fn all() -> [&'static LuaScript; 3] {
+    [&DECISION, &LIMITER, &REGISTRY]
 }
 
 /// Appends the KEYS count, KEYS and ARGV of one script call deciding `checks` to `cmd`.
