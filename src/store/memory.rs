@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use rand::Rng;
+
 use super::algorithms::{self, State, Step};
 use super::{
     Acquisition, Check, LimiterKeys, LimiterRecord, Outcome, Rule, SetMode, Store, StoreFuture,
@@ -77,7 +79,25 @@ struct Inner {
 /// for without the per-process keys.
 type KeyId = u128;
 
-type Shard = Mutex<HashMap<KeyId, Entry, BuildHasherDefault<KeyIdHasher>>>;
+type Shard = Mutex<Table>;
+
+/// A [`KeyId`] as the index's key: two words, so that an index bucket (key and position) takes
+/// 24 bytes where a `u128` key (16-byte aligned) would pad it to 32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct IndexKey([u64; 2]);
+
+impl IndexKey {
+    fn of(id: KeyId) -> Self {
+        Self([id as u64, (id >> 64) as u64])
+    }
+}
+
+impl std::hash::Hash for IndexKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // The low half is already a keyed hash (see KeyIdHasher).
+        state.write_u64(self.0[0]);
+    }
+}
 
 /// Uses the already-random low 64 bits of a [`KeyId`] as its hash.
 #[derive(Default)]
@@ -89,14 +109,98 @@ impl Hasher for KeyIdHasher {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u128` is used; mixing keeps this correct for anything else.
+        // Only `write_u64` is used; mixing keeps this correct for anything else.
         for &b in bytes {
             self.0 = self.0.rotate_left(8) ^ u64::from(b);
         }
     }
 
-    fn write_u128(&mut self, id: u128) {
-        self.0 = id as u64;
+    fn write_u64(&mut self, low: u64) {
+        self.0 = low;
+    }
+}
+
+/// One shard's counters: the entries in a vector, so that eviction can draw a sample at
+/// uniformly random positions in O(1) each, and an index from key to position. Removing
+/// swaps the last entry into the hole, so the vector never has gaps. A hash map alone offers
+/// no random access: its iteration order is fixed, and sampling the first entries of it let a
+/// flood of new keys sweep a shard from one end.
+#[derive(Debug)]
+struct Table {
+    slots: Vec<Slot>,
+    index: HashMap<IndexKey, usize, BuildHasherDefault<KeyIdHasher>>,
+    /// The shard's share of `max_counters`: the vector never grows past it.
+    bound: usize,
+}
+
+#[derive(Debug)]
+struct Slot {
+    id: KeyId,
+    entry: Entry,
+}
+
+impl Table {
+    fn new(bound: usize) -> Self {
+        Self {
+            slots: Vec::new(),
+            index: HashMap::default(),
+            bound,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn get(&self, id: &KeyId) -> Option<&Entry> {
+        let at = *self.index.get(&IndexKey::of(*id))?;
+        Some(&self.slots[at].entry)
+    }
+
+    fn get_mut(&mut self, id: &KeyId) -> Option<&mut Entry> {
+        let at = *self.index.get(&IndexKey::of(*id))?;
+        Some(&mut self.slots[at].entry)
+    }
+
+    fn insert(&mut self, id: KeyId, entry: Entry) {
+        if let Some(existing) = self.get_mut(&id) {
+            *existing = entry;
+            return;
+        }
+        if self.slots.len() == self.slots.capacity() {
+            // Doubling, but never past the bound: a shard that is full (the steady state under
+            // load) then wastes no room at its end.
+            let room = self.bound.saturating_sub(self.slots.len()).max(1);
+            self.slots.reserve_exact(self.slots.len().max(4).min(room));
+        }
+        self.index.insert(IndexKey::of(id), self.slots.len());
+        self.slots.push(Slot { id, entry });
+    }
+
+    fn remove(&mut self, id: &KeyId) -> Option<Entry> {
+        let at = self.index.remove(&IndexKey::of(*id))?;
+        Some(self.remove_at(at))
+    }
+
+    /// Removes the slot at `at` (its index entry already gone) and moves the last one there.
+    fn remove_at(&mut self, at: usize) -> Entry {
+        let removed = self.slots.swap_remove(at);
+        if let Some(moved) = self.slots.get(at) {
+            self.index.insert(IndexKey::of(moved.id), at);
+        }
+        removed.entry
+    }
+
+    fn retain_live(&mut self, now: u64) {
+        let mut at = 0;
+        while at < self.slots.len() {
+            if self.slots[at].entry.expires_at <= now {
+                self.index.remove(&IndexKey::of(self.slots[at].id));
+                self.remove_at(at);
+            } else {
+                at += 1;
+            }
+        }
     }
 }
 
@@ -113,7 +217,7 @@ impl MemoryStore {
         let per_shard = options.max_counters.div_ceil(SHARDS).max(1);
         let inner = Arc::new(Inner {
             shards: (0..SHARDS)
-                .map(|_| Mutex::new(HashMap::default()))
+                .map(|_| Mutex::new(Table::new(per_shard)))
                 .collect(),
             key_hashes: [RandomState::new(), RandomState::new()],
             per_shard,
@@ -230,48 +334,94 @@ impl Inner {
         (u128::from(high.hash_one(key)) << 64) | u128::from(low.hash_one(key))
     }
 
-    /// The shard from the high bits; the map inside uses the low ones.
+    /// The shard from the high bits; the index inside uses the low ones.
     fn shard(&self, id: KeyId) -> &Shard {
-        let index = (id >> 64) as usize % self.shards.len();
-        &self.shards[index]
+        &self.shards[self.shard_index(id)]
+    }
+
+    fn shard_index(&self, id: KeyId) -> usize {
+        (id >> 64) as usize % self.shards.len()
     }
 
     /// Frees one place in a full shard by looking at a sample, never the whole shard: a scan per
     /// new key would cost tens of microseconds under the shard lock once the store is full of
-    /// live counters, which is exactly the state an attacker with fresh keys creates. Expired
-    /// counters in the sample go first; otherwise the sampled one nearest its expiry is evicted.
-    /// Expired counters outside the sample are left to the sweeper.
-    fn make_room(
-        &self,
-        shard: &mut HashMap<KeyId, Entry, BuildHasherDefault<KeyIdHasher>>,
-        now: u64,
-    ) {
+    /// live counters, which is exactly the state an attacker with fresh keys creates. The sample
+    /// is 16 distinct positions drawn uniformly (Floyd's algorithm: 16 draws, no retries) from a
+    /// per-thread CSPRNG, so no order of requests steers which counters are looked at; a shard
+    /// of 16 or fewer is looked at whole.
+    ///
+    /// Among the sample, what cannot change an answer goes first: the expired counters (all of
+    /// them), else one whose state counts nothing. Only then is a live counter evicted: the one
+    /// nearest its expiry, which forgives for the shortest time, and among those, the one holding
+    /// the fewest hits, which forgives the fewest. So a flood of fresh keys, whose counters hold
+    /// one hit each, evicts its own counters rather than a counter over its limit in the same
+    /// window. Expired counters outside the sample are left to the sweeper.
+    fn make_room(&self, shard: &mut Table, now: u64) {
+        let len = shard.len();
+        let size = len.min(EVICTION_SAMPLE);
+        let mut rng = rand::rng();
+        let mut sample = [0; EVICTION_SAMPLE];
+        for (drawn, last) in (len - size..len).enumerate() {
+            let at = rng.random_range(0..=last);
+            sample[drawn] = if sample[..drawn].contains(&at) {
+                last
+            } else {
+                at
+            };
+        }
         let mut expired = [0; EVICTION_SAMPLE];
         let mut expired_count = 0;
-        let mut nearest: Option<(KeyId, u64)> = None;
-        for (id, entry) in shard.iter().take(EVICTION_SAMPLE) {
-            if entry.expires_at <= now {
-                expired[expired_count] = *id;
+        // (holds something, expiry, hits held): the smallest is the best to evict.
+        let mut best: Option<(KeyId, (bool, u64, u64))> = None;
+        for &at in &sample[..size] {
+            let slot = &shard.slots[at];
+            if slot.entry.expires_at <= now {
+                expired[expired_count] = slot.id;
                 expired_count += 1;
-            } else if nearest.is_none_or(|(_, at)| entry.expires_at < at) {
-                nearest = Some((*id, entry.expires_at));
+                continue;
+            }
+            let held = hits_held(&slot.entry.state, now);
+            let rank = (held > 0, slot.entry.expires_at, held);
+            if best.is_none_or(|(_, best)| rank < best) {
+                best = Some((slot.id, rank));
             }
         }
         if expired_count > 0 {
             for id in &expired[..expired_count] {
                 shard.remove(id);
             }
-        } else if let Some((victim, _)) = nearest {
+        } else if let Some((victim, (holds_something, _, _))) = best {
             shard.remove(&victim);
-            self.evictions.fetch_add(1, Ordering::Relaxed);
+            if holds_something {
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
     fn sweep_expired(&self) {
         let now = self.clock.now_micros();
         for shard in self.shards.iter() {
-            lock(shard).retain(|_, e| e.expires_at > now);
+            lock(shard).retain_live(now);
         }
+    }
+}
+
+/// What a state holds against its key's limit, in hits where the state says (0: the same as no
+/// state, so dropping it changes no answer). The algorithms store no empty state and give every
+/// state an expiry at the moment it would count nothing again, so 0 is a guard, not a case seen
+/// in practice.
+fn hits_held(state: &State, now: u64) -> u64 {
+    match state {
+        State::Count(count) => *count,
+        State::Log(log) => log.len() as u64,
+        State::Windows {
+            current, previous, ..
+        } => u64::from(*current) + u64::from(*previous),
+        // A theoretical arrival time not in the future: the bucket is full again. Otherwise
+        // at least one hit is outstanding (how many would take the rule's interval).
+        State::Tat(tat) => u64::from(*tat > now),
+        // How far from cold it is depends on the rule's shape, which the state does not hold.
+        State::WarmUp { .. } => 1,
     }
 }
 
@@ -511,6 +661,191 @@ mod tests {
         }
         assert!(store.evictions() > evicted_while_filling);
         assert!(store.len() <= capacity, "{} counters", store.len());
+    }
+
+    fn hourly(key: &str, hits: u64) -> Check {
+        Check {
+            key: key.into(),
+            hits,
+            rule: Rule::FixedWindow {
+                limit: 5,
+                window_secs: 3600,
+                window_start: 0,
+            },
+        }
+    }
+
+    /// Hits `key` until it is refused, so that its counter is over its limit.
+    async fn push_over_limit(store: &MemoryStore, key: &str) {
+        for _ in 0..5 {
+            assert!(one(store, hourly(key, 1)).await.admitted);
+        }
+        assert!(!one(store, hourly(key, 1)).await.admitted);
+    }
+
+    /// The reported attack: counters over their limit, then a flood of requests with fresh
+    /// descriptor values under the same rule. Each new counter in a full shard evicts one; the
+    /// victims hold more hits than any flood counter with the same expiry, so a random sample
+    /// finds a flood counter to evict unless all 16 draws land on victims ((30/400)^16, about
+    /// 10^-18, per eviction here). The old sample (the first 16 entries of the shard's map)
+    /// swept each shard in map order and let every victim in again.
+    #[tokio::test]
+    async fn a_flood_of_fresh_keys_does_not_reset_counters_over_their_limit() {
+        let clock = Arc::new(ManualClock::new(0));
+        let store = store(&clock, SHARDS * 400);
+        let victims = SHARDS * 30;
+        for i in 0..victims {
+            push_over_limit(&store, &format!("victim{i}")).await;
+        }
+        for i in 0..SHARDS * 1_250 {
+            one(&store, hourly(&format!("fresh{i}"), 1)).await;
+        }
+        assert!(store.evictions() > 40_000, "{}", store.evictions());
+        let mut admitted = Vec::new();
+        for i in 0..victims {
+            if one(&store, hourly(&format!("victim{i}"), 1)).await.admitted {
+                admitted.push(i);
+            }
+        }
+        assert!(
+            admitted.is_empty(),
+            "{} of {victims} victims admitted again, e.g. {:?}",
+            admitted.len(),
+            &admitted[..admitted.len().min(5)]
+        );
+    }
+
+    /// Floods a store of `per_shard` counters per shard with counters that all outrank its
+    /// victims (they expire an hour later), keeping one victim over its limit in every shard
+    /// and a new one whenever one is evicted, until `deaths` victims were evicted. Returns the
+    /// mean number of evictions a victim's shard makes while it lives, the one that takes it
+    /// included: all evictions its shards made while a victim lived (so that victims still
+    /// alive at the end count too: stopping at the first `deaths` alone would favour short
+    /// lives) over the victims evicted.
+    async fn evictions_survived(per_shard: usize, deaths: usize) -> f64 {
+        let clock = Arc::new(ManualClock::new(0));
+        let store = store(&clock, SHARDS * per_shard);
+        let inner = &store.inner;
+        // 6 hits against a limit of 5 in [0, 60): over its limit, gone at 60 s.
+        let mut placed = 0;
+        let mut place = async |shard: usize| -> KeyId {
+            loop {
+                let key = format!("victim{placed}");
+                placed += 1;
+                let id = inner.key_id(&key);
+                if inner.shard_index(id) == shard {
+                    assert!(!one(&store, fixed(&key, 6, 5, 0)).await.admitted);
+                    return id;
+                }
+            }
+        };
+        let mut victims = Vec::new();
+        for shard in 0..SHARDS {
+            victims.push(place(shard).await);
+        }
+        let mut evicted = 0;
+        let mut exposure = 0;
+        for i in 0.. {
+            let key = format!("fresh{i}");
+            let id = inner.key_id(&key);
+            let shard = inner.shard_index(id);
+            let full = lock(inner.shard(id)).len() >= inner.per_shard;
+            one(&store, hourly(&key, 1)).await;
+            if !full {
+                continue;
+            }
+            exposure += 1;
+            if lock(inner.shard(id)).get(&victims[shard]).is_none() {
+                evicted += 1;
+                if evicted == deaths {
+                    break;
+                }
+                victims[shard] = place(shard).await;
+            }
+        }
+        exposure as f64 / evicted as f64
+    }
+
+    /// The worst case SECURITY.md states: every other counter outranks the victim, so each
+    /// eviction in its shard takes it exactly when it is in the sample, with probability 16/n
+    /// for n counters per shard: it survives n/16 of them on average (25 here). Over 640
+    /// victims the mean's standard deviation is about 1, so the bounds below are 7 of them
+    /// away. A sample that is not uniform fails it: the old one (the first 16 of the shard's
+    /// map) left a victim that is not among the first entries alone for hundreds of evictions,
+    /// and a full scan would take it at once.
+    #[tokio::test]
+    async fn a_counter_every_other_outranks_survives_n_over_16_evictions_on_average() {
+        let per_shard = 400;
+        let mean = evictions_survived(per_shard, SHARDS * 10).await;
+        let expected = (per_shard / EVICTION_SAMPLE) as f64;
+        assert!(
+            (0.7 * expected..1.4 * expected).contains(&mean),
+            "mean {mean}, expected {expected}"
+        );
+    }
+
+    /// The same at the default bound (15 625 counters per shard), for SECURITY.md:
+    /// `cargo test --lib store::memory -- --ignored --nocapture`.
+    #[tokio::test]
+    #[ignore = "an experiment: about a million checks"]
+    async fn measure_evictions_survived_at_the_default_bound() {
+        let per_shard = MemoryStoreOptions::default().max_counters / SHARDS;
+        let deaths = 512;
+        let mean = evictions_survived(per_shard, deaths).await;
+        println!(
+            "{per_shard} per shard: a victim every other counter outranks survived {mean:.0} \
+             evictions in its shard on average over {deaths} victims evicted (expected {})",
+            per_shard / EVICTION_SAMPLE
+        );
+    }
+
+    fn resident_bytes() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        let pages: u64 = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        pages * 4096
+    }
+
+    /// Cost per check and memory per counter at the default bound, for docs/BENCHMARKS.md:
+    /// `cargo test --release --lib store::memory::tests::measure_cost -- --ignored --nocapture`.
+    #[tokio::test]
+    #[ignore = "a measurement: run it in release"]
+    async fn measure_cost_at_the_default_bound() {
+        let clock = Arc::new(ManualClock::new(0));
+        let max = MemoryStoreOptions::default().max_counters;
+        let store = store(&clock, max);
+        let keys: Vec<String> = (0..max).map(|i| format!("key{i}")).collect();
+        let before = resident_bytes();
+        for key in &keys {
+            store.check(&[hourly(key, 1)]).await.unwrap();
+        }
+        let bytes = resident_bytes() - before;
+        println!(
+            "{:.0} bytes of RSS per counter over {} counters",
+            bytes as f64 / store.len() as f64,
+            store.len()
+        );
+        let rounds = 500_000;
+        let started = std::time::Instant::now();
+        for i in 0..rounds {
+            // A stride through the keys, so that consecutive checks touch unrelated memory.
+            let key = &keys[i * 7919 % max];
+            store.check(&[hourly(key, 1)]).await.unwrap();
+        }
+        let known = started.elapsed().as_nanos() as f64 / rounds as f64;
+        let started = std::time::Instant::now();
+        for i in 0..rounds {
+            store.check(&[hourly(&format!("new{i}"), 1)]).await.unwrap();
+        }
+        let new = started.elapsed().as_nanos() as f64 / rounds as f64;
+        println!(
+            "per check: {known:.0} ns on a known key, {new:.0} ns on a new key in the full store \
+             ({} evictions)",
+            store.evictions()
+        );
     }
 
     #[tokio::test]
