@@ -1,8 +1,8 @@
 //! The embedded store: counters in process memory, for a single replica or for trying Sluice out.
 //!
-//! Counters are spread over shards, each a mutex around a hash map keyed by a 128-bit keyed hash
-//! of the counter key, so concurrent requests on different keys rarely contend and one key's
-//! read-modify-write is atomic. Every entry holds an
+//! Counters are spread over shards, each a mutex around a table (the entries in a vector, found
+//! through an index keyed by a 128-bit keyed hash of the counter key), so concurrent requests on
+//! different keys rarely contend and one key's read-modify-write is atomic. Every entry holds an
 //! algorithm's state (see `algorithms.rs`) and its expiry, after which it is indistinguishable
 //! from a new key. A background task sweeps expired entries; it holds only a weak reference and
 //! ends when the store is dropped.
@@ -10,11 +10,19 @@
 //! # Memory bound
 //!
 //! `max_counters` bounds the number of live counters (split evenly over the shards). When a shard
-//! is full, a new counter looks at a sample of 16 counters: it drops the expired ones among them,
-//! or if none expired, evicts the one closest to its expiry, which is the one whose loss forgives
-//! the least. The sweeper removes the other expired counters. Eviction never fails a request and never panics; it is counted in
-//! [`MemoryStore::evictions`], and a key that keeps being evicted is under-counted, so size the
-//! bound above the number of keys live in one window.
+//! is full, a new counter looks at 16 of its counters drawn uniformly at random: it drops the
+//! expired ones among them, or else one holding nothing, or else evicts the live one nearest its
+//! expiry, holding the fewest hits among those. The sweeper removes the other expired counters.
+//! Eviction never fails a request and never panics; it is counted in
+//! [`MemoryStore::evictions`].
+//!
+//! What a flood of fresh keys can do (SECURITY.md has the figures): a counter is evicted only
+//! when it is drawn and nothing else drawn ranks below it (expires sooner, or at the same time
+//! with fewer hits). A counter over its limit among one-hit counters of the same window is
+//! therefore safe unless the 16 draws all land on counters like it. When every other
+//! counter outranks it, each eviction in its shard takes it with probability 16/n (n counters
+//! per shard): it lasts n/16 evictions there on average, `max_counters / 16` new counters over
+//! the whole store. So size the bound above the number of keys live in one window.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
