@@ -182,6 +182,30 @@ impl Slots {
         self.len += 1;
     }
 
+    fn swap(&mut self, a: usize, b: usize) {
+        let (low, high) = (a.min(b), a.max(b));
+        if high >= self.len || low == high {
+            return;
+        }
+        let (low_chunk, high_chunk) = (low / self.chunk, high / self.chunk);
+        if low_chunk == high_chunk {
+            self.chunks[low_chunk].swap(low % self.chunk, high % self.chunk);
+        } else {
+            let (before, from) = self.chunks.split_at_mut(high_chunk);
+            std::mem::swap(
+                &mut before[low_chunk][low % self.chunk],
+                &mut from[0][high % self.chunk],
+            );
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        while self.len > len {
+            self.len -= 1;
+            self.chunks[self.len / self.chunk].pop();
+        }
+    }
+
     /// Removes the slot at `at`, moving the last one into its place.
     fn swap_remove(&mut self, at: usize) -> Option<Slot> {
         if at >= self.len {
@@ -246,6 +270,30 @@ impl Table {
     }
 
     fn retain_live(&mut self, now: u64) {
+        let live = |slot: &Slot| slot.entry.expires_at > now;
+        let expired = (0..self.slots.len)
+            .filter(|&at| self.slots.get(at).is_some_and(|slot| !live(slot)))
+            .count();
+        if expired * 2 > self.slots.len {
+            // Most are gone (every fixed window of one length ends at the same instant): move the
+            // live ones to the front and index them afresh, one insertion per survivor, rather
+            // than two index operations per removal.
+            let mut kept = 0;
+            for at in 0..self.slots.len {
+                if self.slots.get(at).is_some_and(live) {
+                    self.slots.swap(kept, at);
+                    kept += 1;
+                }
+            }
+            self.slots.truncate(kept);
+            self.index.clear();
+            for at in 0..kept {
+                if let Some(slot) = self.slots.get(at) {
+                    self.index.insert(IndexKey::of(slot.id), at);
+                }
+            }
+            return;
+        }
         let mut at = 0;
         while let Some(slot) = self.slots.get(at) {
             if slot.entry.expires_at <= now {
@@ -936,16 +984,19 @@ mod tests {
         assert_eq!(present(&table), [1, 2, 3, 5, 6, 7, 8]);
         assert_eq!(table.get(&3).map(|e| e.expires_at), Some(200));
         assert_eq!(table.len(), 7);
-        // 1, 2, 5 and 6 expire by 106.
+        // 1, 2, 5 and 6 expire by 106: most of the table, which is compacted and re-indexed.
         table.retain_live(106);
         assert_eq!(present(&table), [3, 7, 8]);
         for id in 10..12 {
             table.insert(id, entry(300));
         }
         assert_eq!(present(&table), [3, 7, 8, 10, 11]);
-        assert_eq!(table.len(), 5);
         assert_eq!(table.slots.chunks.len(), 4, "emptied chunks are reused");
-        for id in [3, 7, 8, 10, 11] {
+        // Only 7 expires by 107: removed on its own.
+        table.retain_live(107);
+        assert_eq!(present(&table), [3, 8, 10, 11]);
+        assert_eq!(table.len(), 4);
+        for id in [3, 8, 10, 11] {
             let at = table.index[&IndexKey::of(id)];
             assert_eq!(table.slots.get(at).map(|slot| slot.id), Some(id));
         }
