@@ -1,8 +1,8 @@
 //! The embedded store: counters in process memory, for a single replica or for trying Sluice out.
 //!
-//! Counters are spread over shards, each a mutex around a hash map keyed by a 128-bit keyed hash
-//! of the counter key, so concurrent requests on different keys rarely contend and one key's
-//! read-modify-write is atomic. Every entry holds an
+//! Counters are spread over shards, each a mutex around a table (the entries in a vector, found
+//! through an index keyed by a 128-bit keyed hash of the counter key), so concurrent requests on
+//! different keys rarely contend and one key's read-modify-write is atomic. Every entry holds an
 //! algorithm's state (see `algorithms.rs`) and its expiry, after which it is indistinguishable
 //! from a new key. A background task sweeps expired entries; it holds only a weak reference and
 //! ends when the store is dropped.
@@ -10,17 +10,27 @@
 //! # Memory bound
 //!
 //! `max_counters` bounds the number of live counters (split evenly over the shards). When a shard
-//! is full, a new counter looks at a sample of 16 counters: it drops the expired ones among them,
-//! or if none expired, evicts the one closest to its expiry, which is the one whose loss forgives
-//! the least. The sweeper removes the other expired counters. Eviction never fails a request and never panics; it is counted in
-//! [`MemoryStore::evictions`], and a key that keeps being evicted is under-counted, so size the
-//! bound above the number of keys live in one window.
+//! is full, a new counter looks at 16 of its counters drawn uniformly at random: it drops the
+//! expired ones among them, or else one holding nothing, or else evicts the live one nearest its
+//! expiry, holding the fewest hits among those. The sweeper removes the other expired counters.
+//! Eviction never fails a request and never panics; it is counted in
+//! [`MemoryStore::evictions`].
+//!
+//! What a flood of fresh keys can do (SECURITY.md has the figures): a counter is evicted only
+//! when it is drawn and nothing else drawn ranks below it (expires sooner, or at the same time
+//! with fewer hits). A counter over its limit among one-hit counters of the same window is
+//! therefore safe unless the 16 draws all land on counters like it. When every other
+//! counter outranks it, each eviction in its shard takes it with probability 16/n (n counters
+//! per shard): it lasts n/16 evictions there on average, `max_counters / 16` new counters over
+//! the whole store. So size the bound above the number of keys live in one window.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+
+use rand::Rng;
 
 use super::algorithms::{self, State, Step};
 use super::{
@@ -80,7 +90,25 @@ struct Inner {
 /// for without the per-process keys.
 type KeyId = u128;
 
-type Shard = Mutex<HashMap<KeyId, Entry, BuildHasherDefault<KeyIdHasher>>>;
+type Shard = Mutex<Table>;
+
+/// A [`KeyId`] as the index's key: two words, so that an index bucket (key and position) takes
+/// 24 bytes where a `u128` key (16-byte aligned) would pad it to 32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct IndexKey([u64; 2]);
+
+impl IndexKey {
+    fn of(id: KeyId) -> Self {
+        Self([id as u64, (id >> 64) as u64])
+    }
+}
+
+impl std::hash::Hash for IndexKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // The low half is already a keyed hash (see KeyIdHasher).
+        state.write_u64(self.0[0]);
+    }
+}
 
 /// Uses the already-random low 64 bits of a [`KeyId`] as its hash.
 #[derive(Default)]
@@ -92,14 +120,192 @@ impl Hasher for KeyIdHasher {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u128` is used; mixing keeps this correct for anything else.
+        // Only `write_u64` is used; mixing keeps this correct for anything else.
         for &b in bytes {
             self.0 = self.0.rotate_left(8) ^ u64::from(b);
         }
     }
 
-    fn write_u128(&mut self, id: u128) {
-        self.0 = id as u64;
+    fn write_u64(&mut self, low: u64) {
+        self.0 = low;
+    }
+}
+
+/// One shard's counters: the entries in an array, so that eviction can draw a sample at
+/// uniformly random positions in O(1) each, and an index from key to position. Removing
+/// moves the last entry into the hole, so the array never has gaps. A hash map alone offers
+/// no random access: its iteration order is fixed, and sampling the first entries of it let a
+/// flood of new keys sweep a shard from one end.
+#[derive(Debug)]
+struct Table {
+    slots: Slots,
+    index: HashMap<IndexKey, usize, BuildHasherDefault<KeyIdHasher>>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    id: KeyId,
+    entry: Entry,
+}
+
+/// Slots per chunk of [`Slots`] (768 KiB): a whole shard at the default bound.
+const CHUNK: usize = 16_384;
+
+/// A growable array in fixed-size chunks, each allocated whole at its first slot: its pages
+/// become resident only as slots are written, and it never moves. A vector that doubles copies
+/// itself and frees the old buffer; measured at a million counters with mimalloc, that (or
+/// chunks of 1 024 slots) cost 137 to 172 bytes of RSS per counter, against 126 to 131 with
+/// these chunks and 120 to 126 for the hash map this replaced. Emptied chunks are kept, so a
+/// full shard that evicts and inserts allocates nothing.
+#[derive(Debug)]
+struct Slots {
+    chunks: Vec<Vec<Slot>>,
+    len: usize,
+    /// Slots per chunk: [`CHUNK`], or the shard's bound when smaller.
+    chunk: usize,
+}
+
+impl Slots {
+    fn get(&self, at: usize) -> Option<&Slot> {
+        self.chunks.get(at / self.chunk)?.get(at % self.chunk)
+    }
+
+    fn get_mut(&mut self, at: usize) -> Option<&mut Slot> {
+        self.chunks
+            .get_mut(at / self.chunk)?
+            .get_mut(at % self.chunk)
+    }
+
+    fn push(&mut self, slot: Slot) {
+        let at = self.len / self.chunk;
+        if at == self.chunks.len() {
+            self.chunks.push(Vec::with_capacity(self.chunk));
+        }
+        self.chunks[at].push(slot);
+        self.len += 1;
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        let (low, high) = (a.min(b), a.max(b));
+        if high >= self.len || low == high {
+            return;
+        }
+        let (low_chunk, high_chunk) = (low / self.chunk, high / self.chunk);
+        if low_chunk == high_chunk {
+            self.chunks[low_chunk].swap(low % self.chunk, high % self.chunk);
+        } else {
+            let (before, from) = self.chunks.split_at_mut(high_chunk);
+            std::mem::swap(
+                &mut before[low_chunk][low % self.chunk],
+                &mut from[0][high % self.chunk],
+            );
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        while self.len > len {
+            self.len -= 1;
+            self.chunks[self.len / self.chunk].pop();
+        }
+    }
+
+    /// Removes the slot at `at`, moving the last one into its place.
+    fn swap_remove(&mut self, at: usize) -> Option<Slot> {
+        if at >= self.len {
+            return None;
+        }
+        self.len -= 1;
+        let last = self.chunks[self.len / self.chunk].pop()?;
+        if at == self.len {
+            return Some(last);
+        }
+        self.get_mut(at).map(|place| std::mem::replace(place, last))
+    }
+}
+
+impl Table {
+    fn new(bound: usize) -> Self {
+        Self {
+            slots: Slots {
+                chunks: Vec::new(),
+                len: 0,
+                chunk: bound.clamp(1, CHUNK),
+            },
+            index: HashMap::default(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.slots.len
+    }
+
+    fn get(&self, id: &KeyId) -> Option<&Entry> {
+        let at = *self.index.get(&IndexKey::of(*id))?;
+        self.slots.get(at).map(|slot| &slot.entry)
+    }
+
+    fn get_mut(&mut self, id: &KeyId) -> Option<&mut Entry> {
+        let at = *self.index.get(&IndexKey::of(*id))?;
+        self.slots.get_mut(at).map(|slot| &mut slot.entry)
+    }
+
+    fn insert(&mut self, id: KeyId, entry: Entry) {
+        if let Some(existing) = self.get_mut(&id) {
+            *existing = entry;
+            return;
+        }
+        self.index.insert(IndexKey::of(id), self.slots.len);
+        self.slots.push(Slot { id, entry });
+    }
+
+    fn remove(&mut self, id: &KeyId) -> Option<Entry> {
+        let at = self.index.remove(&IndexKey::of(*id))?;
+        self.remove_at(at)
+    }
+
+    /// Removes the slot at `at` (its index entry already gone) and moves the last one there.
+    fn remove_at(&mut self, at: usize) -> Option<Entry> {
+        let removed = self.slots.swap_remove(at)?;
+        if let Some(moved) = self.slots.get(at) {
+            self.index.insert(IndexKey::of(moved.id), at);
+        }
+        Some(removed.entry)
+    }
+
+    fn retain_live(&mut self, now: u64) {
+        let live = |slot: &Slot| slot.entry.expires_at > now;
+        let expired = (0..self.slots.len)
+            .filter(|&at| self.slots.get(at).is_some_and(|slot| !live(slot)))
+            .count();
+        if expired * 2 > self.slots.len {
+            // Most are gone (every fixed window of one length ends at the same instant): move the
+            // live ones to the front and index them afresh, one insertion per survivor, rather
+            // than two index operations per removal.
+            let mut kept = 0;
+            for at in 0..self.slots.len {
+                if self.slots.get(at).is_some_and(live) {
+                    self.slots.swap(kept, at);
+                    kept += 1;
+                }
+            }
+            self.slots.truncate(kept);
+            self.index.clear();
+            for at in 0..kept {
+                if let Some(slot) = self.slots.get(at) {
+                    self.index.insert(IndexKey::of(slot.id), at);
+                }
+            }
+            return;
+        }
+        let mut at = 0;
+        while let Some(slot) = self.slots.get(at) {
+            if slot.entry.expires_at <= now {
+                self.index.remove(&IndexKey::of(slot.id));
+                self.remove_at(at);
+            } else {
+                at += 1;
+            }
+        }
     }
 }
 
@@ -116,7 +322,7 @@ impl MemoryStore {
         let per_shard = options.max_counters.div_ceil(SHARDS).max(1);
         let inner = Arc::new(Inner {
             shards: (0..SHARDS)
-                .map(|_| Mutex::new(HashMap::default()))
+                .map(|_| Mutex::new(Table::new(per_shard)))
                 .collect(),
             key_hashes: [RandomState::new(), RandomState::new()],
             per_shard,
@@ -234,48 +440,97 @@ impl Inner {
         (u128::from(high.hash_one(key)) << 64) | u128::from(low.hash_one(key))
     }
 
-    /// The shard from the high bits; the map inside uses the low ones.
+    /// The shard from the high bits; the index inside uses the low ones.
     fn shard(&self, id: KeyId) -> &Shard {
-        let index = (id >> 64) as usize % self.shards.len();
-        &self.shards[index]
+        &self.shards[self.shard_index(id)]
+    }
+
+    fn shard_index(&self, id: KeyId) -> usize {
+        (id >> 64) as usize % self.shards.len()
     }
 
     /// Frees one place in a full shard by looking at a sample, never the whole shard: a scan per
     /// new key would cost tens of microseconds under the shard lock once the store is full of
-    /// live counters, which is exactly the state an attacker with fresh keys creates. Expired
-    /// counters in the sample go first; otherwise the sampled one nearest its expiry is evicted.
-    /// Expired counters outside the sample are left to the sweeper.
-    fn make_room(
-        &self,
-        shard: &mut HashMap<KeyId, Entry, BuildHasherDefault<KeyIdHasher>>,
-        now: u64,
-    ) {
+    /// live counters, which is exactly the state an attacker with fresh keys creates. The sample
+    /// is 16 distinct positions drawn uniformly (Floyd's algorithm: 16 draws, no retries) from a
+    /// per-thread CSPRNG, so no order of requests steers which counters are looked at; a shard
+    /// of 16 or fewer is looked at whole.
+    ///
+    /// Among the sample, what cannot change an answer goes first: the expired counters (all of
+    /// them), else one whose state counts nothing. Only then is a live counter evicted: the one
+    /// nearest its expiry, which forgives for the shortest time, and among those, the one holding
+    /// the fewest hits, which forgives the fewest. So a flood of fresh keys, whose counters hold
+    /// one hit each, evicts its own counters rather than a counter over its limit in the same
+    /// window. Expired counters outside the sample are left to the sweeper.
+    fn make_room(&self, shard: &mut Table, now: u64) {
+        let len = shard.len();
+        let size = len.min(EVICTION_SAMPLE);
+        let mut rng = rand::rng();
+        let mut sample = [0; EVICTION_SAMPLE];
+        for (drawn, last) in (len - size..len).enumerate() {
+            let at = rng.random_range(0..=last);
+            sample[drawn] = if sample[..drawn].contains(&at) {
+                last
+            } else {
+                at
+            };
+        }
         let mut expired = [0; EVICTION_SAMPLE];
         let mut expired_count = 0;
-        let mut nearest: Option<(KeyId, u64)> = None;
-        for (id, entry) in shard.iter().take(EVICTION_SAMPLE) {
-            if entry.expires_at <= now {
-                expired[expired_count] = *id;
+        // (holds something, expiry, hits held): the smallest is the best to evict.
+        let mut best: Option<(KeyId, (bool, u64, u64))> = None;
+        for &at in &sample[..size] {
+            // Every position drawn is below `len`, so each is found.
+            let Some(slot) = shard.slots.get(at) else {
+                continue;
+            };
+            if slot.entry.expires_at <= now {
+                expired[expired_count] = slot.id;
                 expired_count += 1;
-            } else if nearest.is_none_or(|(_, at)| entry.expires_at < at) {
-                nearest = Some((*id, entry.expires_at));
+                continue;
+            }
+            let held = hits_held(&slot.entry.state, now);
+            let rank = (held > 0, slot.entry.expires_at, held);
+            if best.is_none_or(|(_, best)| rank < best) {
+                best = Some((slot.id, rank));
             }
         }
         if expired_count > 0 {
             for id in &expired[..expired_count] {
                 shard.remove(id);
             }
-        } else if let Some((victim, _)) = nearest {
+        } else if let Some((victim, (holds_something, _, _))) = best {
             shard.remove(&victim);
-            self.evictions.fetch_add(1, Ordering::Relaxed);
+            if holds_something {
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
     fn sweep_expired(&self) {
         let now = self.clock.now_micros();
         for shard in self.shards.iter() {
-            lock(shard).retain(|_, e| e.expires_at > now);
+            lock(shard).retain_live(now);
         }
+    }
+}
+
+/// What a state holds against its key's limit, in hits where the state says (0: the same as no
+/// state, so dropping it changes no answer). The algorithms store no empty state and give every
+/// state an expiry at the moment it would count nothing again, so 0 is a guard, not a case seen
+/// in practice.
+fn hits_held(state: &State, now: u64) -> u64 {
+    match state {
+        State::Count(count) => *count,
+        State::Log(log) => log.len() as u64,
+        State::Windows {
+            current, previous, ..
+        } => u64::from(*current) + u64::from(*previous),
+        // A theoretical arrival time not in the future: the bucket is full again. Otherwise
+        // at least one hit is outstanding (how many would take the rule's interval).
+        State::Tat(tat) => u64::from(*tat > now),
+        // How far from cold it is depends on the rule's shape, which the state does not hold.
+        State::WarmUp { .. } => 1,
     }
 }
 
@@ -295,7 +550,7 @@ async fn sweep(inner: Weak<Inner>, every: Duration) {
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        // About 3 ms at a million counters: off the async workers, so requests do not wait
+        // 5 to 12 ms at a million counters: off the async workers, so requests do not wait
         // behind it (each shard is locked only for its own part).
         if tokio::task::spawn_blocking(move || inner.sweep_expired())
             .await
@@ -555,6 +810,240 @@ mod tests {
         }
         assert!(store.evictions() > evicted_while_filling);
         assert!(store.len() <= capacity, "{} counters", store.len());
+    }
+
+    fn hourly(key: &str, hits: u64) -> Check {
+        Check {
+            key: key.into(),
+            hits,
+            rule: Rule::FixedWindow {
+                limit: 5,
+                window_secs: 3600,
+                window_start: 0,
+            },
+        }
+    }
+
+    /// Hits `key` until it is refused, so that its counter is over its limit.
+    async fn push_over_limit(store: &MemoryStore, key: &str) {
+        for _ in 0..5 {
+            assert!(one(store, hourly(key, 1)).await.admitted);
+        }
+        assert!(!one(store, hourly(key, 1)).await.admitted);
+    }
+
+    /// The reported attack: counters over their limit, then a flood of requests with fresh
+    /// descriptor values under the same rule. Each new counter in a full shard evicts one; the
+    /// victims hold more hits than any flood counter with the same expiry, so a random sample
+    /// finds a flood counter to evict unless all 16 draws land on victims ((30/400)^16, about
+    /// 10^-18, per eviction here). The old sample (the first 16 entries of the shard's map)
+    /// swept each shard in map order and let every victim in again.
+    #[tokio::test]
+    async fn a_flood_of_fresh_keys_does_not_reset_counters_over_their_limit() {
+        let clock = Arc::new(ManualClock::new(0));
+        let store = store(&clock, SHARDS * 400);
+        let victims = SHARDS * 30;
+        for i in 0..victims {
+            push_over_limit(&store, &format!("victim{i}")).await;
+        }
+        for i in 0..SHARDS * 1_250 {
+            one(&store, hourly(&format!("fresh{i}"), 1)).await;
+        }
+        assert!(store.evictions() > 40_000, "{}", store.evictions());
+        let mut admitted = Vec::new();
+        for i in 0..victims {
+            if one(&store, hourly(&format!("victim{i}"), 1)).await.admitted {
+                admitted.push(i);
+            }
+        }
+        assert!(
+            admitted.is_empty(),
+            "{} of {victims} victims admitted again, e.g. {:?}",
+            admitted.len(),
+            &admitted[..admitted.len().min(5)]
+        );
+    }
+
+    /// Floods a store of `per_shard` counters per shard with counters that all outrank its
+    /// victims (they expire an hour later), keeping one victim over its limit in every shard
+    /// and a new one whenever one is evicted, until `deaths` victims were evicted. Returns the
+    /// mean number of evictions a victim's shard makes while it lives, the one that takes it
+    /// included: all evictions its shards made while a victim lived (so that victims still
+    /// alive at the end count too: stopping at the first `deaths` alone would favour short
+    /// lives) over the victims evicted.
+    async fn evictions_survived(per_shard: usize, deaths: usize) -> f64 {
+        let clock = Arc::new(ManualClock::new(0));
+        let store = store(&clock, SHARDS * per_shard);
+        let inner = &store.inner;
+        // 6 hits against a limit of 5 in [0, 60): over its limit, gone at 60 s.
+        let mut placed = 0;
+        let mut place = async |shard: usize| -> KeyId {
+            loop {
+                let key = format!("victim{placed}");
+                placed += 1;
+                let id = inner.key_id(&key);
+                if inner.shard_index(id) == shard {
+                    assert!(!one(&store, fixed(&key, 6, 5, 0)).await.admitted);
+                    return id;
+                }
+            }
+        };
+        let mut victims = Vec::new();
+        for shard in 0..SHARDS {
+            victims.push(place(shard).await);
+        }
+        let mut evicted = 0;
+        let mut exposure = 0;
+        for i in 0.. {
+            let key = format!("fresh{i}");
+            let id = inner.key_id(&key);
+            let shard = inner.shard_index(id);
+            let full = lock(inner.shard(id)).len() >= inner.per_shard;
+            one(&store, hourly(&key, 1)).await;
+            if !full {
+                continue;
+            }
+            exposure += 1;
+            if lock(inner.shard(id)).get(&victims[shard]).is_none() {
+                evicted += 1;
+                if evicted == deaths {
+                    break;
+                }
+                victims[shard] = place(shard).await;
+            }
+        }
+        exposure as f64 / evicted as f64
+    }
+
+    /// The worst case SECURITY.md states: every other counter outranks the victim, so each
+    /// eviction in its shard takes it exactly when it is in the sample, with probability 16/n
+    /// for n counters per shard: it survives n/16 of them on average (25 here). Over 640
+    /// victims the mean's standard deviation is about 1, so the bounds below are 7 of them
+    /// away. A sample that is not uniform fails it: the old one (the first 16 of the shard's
+    /// map) left a victim that is not among the first entries alone for hundreds of evictions,
+    /// and a full scan would take it at once.
+    #[tokio::test]
+    async fn a_counter_every_other_outranks_survives_n_over_16_evictions_on_average() {
+        let per_shard = 400;
+        let mean = evictions_survived(per_shard, SHARDS * 10).await;
+        let expected = (per_shard / EVICTION_SAMPLE) as f64;
+        assert!(
+            (0.7 * expected..1.4 * expected).contains(&mean),
+            "mean {mean}, expected {expected}"
+        );
+    }
+
+    /// The same at the default bound (15 625 counters per shard), for SECURITY.md:
+    /// `cargo test --lib store::memory -- --ignored --nocapture`.
+    #[tokio::test]
+    #[ignore = "an experiment: about a million checks"]
+    async fn measure_evictions_survived_at_the_default_bound() {
+        let per_shard = MemoryStoreOptions::default().max_counters / SHARDS;
+        let deaths = 512;
+        let mean = evictions_survived(per_shard, deaths).await;
+        println!(
+            "{per_shard} per shard: a victim every other counter outranks survived {mean:.0} \
+             evictions in its shard on average over {deaths} victims evicted (expected {})",
+            per_shard / EVICTION_SAMPLE
+        );
+    }
+
+    fn resident_bytes() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        let pages: u64 = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        pages * 4096
+    }
+
+    /// Cost per check and memory per counter at the default bound, for docs/BENCHMARKS.md:
+    /// `cargo test --release --lib store::memory::tests::measure_cost -- --ignored --nocapture`.
+    #[tokio::test]
+    #[ignore = "a measurement: run it in release"]
+    async fn measure_cost_at_the_default_bound() {
+        let clock = Arc::new(ManualClock::new(0));
+        let max = MemoryStoreOptions::default().max_counters;
+        let store = store(&clock, max);
+        let keys: Vec<String> = (0..max).map(|i| format!("key{i}")).collect();
+        let before = resident_bytes();
+        for key in &keys {
+            store.check(&[hourly(key, 1)]).await.unwrap();
+        }
+        let bytes = resident_bytes() - before;
+        println!(
+            "{:.0} bytes of RSS per counter over {} counters",
+            bytes as f64 / store.len() as f64,
+            store.len()
+        );
+        let rounds = 500_000;
+        let started = std::time::Instant::now();
+        for i in 0..rounds {
+            // A stride through the keys, so that consecutive checks touch unrelated memory.
+            let key = &keys[i * 7919 % max];
+            store.check(&[hourly(key, 1)]).await.unwrap();
+        }
+        let known = started.elapsed().as_nanos() as f64 / rounds as f64;
+        let started = std::time::Instant::now();
+        for i in 0..rounds {
+            store.check(&[hourly(&format!("new{i}"), 1)]).await.unwrap();
+        }
+        let new = started.elapsed().as_nanos() as f64 / rounds as f64;
+        println!(
+            "per check: {known:.0} ns on a known key, {new:.0} ns on a new key in the full store \
+             ({} evictions)",
+            store.evictions()
+        );
+        let started = std::time::Instant::now();
+        store.sweep_expired();
+        let live = started.elapsed();
+        clock.set_micros(3_600_000_000);
+        let started = std::time::Instant::now();
+        store.sweep_expired();
+        let expired = started.elapsed();
+        println!("sweep of {max} counters: {live:?} when live, {expired:?} when all expired");
+    }
+
+    /// The table across chunk boundaries (chunks of 3 slots): every key stays reachable through
+    /// removals in the middle, at the end and by the sweep, and freed places are reused.
+    #[test]
+    fn the_table_keeps_its_index_right_across_chunks() {
+        let entry = |expires_at| Entry {
+            state: State::Count(1),
+            expires_at,
+        };
+        let mut table = Table::new(3);
+        for id in 0..10 {
+            table.insert(id, entry(100 + id as u64));
+        }
+        assert_eq!(table.slots.chunks.len(), 4);
+        assert!(table.remove(&4).is_some());
+        assert!(table.remove(&9).is_some());
+        assert!(table.remove(&0).is_some());
+        assert!(table.remove(&4).is_none());
+        table.insert(3, entry(200));
+        let present =
+            |table: &Table| -> Vec<u128> { (0..12).filter(|id| table.get(id).is_some()).collect() };
+        assert_eq!(present(&table), [1, 2, 3, 5, 6, 7, 8]);
+        assert_eq!(table.get(&3).map(|e| e.expires_at), Some(200));
+        assert_eq!(table.len(), 7);
+        // 1, 2, 5 and 6 expire by 106: most of the table, which is compacted and re-indexed.
+        table.retain_live(106);
+        assert_eq!(present(&table), [3, 7, 8]);
+        for id in 10..12 {
+            table.insert(id, entry(300));
+        }
+        assert_eq!(present(&table), [3, 7, 8, 10, 11]);
+        assert_eq!(table.slots.chunks.len(), 4, "emptied chunks are reused");
+        // Only 7 expires by 107: removed on its own.
+        table.retain_live(107);
+        assert_eq!(present(&table), [3, 8, 10, 11]);
+        assert_eq!(table.len(), 4);
+        for id in [3, 8, 10, 11] {
+            let at = table.index[&IndexKey::of(id)];
+            assert_eq!(table.slots.get(at).map(|slot| slot.id), Some(id));
+        }
     }
 
     #[tokio::test]
