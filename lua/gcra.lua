@@ -18,14 +18,16 @@ local function gcra(key, now, hits, interval, burst)
     local remaining = tokens(tat)
     return 0, remaining, micros_to_ms(tat - now), burst - remaining
   end
-  local new_tat = tat + hits * interval
-  if new_tat - now <= capacity then
+  -- A zero-cost check is decided as a one-hit request and counts nothing.
+  local probe_tat = tat + math.max(hits, 1) * interval
+  if probe_tat - now <= capacity then
+    local new_tat = tat + hits * interval
     local remaining = tokens(new_tat)
-    if new_tat > now then
+    if hits > 0 and new_tat > now then
       call('SET', key, string.format('%.0f', new_tat), 'PX', micros_to_ms(new_tat - now))
     end
     return 1, remaining, micros_to_ms(new_tat - now), burst - remaining
   end
   local remaining = tokens(tat)
-  return 0, remaining, micros_to_ms(new_tat - now - capacity), burst - remaining
+  return 0, remaining, micros_to_ms(probe_tat - now - capacity), burst - remaining
 end

@@ -23,7 +23,9 @@ local function sliding_window_counter(key, now, hits, limit, window)
   local elapsed = now - start
   local weighted = floor(previous * (window - elapsed) / window)
   local estimate = weighted + current
-  local admitted = hits <= limit and estimate + hits <= limit
+  -- A zero-cost check is decided as a one-hit request and counts nothing.
+  local probe = math.max(hits, 1)
+  local admitted = probe <= limit and estimate + probe <= limit
   if admitted then current = current + hits end
   local ttl = start + 2 * window - now
   local until_empty = 0
@@ -33,19 +35,21 @@ local function sliding_window_counter(key, now, hits, limit, window)
     until_empty = start + window - now
   end
   local wait
-  if admitted or hits > limit then
+  if admitted or probe > limit then
     wait = until_empty
-  elseif current + hits <= limit then
-    local room = limit - current - hits
+  elseif current + probe <= limit then
+    local room = limit - current - probe
     local at = floor(window - (room + 1) * window / previous) + 1
     at = math.min(math.max(at, elapsed + 1), window)
     wait = at - elapsed
   else
-    local room = limit - hits
+    local room = limit - probe
     local at = floor(window - (room + 1) * window / current) + 1
     wait = window - elapsed + math.max(at, 0)
   end
-  if admitted and (current > 0 or previous > 0) then
+  -- A reset never exceeds the window (see the twin).
+  if wait > window then wait = window end
+  if admitted and hits > 0 and (current > 0 or previous > 0) then
     call('HSET', key, 's', string.format('%.0f', start), 'c', current, 'p', previous)
     call('PEXPIRE', key, micros_to_ms(ttl))
   end

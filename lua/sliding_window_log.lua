@@ -14,7 +14,9 @@ local function sliding_window_log(key, now, hits, limit, window)
     if last[2] then return tonumber(last[2]) + window - now end
     return 0
   end
-  if count + hits <= limit then
+  -- A zero-cost check is decided as a one-hit request and counts nothing.
+  local probe = math.max(hits, 1)
+  if probe <= limit and count + probe <= limit then
     local score = string.format('%.0f', now)
     -- Member names are time and position: unique, since time never goes back here and the
     -- count only grows within one microsecond. Added in slices to stay within Lua's stack.
@@ -31,13 +33,15 @@ local function sliding_window_log(key, now, hits, limit, window)
     return 1, limit - count - hits, micros_to_ms(ttl), count + hits
   end
   local wait
-  if hits > limit then
+  if probe > limit then
     wait = until_empty()
   else
-    -- The (count + hits - limit)-th oldest member must leave the window first.
-    local index = count + hits - limit - 1
+    -- The (count + probe - limit)-th oldest member must leave the window first.
+    local index = count + probe - limit - 1
     local entry = call('ZRANGE', key, index, index, 'WITHSCORES')
     wait = tonumber(entry[2]) + window - now
   end
-  return 0, limit - count, micros_to_ms(wait), count
+  local remaining = limit - count
+  if remaining < 0 then remaining = 0 end
+  return 0, remaining, micros_to_ms(wait), count
 end

@@ -48,12 +48,13 @@ local function warm_up(key, now, hits, permits, window, warmup, cold_factor)
   if free_in < 0 then free_in = 0 end
   local ttl = free_in + ceil((max_permits - stored) * cool_down)
   if ttl < 1 then ttl = 1 end
-  if admitted then
+  if admitted and hits > 0 then
     call('HSET', key, 's', string.format('%.0f', floor(stored * 1e6)),
       'n', string.format('%.0f', next_free))
     call('PEXPIRE', key, micros_to_ms(ttl))
   end
-  local ready = 0
-  if next_free <= now then ready = 1 end
-  return admitted and 1 or 0, ready, micros_to_ms(free_in), 1 - ready
+  -- Any request up to `permits` is admitted once the next free time has passed.
+  local remaining = 0
+  if next_free <= now then remaining = permits end
+  return admitted and 1 or 0, remaining, micros_to_ms(free_in), permits - remaining
 end

@@ -5,9 +5,11 @@
 //! acquisition reads it in the same atomic step, so a change made through one replica applies on
 //! every replica's next call. Set semantics follow what Redisson users know, without its traps:
 //! `TRY_SET` never overwrites (Redisson's `trySetRate`), `UPDATE_KEEP_STATE` changes the rate
-//! and keeps what was counted, `UPDATE_RESET_STATE` starts over (Redisson's `setRate`). Waiting is
+//! and keeps what was counted when the new algorithm reads the same state (otherwise it starts
+//! afresh and says so), `UPDATE_RESET_STATE` starts over (Redisson's `setRate`). Waiting is
 //! done here, asynchronously, for as long as the algorithm says; a request that could never be
-//! granted is refused at once instead of waiting forever.
+//! granted is refused at once instead of waiting forever, and a refused attempt never changes
+//! the limiter's state.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +23,11 @@ use crate::store::{Acquisition, LimiterRecord, SetMode, Store, StoreError};
 
 /// Longest limiter name, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
+
+/// Most permits one call may ask for: no limiter grants more at once (rate and burst are at most
+/// this), and anything larger is refused before it reaches the store, whose scripts could not
+/// represent every such number.
+pub const MAX_PERMITS: u64 = u32::MAX as u64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LimiterError {
@@ -42,6 +49,18 @@ pub enum LimiterError {
     WaitTooLong(Duration),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// What `set_rate` did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateSet {
+    /// False when `TRY_SET` found an existing limiter.
+    pub applied: bool,
+    /// The limiter starts from an empty state because of this call (created, reset, or kept
+    /// across a change of the state's shape).
+    pub state_reset: bool,
+    /// The config in force.
+    pub config: LimiterConfig,
 }
 
 /// The outcome of an acquisition, after any waiting.
@@ -71,16 +90,20 @@ impl NamedLimiters {
         }
     }
 
-    /// Creates or changes a limiter; returns whether it was written and the config in force.
+    /// Creates or changes a limiter.
     pub async fn set_rate(
         &self,
         config: LimiterConfig,
         mode: SetMode,
-    ) -> Result<(bool, LimiterConfig), LimiterError> {
+    ) -> Result<RateSet, LimiterError> {
         let (config, record) = compile(config)?;
         let keys = self.keys.limiter(&config.name, None);
-        let (applied, current) = self.store.set_limiter(&keys, &record, mode).await?;
-        Ok((applied, describe(&current)?))
+        let set = self.store.set_limiter(&keys, &record, mode).await?;
+        Ok(RateSet {
+            applied: set.applied,
+            state_reset: set.state_reset,
+            config: describe(&set.current)?,
+        })
     }
 
     pub async fn config(&self, name: &str) -> Result<LimiterConfig, LimiterError> {
@@ -102,7 +125,7 @@ impl NamedLimiters {
 
     /// Permits that could be taken now.
     pub async fn available(&self, name: &str, client: &str) -> Result<u64, LimiterError> {
-        let (outcome, _) = self.attempt(name, client, 0).await?;
+        let outcome = self.attempt(name, client, 0).await?;
         Ok(outcome.remaining)
     }
 
@@ -115,17 +138,15 @@ impl NamedLimiters {
         permits: u64,
         timeout: Duration,
     ) -> Result<Acquired, LimiterError> {
+        if permits > MAX_PERMITS {
+            return Err(LimiterError::Invalid(format!(
+                "permits must be at most {MAX_PERMITS}"
+            )));
+        }
         let timeout = timeout.min(self.max_wait);
         let started = Instant::now();
         loop {
-            let (outcome, capacity) = self.attempt(name, client, permits).await?;
-            if permits > capacity {
-                return Err(LimiterError::TooManyPermits {
-                    name: name.to_string(),
-                    permits,
-                    capacity,
-                });
-            }
+            let outcome = self.attempt(name, client, permits).await?;
             let waited = started.elapsed();
             let retry_after = Duration::from_millis(outcome.reset_ms);
             if outcome.admitted || waited + retry_after > timeout {
@@ -168,14 +189,20 @@ impl NamedLimiters {
         name: &str,
         client: &str,
         permits: u64,
-    ) -> Result<(crate::store::Outcome, u64), LimiterError> {
+    ) -> Result<crate::store::Outcome, LimiterError> {
         check_name(name)?;
         let client = (!client.is_empty()).then_some(client);
         let keys = self.keys.limiter(name, client);
         match self.store.acquire(&keys, permits).await? {
             Acquisition::NoSuchLimiter => Err(LimiterError::NotFound(name.to_string())),
             Acquisition::NeedsClient => Err(LimiterError::NeedsClient(name.to_string())),
-            Acquisition::Decided { outcome, capacity } => Ok((outcome, capacity)),
+            // Refused by the store before it touched any state.
+            Acquisition::TooManyPermits { capacity } => Err(LimiterError::TooManyPermits {
+                name: name.to_string(),
+                permits,
+                capacity,
+            }),
+            Acquisition::Decided { outcome, .. } => Ok(outcome),
         }
     }
 }
@@ -305,17 +332,17 @@ mod tests {
             2,
             Duration::from_secs(60),
         );
-        let (applied, _) = l.set_rate(one.clone(), SetMode::TrySet).await.unwrap();
-        assert!(applied);
+        let set = l.set_rate(one.clone(), SetMode::TrySet).await.unwrap();
+        assert!(set.applied && set.state_reset);
         let other = config(
             "a",
             ApiAlgorithm::SlidingWindowLog,
             5,
             Duration::from_secs(60),
         );
-        let (applied, current) = l.set_rate(other.clone(), SetMode::TrySet).await.unwrap();
-        assert!(!applied);
-        assert_eq!(current.rate, 2);
+        let set = l.set_rate(other.clone(), SetMode::TrySet).await.unwrap();
+        assert!(!set.applied && !set.state_reset);
+        assert_eq!(set.config.rate, 2);
 
         let take = || l.try_acquire("a", "", 1, Duration::ZERO);
         assert!(take().await.unwrap().acquired);

@@ -9,7 +9,14 @@
 //! Conventions shared by all algorithms: `remaining` is what could be admitted now; `reset_ms`
 //! is, when refused, the wait until the same request would be admitted, and when admitted, the
 //! time until the limit is fully replenished. A request that asks for more than the algorithm can
-//! ever grant is refused at once, without touching the state.
+//! ever grant is refused at once, without touching the state. A refused request never changes
+//! the state (the upstream fixed window, in `memory.rs` and `lua/fixed_window.lua`, is the one
+//! exception: it counts refused hits, as upstream does).
+//!
+//! A zero-cost check (`hits` 0) never changes the state either, and is refused exactly when a
+//! one-hit request would be (no permit is left): it asks "may this request go on?" of a request
+//! whose cost is charged later (upstream's check-then-charge pattern), so that pattern admits at
+//! most the limit.
 
 use std::collections::VecDeque;
 
@@ -70,7 +77,9 @@ pub fn sliding_window_log(
     }
     let count = log.len() as u64;
     let until_empty = |log: &VecDeque<u64>| log.back().map_or(0, |&newest| newest + window - now);
-    if count + hits <= limit {
+    // A zero-cost check is decided as a one-hit request and counts nothing.
+    let probe = hits.max(1);
+    if probe <= limit && count + probe <= limit {
         for _ in 0..hits {
             log.push_back(now);
         }
@@ -85,17 +94,18 @@ pub fn sliding_window_log(
             keep: (!log.is_empty()).then(|| (State::Log(Box::new(log)), ttl)),
         };
     }
-    let wait = if hits > limit {
+    let wait = if probe > limit {
         until_empty(&log)
     } else {
-        // The (count + hits - limit)-th oldest entry must leave the window first.
-        log[(count + hits - limit - 1) as usize] + window - now
+        // The (count + probe - limit)-th oldest entry must leave the window first. (The log
+        // may hold more than the limit after UPDATE_KEEP_STATE lowered it.)
+        log[(count + probe - limit - 1) as usize] + window - now
     };
     let ttl = until_empty(&log);
     Step {
         outcome: Outcome {
             admitted: false,
-            remaining: limit - count,
+            remaining: limit.saturating_sub(count),
             reset_ms: micros_to_ms(wait),
             used: count,
         },
@@ -107,6 +117,11 @@ pub fn sliding_window_log(
 /// share of the trailing window that still overlaps it. Windows are aligned to the epoch on the
 /// store's clock. It assumes the previous window's hits were spread evenly, so a burst at the end
 /// of the previous window is under-weighted by up to its size times the elapsed fraction.
+///
+/// The reported reset never exceeds the window, like every other window's: the estimate's own
+/// horizon (the current window's hits weigh until the end of the next one) reaches up to twice
+/// the window, which no client should be told to wait. A request refused early in a window may
+/// therefore be refused once more at that retry.
 pub fn sliding_window_counter(
     state: Option<State>,
     hits: u64,
@@ -136,7 +151,9 @@ pub fn sliding_window_counter(
     let elapsed = now - start;
     let weighted = (previous as f64 * (window - elapsed) as f64 / window as f64).floor() as u64;
     let estimate = weighted + current;
-    let admitted = hits <= limit && estimate + hits <= limit;
+    // A zero-cost check is decided as a one-hit request and counts nothing.
+    let probe = hits.max(1);
+    let admitted = probe <= limit && estimate + probe <= limit;
     if admitted {
         current += hits;
     }
@@ -148,19 +165,20 @@ pub fn sliding_window_counter(
     } else {
         0
     };
-    let wait = if admitted || hits > limit {
+    let wait = if admitted || probe > limit {
         until_empty
-    } else if current + hits <= limit {
+    } else if current + probe <= limit {
         // Wait for the previous window's weight to shrink enough, at the latest to its end.
-        let room = (limit - current - hits) as f64;
+        let room = (limit - current - probe) as f64;
         let at = (window as f64 - (room + 1.0) * window as f64 / previous as f64).floor() + 1.0;
         (at.max(elapsed as f64 + 1.0).min(window as f64) as u64) - elapsed
     } else {
         // This window's count becomes the previous one; wait until its weight has shrunk.
-        let room = (limit - hits) as f64;
+        let room = (limit - probe) as f64;
         let at = (window as f64 - (room + 1.0) * window as f64 / current as f64).floor() + 1.0;
         window - elapsed + at.max(0.0) as u64
     };
+    let wait = wait.min(window);
     let used = if admitted { estimate + hits } else { estimate };
     Step {
         outcome: Outcome {
@@ -170,8 +188,8 @@ pub fn sliding_window_counter(
             used,
         },
         // Rolling the windows forward is a pure function of the old state and the time, so only
-        // an admission needs to be written (as in the Lua twin).
-        keep: (admitted && (current > 0 || previous > 0)).then(|| {
+        // an admission that counted something needs to be written (as in the Lua twin).
+        keep: (admitted && hits > 0 && (current > 0 || previous > 0)).then(|| {
             // Admitted counts are at most the limit, which is a u32.
             let narrow = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
             (
@@ -213,8 +231,10 @@ pub fn gcra(state: Option<State>, hits: u64, interval: u64, burst: u64, now: u64
             keep: None,
         };
     }
-    let new_tat = tat + hits * interval;
-    if new_tat - now <= capacity {
+    // A zero-cost check is decided as a one-hit request and counts nothing.
+    let probe_tat = tat + hits.max(1) * interval;
+    if probe_tat - now <= capacity {
+        let new_tat = tat + hits * interval;
         let remaining = tokens(new_tat);
         return Step {
             outcome: Outcome {
@@ -223,7 +243,7 @@ pub fn gcra(state: Option<State>, hits: u64, interval: u64, burst: u64, now: u64
                 reset_ms: micros_to_ms(new_tat - now),
                 used: burst - remaining,
             },
-            keep: (new_tat > now).then_some((State::Tat(new_tat), new_tat - now)),
+            keep: (hits > 0 && new_tat > now).then_some((State::Tat(new_tat), new_tat - now)),
         };
     }
     let remaining = tokens(tat);
@@ -231,7 +251,7 @@ pub fn gcra(state: Option<State>, hits: u64, interval: u64, burst: u64, now: u64
         outcome: Outcome {
             admitted: false,
             remaining,
-            reset_ms: micros_to_ms(new_tat - now - capacity),
+            reset_ms: micros_to_ms(probe_tat - now - capacity),
             used: burst - remaining,
         },
         keep: None,
@@ -283,7 +303,9 @@ impl WarmUpShape {
 /// reservation's wait has passed (Guava's `tryAcquire(permits, 0)`), and then pushes the next
 /// free time out by its own cost, which is larger while the limiter is cold (idle). Guava lets one
 /// request of any size through and makes the next wait ("pay later"); here a single request may
-/// not cost more than one unit's worth (`permits_per_window`).
+/// not cost more than one unit's worth (`permits_per_window`). So `remaining` is
+/// `permits_per_window` while the next free time has passed (any request up to that size would
+/// be admitted) and 0 before.
 pub fn warm_up(
     state: Option<State>,
     hits: u64,
@@ -318,15 +340,21 @@ pub fn warm_up(
     let stored_millionths = (stored * 1e6).floor() as u64;
     let free_in = next_free.saturating_sub(now);
     let ttl = free_in + ((shape.max_permits - stored) * shape.cool_down).ceil() as u64;
-    let ready = u64::from(next_free <= now);
+    let remaining = if next_free <= now {
+        permits_per_window
+    } else {
+        0
+    };
     Step {
         outcome: Outcome {
             admitted,
-            remaining: ready,
+            remaining,
             reset_ms: micros_to_ms(free_in),
-            used: 1 - ready,
+            used: permits_per_window - remaining,
         },
-        keep: admitted.then_some((
+        // Refilling the stored permits is a pure function of the old state and the time, so a
+        // zero-cost check writes nothing.
+        keep: (admitted && hits > 0).then_some((
             State::WarmUp {
                 stored_millionths,
                 next_free,

@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use super::algorithms::{self, State, Step};
 use super::{
-    Acquisition, Check, LimiterKeys, LimiterRecord, Outcome, Rule, SetMode, Store, StoreFuture,
-    fixed_window_outcome,
+    Acquisition, Check, LimiterKeys, LimiterRecord, LimiterSet, Outcome, Rule, SetMode, Store,
+    StoreFuture, fixed_window_outcome, fixed_window_take,
 };
 use crate::clock::Clock;
 
@@ -149,13 +149,24 @@ impl MemoryStore {
         self.inner.sweep_expired();
     }
 
-    fn decide(&self, check: &Check, now: u64) -> Outcome {
+    /// Decides one check atomically under its shard's lock. `take` selects the named limiters'
+    /// fixed window, which counts hits only when they fit; the RLS one counts refused hits too,
+    /// as upstream does. (The other algorithms never count refused hits.)
+    fn decide(&self, check: &Check, now: u64, take: bool) -> Outcome {
         let id = self.inner.key_id(&check.key);
         let mut shard = lock(self.inner.shard(id));
-        let found = shard
-            .get(&id)
-            .filter(|e| e.expires_at > now)
-            .map(|e| e.state.clone());
+        // A log is moved out of its entry rather than cloned (it may hold `limit` entries, and
+        // this runs on every check); the algorithm hands back the log to keep. The other states
+        // are a few words.
+        let mut moved_log = false;
+        let found = shard.get_mut(&id).filter(|e| e.expires_at > now).map(|e| {
+            if matches!(e.state, State::Log(_)) {
+                moved_log = true;
+                std::mem::replace(&mut e.state, State::Count(0))
+            } else {
+                e.state.clone()
+            }
+        });
         let step = match check.rule {
             Rule::FixedWindow {
                 limit,
@@ -166,19 +177,28 @@ impl MemoryStore {
                     Some(State::Count(count)) => count,
                     _ => 0,
                 };
-                let count = before.saturating_add(check.hits);
                 let expires_at = (window_start + window_secs) * 1_000_000;
-                Step {
-                    outcome: fixed_window_outcome(
-                        count,
+                let (outcome, count) = if take {
+                    fixed_window_take(
+                        before,
+                        check.hits,
                         limit,
                         window_secs,
                         window_start,
                         now / 1000,
-                    ),
+                    )
+                } else {
+                    let count = before.saturating_add(check.hits);
+                    let outcome =
+                        fixed_window_outcome(count, limit, window_secs, window_start, now / 1000);
                     // A zero-hit look creates nothing.
-                    keep: (check.hits > 0 && expires_at > now)
-                        .then(|| (State::Count(count), expires_at - now)),
+                    (outcome, (check.hits > 0).then_some(count))
+                };
+                Step {
+                    outcome,
+                    keep: count
+                        .filter(|_| expires_at > now)
+                        .map(|count| (State::Count(count), expires_at - now)),
                 }
             }
             Rule::SlidingWindowLog { limit, window } => {
@@ -205,6 +225,10 @@ impl MemoryStore {
                 now,
             ),
         };
+        if step.keep.is_none() && moved_log {
+            // Only an empty log is not handed back, and an empty log is no state.
+            shard.remove(&id);
+        }
         if let Some((state, ttl)) = step.keep {
             let entry = Entry {
                 state,
@@ -305,7 +329,7 @@ async fn sweep(inner: Weak<Inner>, every: Duration) {
 impl Store for MemoryStore {
     fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
         let now = self.inner.clock.now_micros();
-        let outcomes = checks.iter().map(|c| self.decide(c, now)).collect();
+        let outcomes = checks.iter().map(|c| self.decide(c, now, false)).collect();
         Box::pin(std::future::ready(Ok(outcomes)))
     }
 
@@ -314,21 +338,35 @@ impl Store for MemoryStore {
         keys: &'a LimiterKeys,
         record: &'a LimiterRecord,
         mode: SetMode,
-    ) -> StoreFuture<'a, (bool, LimiterRecord)> {
+    ) -> StoreFuture<'a, LimiterSet> {
         let mut limiters = lock(&self.limiters);
-        let existing = limiters
-            .get(&keys.config)
-            .map(|(_, generation)| *generation);
-        let result = match (existing, mode) {
-            (Some(_), SetMode::TrySet) => (false, limiters[&keys.config].0.clone()),
-            (Some(generation), SetMode::UpdateKeepState) => {
+        let result = match (limiters.get(&keys.config), mode) {
+            (Some((current, _)), SetMode::TrySet) => LimiterSet {
+                applied: false,
+                state_reset: false,
+                current: current.clone(),
+            },
+            (Some((current, generation)), SetMode::UpdateKeepState)
+                if current.rule.keeps_state_of(&record.rule) =>
+            {
+                let generation = *generation;
                 limiters.insert(keys.config.clone(), (record.clone(), generation));
-                (true, record.clone())
+                LimiterSet {
+                    applied: true,
+                    state_reset: false,
+                    current: record.clone(),
+                }
             }
             _ => {
+                // A new generation: the states are named with it, so the old ones are never
+                // read again and expire.
                 let generation = self.generations.fetch_add(1, Ordering::Relaxed);
                 limiters.insert(keys.config.clone(), (record.clone(), generation));
-                (true, record.clone())
+                LimiterSet {
+                    applied: true,
+                    state_reset: true,
+                    current: record.clone(),
+                }
             }
         };
         Box::pin(std::future::ready(Ok(result)))
@@ -364,6 +402,9 @@ impl Store for MemoryStore {
                 };
                 match state {
                     None => Acquisition::NeedsClient,
+                    Some(_) if permits > record.capacity => Acquisition::TooManyPermits {
+                        capacity: record.capacity,
+                    },
                     Some(state) => {
                         let now = self.inner.clock.now_micros();
                         let mut rule = record.rule;
@@ -384,7 +425,7 @@ impl Store for MemoryStore {
                             rule,
                         };
                         Acquisition::Decided {
-                            outcome: self.decide(&check, now),
+                            outcome: self.decide(&check, now, true),
                             capacity: record.capacity,
                         }
                     }
