@@ -9,9 +9,12 @@ use std::time::Duration;
 
 use common::RedisServer;
 use sluice::clock::{Clock, ManualClock};
+use sluice::limiter::KeyBuilder;
+use sluice::limiters::{LimiterError, NamedLimiters};
+use sluice::proto::sluice::v1::{Algorithm, LimiterConfig};
 use sluice::store::redis::Target;
 use sluice::store::{
-    Check, MemoryStore, MemoryStoreOptions, Outcome, RedisOptions, RedisStore, Rule, Store,
+    Check, MemoryStore, MemoryStoreOptions, Outcome, RedisOptions, RedisStore, Rule, SetMode, Store,
 };
 
 /// Microseconds; 20 s into the minute window that starts at 1 699 999 980 s.
@@ -348,4 +351,256 @@ async fn fixed_window_admits_twice_the_limit_across_a_boundary_and_the_log_does_
         [10, 5],
         "fixed window: 2N within 2 ms; sliding log: N"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn zero_cost_checks_then_charges_admit_at_most_the_limit() {
+    // Upstream's check-then-charge: a zero-cost check, then (if admitted) a charge of one.
+    // Limit 5 everywhere except the warm-up (one request at a time); nothing refills within the
+    // run, which is at one instant.
+    let p = pair().await;
+    p.clock.set_micros(T0);
+    let mut cases: Vec<(&str, Rule, usize)> = vec![
+        (
+            "fixed",
+            Rule::FixedWindow {
+                limit: 5,
+                window_secs: 3600,
+                window_start: T0 / 1_000_000 / 3600 * 3600,
+            },
+            6, // upstream's rule: refused only once the count is above the limit
+        ),
+        (
+            "log",
+            Rule::SlidingWindowLog {
+                limit: 5,
+                window: 3_600_000_000,
+            },
+            5,
+        ),
+        (
+            "counter",
+            Rule::SlidingWindowCounter {
+                limit: 5,
+                window: 3_600_000_000,
+            },
+            5,
+        ),
+        (
+            "gcra",
+            Rule::Gcra {
+                interval: 720_000_000,
+                burst: 5,
+            },
+            5,
+        ),
+    ];
+    cases.push((
+        "warm_up",
+        Rule::WarmUp {
+            permits_per_window: 5,
+            window: 3_600_000_000,
+            warmup: 1_000_000,
+            cold_factor: 3.0,
+        },
+        1,
+    ));
+    for (name, rule, most) in cases {
+        let check = |hits| Check {
+            key: format!("charge:{name}"),
+            hits,
+            rule: rule.clone(),
+        };
+        let mut admitted = 0;
+        for _ in 0..20 {
+            if p.both(&[check(0)]).await[0].admitted {
+                admitted += 1;
+                p.both(&[check(1)]).await;
+            }
+        }
+        assert_eq!(admitted, most, "{name}");
+    }
+}
+
+/// Named limiters (native API) over each store, at the same pinned time.
+struct Limiters {
+    clock: Arc<ManualClock>,
+    memory: NamedLimiters,
+    redis: NamedLimiters,
+    _pair: Pair,
+}
+
+async fn limiters() -> Limiters {
+    let p = pair().await;
+    let wait = Duration::from_secs(5);
+    let memory = MemoryStore::new(MemoryStoreOptions::default(), p.clock.clone());
+    let redis = RedisStore::new(RedisOptions {
+        target: Target::Single(p._server.url()),
+        auth: None,
+        sentinel_auth: None,
+        tls: Default::default(),
+        pool_size: 2,
+        timeout: Duration::from_secs(5),
+        expiration_jitter_max: Duration::ZERO,
+        pinned_clock: Some(p.clock.clone()),
+    })
+    .unwrap();
+    Limiters {
+        clock: p.clock.clone(),
+        memory: NamedLimiters::new(Arc::new(memory), KeyBuilder::default(), wait),
+        redis: NamedLimiters::new(Arc::new(redis), KeyBuilder::default(), wait),
+        _pair: p,
+    }
+}
+
+/// One native-API call of a random sequence.
+#[derive(Debug, Clone)]
+enum Op {
+    Set {
+        limiter: usize,
+        mode: usize,
+        algorithm: usize,
+        rate: u64,
+        interval_secs: u64,
+        burst: u64,
+    },
+    /// Permits: 0, 1, the capacity, one more, u64::MAX.
+    TryAcquire {
+        limiter: usize,
+        permits: usize,
+    },
+    Available {
+        limiter: usize,
+    },
+    Delete {
+        limiter: usize,
+    },
+    Wait {
+        micros: u64,
+    },
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => (0usize..2, 0usize..3, 0usize..7, 1u64..5, prop_oneof![Just(60u64), Just(3600)], prop_oneof![Just(0u64), Just(2), Just(6)])
+            .prop_map(|(limiter, mode, algorithm, rate, interval_secs, burst)| Op::Set {
+                limiter, mode, algorithm, rate, interval_secs, burst,
+            }),
+        6 => (0usize..2, 0usize..5).prop_map(|(limiter, permits)| Op::TryAcquire { limiter, permits }),
+        2 => (0usize..2).prop_map(|limiter| Op::Available { limiter }),
+        1 => (0usize..2).prop_map(|limiter| Op::Delete { limiter }),
+        2 => prop_oneof![Just(0u64), 1u64..90_000_000].prop_map(|micros| Op::Wait { micros }),
+    ]
+}
+
+const ALGORITHMS: [Algorithm; 7] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowLog,
+    Algorithm::SlidingWindowCounter,
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+    Algorithm::LeakyBucket,
+    Algorithm::WarmUp,
+];
+
+const MODES: [SetMode; 3] = [
+    SetMode::TrySet,
+    SetMode::UpdateKeepState,
+    SetMode::UpdateResetState,
+];
+
+/// An error as a comparable text (the variants carry no time-dependent data).
+fn text<T>(r: Result<T, LimiterError>) -> Result<T, String> {
+    r.map_err(|e| e.to_string())
+}
+
+impl Limiters {
+    /// Runs one op on both and asserts equal replies.
+    async fn both(&self, case: u64, op: &Op) {
+        let name = |limiter: usize| format!("prop{case}-{limiter}");
+        match *op {
+            Op::Set {
+                limiter,
+                mode,
+                algorithm,
+                rate,
+                interval_secs,
+                burst,
+            } => {
+                let config = LimiterConfig {
+                    name: name(limiter),
+                    algorithm: ALGORITHMS[algorithm] as i32,
+                    rate,
+                    interval: Some(Duration::from_secs(interval_secs).try_into().unwrap()),
+                    burst,
+                    warmup_period: Some(Duration::from_secs(1).try_into().unwrap()),
+                    ..Default::default()
+                };
+                let m = text(self.memory.set_rate(config.clone(), MODES[mode]).await);
+                let r = text(self.redis.set_rate(config, MODES[mode]).await);
+                assert_eq!(m, r, "{op:?}");
+            }
+            Op::TryAcquire { limiter, permits } => {
+                let name = name(limiter);
+                let capacity = match self.memory.config(&name).await {
+                    Ok(c) if c.burst > 0 => c.burst,
+                    Ok(c) => c.rate,
+                    Err(_) => 1,
+                };
+                let permits = [0, 1, capacity, capacity + 1, u64::MAX][permits];
+                let m = text(
+                    self.memory
+                        .try_acquire(&name, "", permits, Duration::ZERO)
+                        .await,
+                );
+                let r = text(
+                    self.redis
+                        .try_acquire(&name, "", permits, Duration::ZERO)
+                        .await,
+                );
+                // `waited` is the real time the call took.
+                let m = m.map(|a| (a.acquired, a.remaining, a.retry_after));
+                let r = r.map(|a| (a.acquired, a.remaining, a.retry_after));
+                assert_eq!(m, r, "{op:?} ({permits} permits)");
+            }
+            Op::Available { limiter } => {
+                let m = text(self.memory.available(&name(limiter), "").await);
+                let r = text(self.redis.available(&name(limiter), "").await);
+                assert_eq!(m, r, "{op:?}");
+            }
+            Op::Delete { limiter } => {
+                let m = text(self.memory.delete(&name(limiter)).await);
+                let r = text(self.redis.delete(&name(limiter)).await);
+                assert_eq!(m, r, "{op:?}");
+            }
+            Op::Wait { micros } => self.clock.advance_micros(micros),
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
+
+    /// Random native-API sequences (every set mode and algorithm, permits at the edges): the two
+    /// stores give the same replies.
+    #[test]
+    fn limiter_sequences_agree(ops in proptest::collection::vec(op(), 1..40)) {
+        runtime().block_on(async {
+            let l = shared_limiters().await;
+            let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            for op in &ops {
+                l.both(case, op).await;
+            }
+        });
+    }
+}
+
+async fn shared_limiters() -> &'static Limiters {
+    static LIMITERS: std::sync::OnceLock<Limiters> = std::sync::OnceLock::new();
+    if let Some(l) = LIMITERS.get() {
+        return l;
+    }
+    let l = limiters().await;
+    LIMITERS.get_or_init(|| l)
 }

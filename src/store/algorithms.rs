@@ -500,6 +500,106 @@ mod tests {
         );
     }
 
+    /// Threads the state through `f` for each cost in `costs` at time `now`; returns the last
+    /// step's outcome and the state after it.
+    fn after(
+        mut f: impl FnMut(Option<State>, u64) -> Step,
+        costs: &[u64],
+    ) -> (Option<Outcome>, Option<State>) {
+        let mut state = None;
+        let mut last = None;
+        for &hits in costs {
+            let step = f(state.clone(), hits);
+            last = Some(step.outcome);
+            if let Some((s, _)) = step.keep {
+                state = Some(s);
+            }
+        }
+        (last, state)
+    }
+
+    /// One algorithm with its numbers fixed: (state, hits) to step.
+    type Algorithm = dyn Fn(Option<State>, u64) -> Step;
+
+    #[test]
+    fn a_zero_cost_check_is_refused_when_no_permit_is_left_and_writes_nothing() {
+        let now = 1_000 * S;
+        // Each algorithm, limit 3, after 3 admitted hits: a zero-cost check is refused, and
+        // before that it is admitted; neither writes a state.
+        let algorithms: [(&str, Box<Algorithm>); 4] = [
+            (
+                "log",
+                Box::new(move |st, h| sliding_window_log(st, h, 3, 10 * S, now)),
+            ),
+            (
+                "counter",
+                Box::new(move |st, h| sliding_window_counter(st, h, 3, 10 * S, now)),
+            ),
+            ("gcra", Box::new(move |st, h| gcra(st, h, S, 3, now))),
+            (
+                "warm_up",
+                Box::new(move |st, h| warm_up(st, h, 3, S, S, 3.0, now)),
+            ),
+        ];
+        for (name, f) in &algorithms {
+            let (_, full) = after(f, if *name == "warm_up" { &[3] } else { &[1, 2] });
+            let (_, some_left) = after(f, &[1]);
+            let look = f(some_left.clone(), 0);
+            if *name != "warm_up" {
+                assert!(look.outcome.admitted, "{name}: a permit is left");
+                assert_eq!(look.outcome.remaining, 2, "{name}");
+            }
+            let look = f(full.clone(), 0);
+            assert!(!look.outcome.admitted, "{name}: no permit left");
+            assert_eq!(look.outcome.remaining, 0, "{name}");
+            // The wait is the one-hit request's wait.
+            assert_eq!(
+                look.outcome.reset_ms,
+                f(full.clone(), 1).outcome.reset_ms,
+                "{name}"
+            );
+            assert!(
+                look.keep.is_none() || look.keep.map(|(s, _)| s) == full,
+                "{name}: a zero-cost check changes nothing"
+            );
+        }
+        // A fresh key: admitted, nothing written (the log keeps nothing when empty).
+        for (name, f) in &algorithms {
+            let look = f(None, 0);
+            assert!(look.outcome.admitted, "{name}");
+            assert!(
+                look.keep.is_none(),
+                "{name}: a zero-cost check writes nothing"
+            );
+        }
+    }
+
+    #[test]
+    fn warm_up_reports_what_one_request_may_take() {
+        // 50 per second: ready means any request up to 50 is admitted, so 50 are available.
+        let look = warm_up(None, 0, 50, S, S, 3.0, S);
+        assert_eq!(look.outcome.remaining, 50);
+        let taken = warm_up(None, 50, 50, S, S, 3.0, S);
+        assert!(taken.outcome.admitted);
+        assert_eq!(taken.outcome.remaining, 0);
+        let next = warm_up(taken.keep.map(|(s, _)| s), 0, 50, S, S, 3.0, S);
+        assert_eq!(next.outcome.remaining, 0);
+    }
+
+    #[test]
+    fn the_counter_never_reports_a_reset_beyond_its_window() {
+        // Limit 3 per 10 s, all taken 1 s into a window: the estimate only empties at the end of
+        // the next window (19 s away), but the reported reset is at most the window.
+        let (out, state) = after(
+            |st, h| sliding_window_counter(st, h, 3, 10 * S, 21 * S),
+            &[3],
+        );
+        assert_eq!(out.map(|o| o.reset_ms), Some(10_000));
+        let refused = sliding_window_counter(state, 2, 3, 10 * S, 21 * S);
+        assert!(!refused.outcome.admitted);
+        assert!(refused.outcome.reset_ms <= 10_000, "{:?}", refused.outcome);
+    }
+
     #[test]
     fn warm_up_refuses_more_than_one_unit() {
         let step = warm_up(None, 11, 10, S, S, 3.0, S);

@@ -554,6 +554,117 @@ mod tests {
         assert!(store.len() <= capacity, "{} counters", store.len());
     }
 
+    fn limiter_keys(name: &str) -> LimiterKeys {
+        crate::limiter::KeyBuilder::default().limiter(name, None)
+    }
+
+    fn limiter(rule: Rule, capacity: u64) -> LimiterRecord {
+        LimiterRecord {
+            rule,
+            capacity,
+            per_client: false,
+            description: Vec::new(),
+        }
+    }
+
+    async fn take(store: &MemoryStore, keys: &LimiterKeys, permits: u64) -> Acquisition {
+        store.acquire(keys, permits).await.unwrap()
+    }
+
+    fn remaining(acquisition: Acquisition) -> u64 {
+        match acquisition {
+            Acquisition::Decided { outcome, .. } => outcome.remaining,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_acquisition_takes_nothing() {
+        let clock = Arc::new(ManualClock::new(7_200_000_000));
+        let store = store(&clock, 100);
+        let keys = limiter_keys("fw");
+        let fixed = Rule::FixedWindow {
+            limit: 10,
+            window_secs: 3600,
+            window_start: 0,
+        };
+        store
+            .set_limiter(&keys, &limiter(fixed, 10), SetMode::TrySet)
+            .await
+            .unwrap();
+        assert!(matches!(
+            take(&store, &keys, 8).await,
+            Acquisition::Decided { outcome, .. } if outcome.admitted
+        ));
+        assert!(matches!(
+            take(&store, &keys, 5).await,
+            Acquisition::Decided { outcome, .. } if !outcome.admitted
+        ));
+        assert_eq!(remaining(take(&store, &keys, 0).await), 2);
+        // Beyond the capacity: refused before the state is read.
+        for permits in [11, u64::MAX] {
+            assert_eq!(
+                take(&store, &keys, permits).await,
+                Acquisition::TooManyPermits { capacity: 10 }
+            );
+        }
+        assert_eq!(remaining(take(&store, &keys, 2).await), 0);
+    }
+
+    #[tokio::test]
+    async fn keep_state_keeps_only_a_state_of_the_same_shape() {
+        let clock = Arc::new(ManualClock::new(7_200_000_000));
+        let store = store(&clock, 100);
+        let keys = limiter_keys("shape");
+        let bucket = |burst| Rule::Gcra {
+            interval: 1_000_000_000,
+            burst,
+        };
+        let set = |rule: Rule, mode| {
+            let record = limiter(rule, 5);
+            let store = &store;
+            let keys = &keys;
+            async move { store.set_limiter(keys, &record, mode).await.unwrap() }
+        };
+        assert!(set(bucket(5), SetMode::TrySet).await.state_reset);
+        take(&store, &keys, 2).await;
+        // Another burst, same TAT: kept.
+        let kept = set(bucket(4), SetMode::UpdateKeepState).await;
+        assert!(kept.applied && !kept.state_reset);
+        assert_eq!(remaining(take(&store, &keys, 0).await), 2);
+        // Another shape: a fresh state, and said so.
+        let log = Rule::SlidingWindowLog {
+            limit: 5,
+            window: 3_600_000_000,
+        };
+        assert!(set(log, SetMode::UpdateKeepState).await.state_reset);
+        assert_eq!(remaining(take(&store, &keys, 0).await), 5);
+    }
+
+    #[tokio::test]
+    async fn a_log_survives_refusals_and_looks() {
+        // The log is moved out of its entry for each check and must always be put back.
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let store = store(&clock, 100);
+        let check = |hits| Check {
+            key: "log".into(),
+            hits,
+            rule: Rule::SlidingWindowLog {
+                limit: 3,
+                window: 10_000_000,
+            },
+        };
+        for _ in 0..3 {
+            assert!(one(&store, check(1)).await.admitted);
+        }
+        for hits in [1, 0, 5, 0] {
+            assert!(!one(&store, check(hits)).await.admitted);
+        }
+        assert_eq!(one(&store, check(0)).await.used, 3);
+        clock.set_micros(11_000_000);
+        assert_eq!(one(&store, check(0)).await.remaining, 3);
+    }
+
     #[tokio::test]
     async fn concurrent_hits_are_exact() {
         let clock = Arc::new(ManualClock::new(0));
