@@ -11,6 +11,10 @@
 -- are dropped the next time they are used, and expire meanwhile. A keep-state update that
 -- changes the state's shape (another algorithm, or a fixed window's length) starts a new
 -- generation too, the rule Rule::keeps_state_of in src/store/mod.rs states for the memory store.
+--
+-- Replies: 'set' {applied, state_reset, record}; 'acquire' {} (no such limiter), {-1} (a client
+-- is needed), {-2, capacity} (more permits than the capacity, nothing read or written), or
+-- {admitted, remaining, reset_ms, used, capacity}. A refused acquisition writes no state.
 
 if redis.replicate_commands then redis.replicate_commands() end
 

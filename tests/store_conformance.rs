@@ -11,7 +11,7 @@ use common::RedisServer;
 use sluice::clock::{Clock, ManualClock};
 use sluice::limiter::KeyBuilder;
 use sluice::limiters::{LimiterError, NamedLimiters};
-use sluice::proto::sluice::v1::{Algorithm, LimiterConfig};
+use sluice::proto::sluice::v1::{Algorithm, LimiterConfig, Mode};
 use sluice::store::redis::Target;
 use sluice::store::{
     Check, MemoryStore, MemoryStoreOptions, Outcome, RedisOptions, RedisStore, Rule, SetMode, Store,
@@ -354,6 +354,31 @@ async fn fixed_window_admits_twice_the_limit_across_a_boundary_and_the_log_does_
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn the_counter_reports_no_reset_beyond_its_window() {
+    // Limit 3 per 10 s, taken 1 s into a window: its hits weigh until the end of the next window,
+    // 19 s away, but no reset beyond the window is reported, admitted or refused.
+    let p = pair().await;
+    let window_start = T0 / 10_000_000 * 10_000_000 + 10_000_000;
+    p.clock.set_micros(window_start + 1_000_000);
+    let check = |hits| Check {
+        key: "counter_reset".into(),
+        hits,
+        rule: Rule::SlidingWindowCounter {
+            limit: 3,
+            window: 10_000_000,
+        },
+    };
+    let taken = p.both(&[check(3)]).await[0];
+    assert!(taken.admitted);
+    assert_eq!(taken.reset_ms, 10_000);
+    for hits in [0, 1, 3, 4] {
+        let refused = p.both(&[check(hits)]).await[0];
+        assert!(!refused.admitted, "{hits}");
+        assert!(refused.reset_ms <= 10_000, "{hits}: {refused:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn zero_cost_checks_then_charges_admit_at_most_the_limit() {
     // Upstream's check-then-charge: a zero-cost check, then (if admitted) a charge of one.
     // Limit 5 everywhere except the warm-up (one request at a time); nothing refills within the
@@ -463,14 +488,17 @@ enum Op {
         rate: u64,
         interval_secs: u64,
         burst: u64,
+        per_client: bool,
     },
-    /// Permits: 0, 1, the capacity, one more, u64::MAX.
+    /// Permits: 0, 1, the capacity, one more, u64::MAX; client: none, "a", "b".
     TryAcquire {
         limiter: usize,
         permits: usize,
+        client: usize,
     },
     Available {
         limiter: usize,
+        client: usize,
     },
     Delete {
         limiter: usize,
@@ -483,12 +511,12 @@ enum Op {
 fn op() -> impl proptest::strategy::Strategy<Value = Op> {
     use proptest::prelude::*;
     prop_oneof![
-        3 => (0usize..2, 0usize..3, 0usize..7, 1u64..5, prop_oneof![Just(60u64), Just(3600)], prop_oneof![Just(0u64), Just(2), Just(6)])
-            .prop_map(|(limiter, mode, algorithm, rate, interval_secs, burst)| Op::Set {
-                limiter, mode, algorithm, rate, interval_secs, burst,
+        3 => (0usize..2, 0usize..3, 0usize..7, 1u64..5, prop_oneof![Just(60u64), Just(3600)], prop_oneof![Just(0u64), Just(2), Just(6)], proptest::bool::weighted(0.25))
+            .prop_map(|(limiter, mode, algorithm, rate, interval_secs, burst, per_client)| Op::Set {
+                limiter, mode, algorithm, rate, interval_secs, burst, per_client,
             }),
-        6 => (0usize..2, 0usize..5).prop_map(|(limiter, permits)| Op::TryAcquire { limiter, permits }),
-        2 => (0usize..2).prop_map(|limiter| Op::Available { limiter }),
+        6 => (0usize..2, 0usize..5, 0usize..3).prop_map(|(limiter, permits, client)| Op::TryAcquire { limiter, permits, client }),
+        2 => (0usize..2, 0usize..3).prop_map(|(limiter, client)| Op::Available { limiter, client }),
         1 => (0usize..2).prop_map(|limiter| Op::Delete { limiter }),
         2 => prop_oneof![Just(0u64), 1u64..90_000_000].prop_map(|micros| Op::Wait { micros }),
     ]
@@ -503,6 +531,8 @@ const ALGORITHMS: [Algorithm; 7] = [
     Algorithm::LeakyBucket,
     Algorithm::WarmUp,
 ];
+
+const CLIENTS: [&str; 3] = ["", "a", "b"];
 
 const MODES: [SetMode; 3] = [
     SetMode::TrySet,
@@ -527,6 +557,7 @@ impl Limiters {
                 rate,
                 interval_secs,
                 burst,
+                per_client,
             } => {
                 let config = LimiterConfig {
                     name: name(limiter),
@@ -535,13 +566,23 @@ impl Limiters {
                     interval: Some(Duration::from_secs(interval_secs).try_into().unwrap()),
                     burst,
                     warmup_period: Some(Duration::from_secs(1).try_into().unwrap()),
+                    mode: if per_client {
+                        Mode::PerClient as i32
+                    } else {
+                        Mode::Overall as i32
+                    },
                     ..Default::default()
                 };
                 let m = text(self.memory.set_rate(config.clone(), MODES[mode]).await);
                 let r = text(self.redis.set_rate(config, MODES[mode]).await);
                 assert_eq!(m, r, "{op:?}");
             }
-            Op::TryAcquire { limiter, permits } => {
+            Op::TryAcquire {
+                limiter,
+                permits,
+                client,
+            } => {
+                let client = CLIENTS[client];
                 let name = name(limiter);
                 let capacity = match self.memory.config(&name).await {
                     Ok(c) if c.burst > 0 => c.burst,
@@ -551,12 +592,12 @@ impl Limiters {
                 let permits = [0, 1, capacity, capacity + 1, u64::MAX][permits];
                 let m = text(
                     self.memory
-                        .try_acquire(&name, "", permits, Duration::ZERO)
+                        .try_acquire(&name, client, permits, Duration::ZERO)
                         .await,
                 );
                 let r = text(
                     self.redis
-                        .try_acquire(&name, "", permits, Duration::ZERO)
+                        .try_acquire(&name, client, permits, Duration::ZERO)
                         .await,
                 );
                 // `waited` is the real time the call took.
@@ -564,9 +605,9 @@ impl Limiters {
                 let r = r.map(|a| (a.acquired, a.remaining, a.retry_after));
                 assert_eq!(m, r, "{op:?} ({permits} permits)");
             }
-            Op::Available { limiter } => {
-                let m = text(self.memory.available(&name(limiter), "").await);
-                let r = text(self.redis.available(&name(limiter), "").await);
+            Op::Available { limiter, client } => {
+                let m = text(self.memory.available(&name(limiter), CLIENTS[client]).await);
+                let r = text(self.redis.available(&name(limiter), CLIENTS[client]).await);
                 assert_eq!(m, r, "{op:?}");
             }
             Op::Delete { limiter } => {
