@@ -31,15 +31,18 @@ if op == 'get' then
 elseif op == 'set' then
   local mode = ARGV[4]
   local old = call('HMGET', config, 'gen', 'rule', 'b')
-  local gen = old[1]
-  if gen and mode == 'try' then
+  -- A hash with a generation but no rule is a deleted limiter's tombstone (see 'delete').
+  local gen, exists = old[1], old[2]
+  if exists and mode == 'try' then
     return {0, 0, record()}
   end
   -- GCRA's state is also the token bucket's and the leaky bucket's: they share the rule name.
-  local fresh = not gen or mode == 'reset' or old[2] ~= ARGV[5]
+  local fresh = not exists or mode == 'reset' or old[2] ~= ARGV[5]
     or (ARGV[5] == 'fixed_window' and old[3] ~= ARGV[7])
+  if not exists and gen then call('PERSIST', config) end
   if fresh then
-    -- Time-based, so a limiter deleted and created again never meets its old clients' state.
+    -- Time-based, so a limiter deleted and created again never meets its old clients' state
+    -- (the tombstone covers a clock that has not moved past the old generation).
     local next_gen = now_us
     if gen and tonumber(gen) >= next_gen then next_gen = tonumber(gen) + 1 end
     gen = string.format('%.0f', next_gen)
@@ -49,8 +52,18 @@ elseif op == 'set' then
     'd', ARGV[9], 'cap', ARGV[10], 'pc', ARGV[11], 'desc', ARGV[12], 'gen', gen)
   return {1, fresh and 1 or 0, record()}
 elseif op == 'delete' then
-  local existed = call('DEL', config)
-  call('DEL', KEYS[2], KEYS[3])
+  local gen = call('HGET', config, 'gen')
+  local existed = call('HEXISTS', config, 'rule')
+  call('DEL', config, KEYS[2], KEYS[3])
+  -- Other clients' states cannot be named here; they are dropped when their epoch no longer
+  -- matches. A limiter created again takes a later time as its generation, unless the clock has
+  -- not passed this one (the same microsecond, a pinned test clock, a clock stepped back): then
+  -- a tombstone keeps the generation, until the clock is a second past it, so the next one is
+  -- above it.
+  if gen and tonumber(gen) >= now_us then
+    call('HSET', config, 'gen', gen)
+    call('PEXPIRE', config, floor((tonumber(gen) - now_us) / 1000) + 1000)
+  end
   return existed
 elseif op == 'acquire' then
   local c = call('HMGET', config, 'rule', 'a', 'b', 'c', 'd', 'cap', 'gen', 'pc')

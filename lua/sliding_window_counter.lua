@@ -3,7 +3,7 @@
 -- share of the trailing window that still overlaps it. Twin of sliding_window_counter in
 -- src/store/algorithms.rs; the float expressions are written in the same order so both round
 -- alike.
-local function sliding_window_counter(key, now, hits, limit, window)
+local function sliding_window_counter(key, now, hits, limit, window, record)
   hits, limit, window = tonumber(hits), tonumber(limit), tonumber(window)
   local state = call('HMGET', key, 's', 'c', 'p')
   local start = tonumber(state[1]) or 0
@@ -26,7 +26,14 @@ local function sliding_window_counter(key, now, hits, limit, window)
   -- A zero-cost check is decided as a one-hit request and counts nothing.
   local probe = math.max(hits, 1)
   local admitted = probe <= limit and estimate + probe <= limit
-  if admitted then current = current + hits end
+  local recorded = not admitted and record and hits > 0
+  if admitted then
+    current = current + hits
+  elseif recorded then
+    -- Refused, still charged: this window's count grows up to the limit.
+    current = math.min(current + math.min(hits, limit), limit)
+    estimate = weighted + current
+  end
   local ttl = start + 2 * window - now
   local until_empty = 0
   if current > 0 then
@@ -49,7 +56,7 @@ local function sliding_window_counter(key, now, hits, limit, window)
   end
   -- A reset never exceeds the window (see the twin).
   if wait > window then wait = window end
-  if admitted and hits > 0 and (current > 0 or previous > 0) then
+  if ((admitted and hits > 0) or recorded) and (current > 0 or previous > 0) then
     call('HSET', key, 's', string.format('%.0f', start), 'c', current, 'p', previous)
     call('PEXPIRE', key, micros_to_ms(ttl))
   end

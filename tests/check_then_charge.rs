@@ -83,3 +83,45 @@ async fn zero_cost_checks_then_charges_admit_at_most_the_limit() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn recorded_refusals_keep_larger_charges_within_the_limit() {
+    // Charges of 2 against 5 per hour: without `record_refused_hits` a charge that does not fit
+    // is refused and forgotten, so the checks go on admitting; with it, the refused charge spends
+    // what was left and at most ceil(5 / 2) = 3 requests pass.
+    for_each_store(|kind, redis| async move {
+        avoid_window_edge(3600, 60).await;
+        let mut yaml = String::from("domain: cost\ndescriptors:\n");
+        for algorithm in ["sliding_window_log", "sliding_window_counter", "token_bucket"] {
+            for record in [false, true] {
+                yaml.push_str(&format!(
+                    "  - key: algo\n    value: {algorithm}-{record}\n    rate_limit: {{unit: hour, \
+                     requests_per_unit: 5, algorithm: {algorithm}, record_refused_hits: {record}}}\n"
+                ));
+            }
+        }
+        let dir = config_dir(&yaml);
+        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[]);
+        let mut client = sluice.client().await;
+        for algorithm in ["sliding_window_log", "sliding_window_counter", "token_bucket"] {
+            for record in [false, true] {
+                let value = format!("{algorithm}-{record}");
+                let mut admitted = 0;
+                for _ in 0..20 {
+                    let check =
+                        ask(&mut client, request("cost", vec![with_hits(&value, 0)])).await;
+                    if check.overall_code == Code::Ok as i32 {
+                        admitted += 1;
+                        ask(&mut client, request("cost", vec![with_hits(&value, 2)])).await;
+                    }
+                }
+                if record {
+                    assert_eq!(admitted, 3, "{kind:?} {value}");
+                } else {
+                    assert_eq!(admitted, 20, "{kind:?} {value}");
+                }
+            }
+        }
+    })
+    .await;
+}

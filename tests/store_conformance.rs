@@ -65,6 +65,7 @@ fn fixed(key: &str, hits: u64, limit: u64, window_secs: u64, now_micros: u64) ->
             window_secs,
             window_start,
         },
+        record_refused: false,
     }
 }
 
@@ -177,6 +178,7 @@ async fn reset_is_clamped_when_clocks_disagree() {
             window_secs: 60,
             window_start,
         },
+        record_refused: false,
     };
     // Separate keys: the memory store expires by its (pinned) clock, Redis by its real one.
     p.clock.set_micros((window_start + 75) * 1_000_000);
@@ -251,15 +253,19 @@ async fn every_algorithm_agrees_on_a_scripted_sequence() {
         (40_400, 1),
         (41_000, 1),
     ];
-    for (name, rule) in rules() {
-        for &(at_ms, hits) in steps {
-            p.clock.set_micros(T0 + at_ms * 1000);
-            let check = Check {
-                key: format!("seq:{name}"),
-                hits,
-                rule: rule.clone(),
-            };
-            p.both(std::slice::from_ref(&check)).await;
+    // Each rule as configured, then with refused hits recorded (`record_refused_hits`).
+    for record_refused in [false, true] {
+        for (name, rule) in rules() {
+            for &(at_ms, hits) in steps {
+                p.clock.set_micros(T0 + at_ms * 1000);
+                let check = Check {
+                    key: format!("seq:{name}:{record_refused}"),
+                    hits,
+                    rule: rule.clone(),
+                    record_refused,
+                };
+                p.both(std::slice::from_ref(&check)).await;
+            }
         }
     }
 }
@@ -271,6 +277,7 @@ proptest::proptest! {
     #[test]
     fn random_sequences_agree(
         rule_index in 0usize..4,
+        record_refused in proptest::bool::ANY,
         steps in proptest::collection::vec((0u64..3_000_000, 0u64..7), 1..60),
     ) {
         runtime().block_on(async {
@@ -282,7 +289,7 @@ proptest::proptest! {
             for (gap, hits) in steps {
                 now += gap;
                 p.clock.set_micros(now);
-                let check = Check { key: key.clone(), hits, rule: rule.clone() };
+                let check = Check { key: key.clone(), hits, rule: rule.clone(), record_refused };
                 p.both(std::slice::from_ref(&check)).await;
             }
         });
@@ -340,7 +347,15 @@ async fn fixed_window_admits_twice_the_limit_across_a_boundary_and_the_log_does_
                     }
                     _ => "edge_log".to_string(),
                 };
-                if p.both(&[Check { key, hits: 1, rule }]).await[0].admitted {
+                if p.both(&[Check {
+                    key,
+                    hits: 1,
+                    rule,
+                    record_refused: false,
+                }])
+                .await[0]
+                    .admitted
+                {
                     admitted[slot] += 1;
                 }
             }
@@ -367,6 +382,7 @@ async fn the_counter_reports_no_reset_beyond_its_window() {
             limit: 3,
             window: 10_000_000,
         },
+        record_refused: false,
     };
     let taken = p.both(&[check(3)]).await[0];
     assert!(taken.admitted);
@@ -435,6 +451,7 @@ async fn zero_cost_checks_then_charges_admit_at_most_the_limit() {
             key: format!("charge:{name}"),
             hits,
             rule: rule.clone(),
+            record_refused: false,
         };
         let mut admitted = 0;
         for _ in 0..20 {
@@ -444,6 +461,37 @@ async fn zero_cost_checks_then_charges_admit_at_most_the_limit() {
             }
         }
         assert_eq!(admitted, most, "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn larger_charges_stay_within_the_limit_only_when_refusals_are_recorded() {
+    // Check-then-charge with charges of 2 (limits 5, burst 3): a charge that does not fit is
+    // refused; unrecorded, the checks go on admitting; recorded, the limit is spent, so at most
+    // ceil(5 / 2) = 3 requests pass.
+    let p = pair().await;
+    p.clock.set_micros(T0);
+    for (name, rule) in rules() {
+        for record_refused in [false, true] {
+            let check = |hits| Check {
+                key: format!("charge2:{name}:{record_refused}"),
+                hits,
+                rule: rule.clone(),
+                record_refused,
+            };
+            let mut admitted = 0;
+            for _ in 0..20 {
+                if p.both(&[check(0)]).await[0].admitted {
+                    admitted += 1;
+                    p.both(&[check(2)]).await;
+                }
+            }
+            if record_refused {
+                assert!(admitted <= 3, "{name}: {admitted} admitted");
+            } else if name != "warm_up" {
+                assert_eq!(admitted, 20, "{name}: refused charges are not recorded");
+            }
+        }
     }
 }
 
@@ -644,4 +692,42 @@ async fn shared_limiters() -> &'static Limiters {
     }
     let l = limiters().await;
     LIMITERS.get_or_init(|| l)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limiter_created_again_at_the_same_instant_meets_none_of_its_old_states() {
+    // Per client: client "a" takes the only permit, the limiter is deleted (its clients' states
+    // cannot be named, so they stay until their epoch no longer matches) and created again at
+    // the same (pinned) microsecond. Its generation must differ, so "a" starts afresh.
+    let l = limiters().await;
+    let config = LimiterConfig {
+        name: "again".into(),
+        algorithm: Algorithm::FixedWindow as i32,
+        rate: 1,
+        interval: Some(Duration::from_secs(60).try_into().unwrap()),
+        mode: Mode::PerClient as i32,
+        ..Default::default()
+    };
+    for limiters in [&l.memory, &l.redis] {
+        limiters
+            .set_rate(config.clone(), SetMode::TrySet)
+            .await
+            .unwrap();
+        let taken = limiters
+            .try_acquire("again", "a", 1, Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(taken.acquired);
+        assert!(limiters.delete("again").await.unwrap());
+        assert!(matches!(
+            limiters.available("again", "a").await,
+            Err(LimiterError::NotFound(_))
+        ));
+        let set = limiters
+            .set_rate(config.clone(), SetMode::TrySet)
+            .await
+            .unwrap();
+        assert!(set.applied && set.state_reset);
+        assert_eq!(limiters.available("again", "a").await.unwrap(), 1);
+    }
 }

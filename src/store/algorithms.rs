@@ -17,6 +17,13 @@
 //! one-hit request would be (no permit is left): it asks "may this request go on?" of a request
 //! whose cost is charged later (upstream's check-then-charge pattern), so that pattern admits at
 //! most the limit.
+//!
+//! `record_refused` (the per-limit `record_refused_hits: true`) makes a refused request with a
+//! cost still charge it, as upstream's fixed window does, bounded so that one refusal never costs
+//! more than the whole limit: the log is filled up to `limit` entries, the counter's current
+//! window up to `limit`, a bucket is drained to empty (never below), and a warm-up's next free
+//! time moves by the hits' stable cost, at most to one window from now. The outcome is then
+//! computed on the charged state. Zero-cost checks are never recorded.
 
 use std::collections::VecDeque;
 
@@ -62,6 +69,7 @@ fn micros_to_ms(us: u64) -> u64 {
 pub fn sliding_window_log(
     state: Option<State>,
     hits: u64,
+    record_refused: bool,
     limit: u64,
     window: u64,
     now: u64,
@@ -75,7 +83,7 @@ pub fn sliding_window_log(
     while log.front().is_some_and(|&t| t + window <= now) {
         log.pop_front();
     }
-    let count = log.len() as u64;
+    let mut count = log.len() as u64;
     let until_empty = |log: &VecDeque<u64>| log.back().map_or(0, |&newest| newest + window - now);
     // A zero-cost check is decided as a one-hit request and counts nothing.
     let probe = hits.max(1);
@@ -93,6 +101,13 @@ pub fn sliding_window_log(
             },
             keep: (!log.is_empty()).then(|| (State::Log(Box::new(log)), ttl)),
         };
+    }
+    if record_refused {
+        // Refused, still charged: up to what fills the log to the limit.
+        for _ in 0..hits.min(limit.saturating_sub(count)) {
+            log.push_back(now);
+        }
+        count = log.len() as u64;
     }
     let wait = if probe > limit {
         until_empty(&log)
@@ -125,6 +140,7 @@ pub fn sliding_window_log(
 pub fn sliding_window_counter(
     state: Option<State>,
     hits: u64,
+    record_refused: bool,
     limit: u64,
     window: u64,
     now: u64,
@@ -154,9 +170,18 @@ pub fn sliding_window_counter(
     // A zero-cost check is decided as a one-hit request and counts nothing.
     let probe = hits.max(1);
     let admitted = probe <= limit && estimate + probe <= limit;
+    let recorded = !admitted && record_refused && hits > 0;
     if admitted {
         current += hits;
+    } else if recorded {
+        // Refused, still charged: this window's count grows up to the limit.
+        current = (current + hits.min(limit)).min(limit);
     }
+    let estimate = if recorded {
+        weighted + current
+    } else {
+        estimate
+    };
     let ttl = start + 2 * window - now;
     let until_empty = if current > 0 {
         ttl
@@ -189,7 +214,7 @@ pub fn sliding_window_counter(
         },
         // Rolling the windows forward is a pure function of the old state and the time, so only
         // an admission that counted something needs to be written (as in the Lua twin).
-        keep: (admitted && hits > 0 && (current > 0 || previous > 0)).then(|| {
+        keep: ((admitted && hits > 0 || recorded) && (current > 0 || previous > 0)).then(|| {
             // Admitted counts are at most the limit, which is a u32.
             let narrow = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
             (
@@ -208,7 +233,14 @@ pub fn sliding_window_counter(
 /// token bucket (capacity `burst`, one token per `interval`) and the leaky bucket as a meter
 /// (size `burst`, draining one per `interval`): with tokens = burst - (TAT - now) / interval the
 /// three admission rules are the same inequality.
-pub fn gcra(state: Option<State>, hits: u64, interval: u64, burst: u64, now: u64) -> Step {
+pub fn gcra(
+    state: Option<State>,
+    hits: u64,
+    record_refused: bool,
+    interval: u64,
+    burst: u64,
+    now: u64,
+) -> Step {
     let stored = match state {
         Some(State::Tat(tat)) => tat,
         _ => now,
@@ -216,10 +248,20 @@ pub fn gcra(state: Option<State>, hits: u64, interval: u64, burst: u64, now: u64
     // A TAT in the future is kept when the clock steps back: no tokens are minted.
     let tat = stored.max(now);
     let capacity = burst * interval;
+    // Refused, still charged: the bucket is drained by the hits, to empty at most.
+    let charge = |tat: u64| {
+        let charged = tat
+            .saturating_add(hits.saturating_mul(interval))
+            .min(now + capacity)
+            .max(tat);
+        (charged > tat).then_some((State::Tat(charged), charged - now))
+    };
     let tokens =
         |tat: u64| ((capacity - (tat - now).min(capacity)) as f64 / interval as f64).floor() as u64;
     if hits > burst {
         // More than the bucket holds: never admissible, so no wait would help.
+        let keep = if record_refused { charge(tat) } else { None };
+        let tat = keep.as_ref().map_or(tat, |(_, ttl)| now + ttl);
         let remaining = tokens(tat);
         return Step {
             outcome: Outcome {
@@ -228,7 +270,7 @@ pub fn gcra(state: Option<State>, hits: u64, interval: u64, burst: u64, now: u64
                 reset_ms: micros_to_ms(tat - now),
                 used: burst - remaining,
             },
-            keep: None,
+            keep,
         };
     }
     // A zero-cost check is decided as a one-hit request and counts nothing.
@@ -246,15 +288,21 @@ pub fn gcra(state: Option<State>, hits: u64, interval: u64, burst: u64, now: u64
             keep: (hits > 0 && new_tat > now).then_some((State::Tat(new_tat), new_tat - now)),
         };
     }
+    let keep = if record_refused && hits > 0 {
+        charge(tat)
+    } else {
+        None
+    };
+    let tat = keep.as_ref().map_or(tat, |(_, ttl)| now + ttl);
     let remaining = tokens(tat);
     Step {
         outcome: Outcome {
             admitted: false,
             remaining,
-            reset_ms: micros_to_ms(probe_tat - now - capacity),
+            reset_ms: micros_to_ms(tat + hits.max(1) * interval - now - capacity),
             used: burst - remaining,
         },
-        keep: None,
+        keep,
     }
 }
 
@@ -306,9 +354,12 @@ impl WarmUpShape {
 /// not cost more than one unit's worth (`permits_per_window`). So `remaining` is
 /// `permits_per_window` while the next free time has passed (any request up to that size would
 /// be admitted) and 0 before.
+// The arguments mirror the Lua twin's, one for one, so the two are easy to compare.
+#[allow(clippy::too_many_arguments)]
 pub fn warm_up(
     state: Option<State>,
     hits: u64,
+    record_refused: bool,
     permits_per_window: u64,
     window: u64,
     warmup: u64,
@@ -337,6 +388,13 @@ pub fn warm_up(
         next_free += wait.floor() as u64;
         stored -= spend;
     }
+    let recorded = !admitted && record_refused && hits > 0;
+    if recorded {
+        // Refused, still charged: the next free time moves by the hits' stable cost, to one
+        // window from now at most (and never back).
+        let pushed = next_free.saturating_add((hits as f64 * shape.stable).floor() as u64);
+        next_free = next_free.max(pushed.min(now + window));
+    }
     let stored_millionths = (stored * 1e6).floor() as u64;
     let free_in = next_free.saturating_sub(now);
     let ttl = free_in + ((shape.max_permits - stored) * shape.cool_down).ceil() as u64;
@@ -354,7 +412,7 @@ pub fn warm_up(
         },
         // Refilling the stored permits is a pure function of the old state and the time, so a
         // zero-cost check writes nothing.
-        keep: (admitted && hits > 0).then_some((
+        keep: (admitted && hits > 0 || recorded).then_some((
             State::WarmUp {
                 stored_millionths,
                 next_free,
@@ -392,7 +450,10 @@ mod tests {
             .iter()
             .map(|s| s * S)
             .collect();
-        let got = run(|st, t| sliding_window_log(st, 1, 3, 10 * S, t), &arrivals);
+        let got = run(
+            |st, t| sliding_window_log(st, 1, false, 3, 10 * S, t),
+            &arrivals,
+        );
         assert_eq!(
             got,
             [true, true, true, false, false, true, true, true, false]
@@ -403,16 +464,16 @@ mod tests {
     fn log_reports_the_wait_for_the_oldest_needed_entry() {
         let mut state = None;
         for t in [1, 2, 3] {
-            state = sliding_window_log(state, 1, 3, 10 * S, t * S)
+            state = sliding_window_log(state, 1, false, 3, 10 * S, t * S)
                 .keep
                 .map(|(s, _)| s);
         }
-        let refused = sliding_window_log(state.clone(), 2, 3, 10 * S, 5 * S);
+        let refused = sliding_window_log(state.clone(), 2, false, 3, 10 * S, 5 * S);
         assert!(!refused.outcome.admitted);
         // Two entries must go: the one from t=2 leaves at 12 s, 7 s from now.
         assert_eq!(refused.outcome.reset_ms, 7_000);
         assert_eq!(refused.outcome.remaining, 0);
-        let too_big = sliding_window_log(state, 4, 3, 10 * S, 5 * S);
+        let too_big = sliding_window_log(state, 4, false, 3, 10 * S, 5 * S);
         assert!(!too_big.outcome.admitted);
     }
 
@@ -421,13 +482,13 @@ mod tests {
         // Limit 10 per 10 s; 10 admitted in [0, 10); at 15 s the previous weighs 5.
         let mut state = None;
         for _ in 0..10 {
-            let step = sliding_window_counter(state, 1, 10, 10 * S, S);
+            let step = sliding_window_counter(state, 1, false, 10, 10 * S, S);
             assert!(step.outcome.admitted);
             state = step.keep.map(|(s, _)| s);
         }
-        let mid = sliding_window_counter(state.clone(), 1, 10, 10 * S, 15 * S);
+        let mid = sliding_window_counter(state.clone(), 1, false, 10, 10 * S, 15 * S);
         assert_eq!(mid.outcome.used, 6);
-        let five_more = sliding_window_counter(state, 6, 10, 10 * S, 15 * S);
+        let five_more = sliding_window_counter(state, 6, false, 10, 10 * S, 15 * S);
         assert!(!five_more.outcome.admitted);
         // 5 + 6 > 10 needs the weight at most 4: floor(10 * (10 - e) / 10) <= 4 once e > 5 s,
         // which is 1 µs away (reported as the 1 ms minimum).
@@ -441,7 +502,7 @@ mod tests {
             .iter()
             .map(|s| 100 * S + s * S)
             .collect();
-        let got = run(|st, t| gcra(st, 1, S, 3, t), &arrivals);
+        let got = run(|st, t| gcra(st, 1, false, S, 3, t), &arrivals);
         assert_eq!(got, [true, true, true, false, true, false, true, true]);
     }
 
@@ -462,7 +523,7 @@ mod tests {
             if expected {
                 tokens -= cost * interval;
             }
-            let step = gcra(state.clone(), cost, interval, burst, t);
+            let step = gcra(state.clone(), cost, false, interval, burst, t);
             assert_eq!(step.outcome.admitted, expected, "request {i} at {t}");
             assert_eq!(step.outcome.remaining, tokens / interval, "request {i}");
             if let Some((s, _)) = step.keep {
@@ -480,7 +541,7 @@ mod tests {
         let mut last = t;
         for _ in 0..2_000 {
             // Ask every 10 ms; record the spacing of admissions.
-            let step = warm_up(state.clone(), 1, 10, S, S, 3.0, t);
+            let step = warm_up(state.clone(), 1, false, 10, S, S, 3.0, t);
             if step.outcome.admitted {
                 gaps.push(t - last);
                 last = t;
@@ -529,16 +590,16 @@ mod tests {
         let algorithms: [(&str, Box<Algorithm>); 4] = [
             (
                 "log",
-                Box::new(move |st, h| sliding_window_log(st, h, 3, 10 * S, now)),
+                Box::new(move |st, h| sliding_window_log(st, h, false, 3, 10 * S, now)),
             ),
             (
                 "counter",
-                Box::new(move |st, h| sliding_window_counter(st, h, 3, 10 * S, now)),
+                Box::new(move |st, h| sliding_window_counter(st, h, false, 3, 10 * S, now)),
             ),
-            ("gcra", Box::new(move |st, h| gcra(st, h, S, 3, now))),
+            ("gcra", Box::new(move |st, h| gcra(st, h, false, S, 3, now))),
             (
                 "warm_up",
-                Box::new(move |st, h| warm_up(st, h, 3, S, S, 3.0, now)),
+                Box::new(move |st, h| warm_up(st, h, false, 3, S, S, 3.0, now)),
             ),
         ];
         for (name, f) in &algorithms {
@@ -577,12 +638,12 @@ mod tests {
     #[test]
     fn warm_up_reports_what_one_request_may_take() {
         // 50 per second: ready means any request up to 50 is admitted, so 50 are available.
-        let look = warm_up(None, 0, 50, S, S, 3.0, S);
+        let look = warm_up(None, 0, false, 50, S, S, 3.0, S);
         assert_eq!(look.outcome.remaining, 50);
-        let taken = warm_up(None, 50, 50, S, S, 3.0, S);
+        let taken = warm_up(None, 50, false, 50, S, S, 3.0, S);
         assert!(taken.outcome.admitted);
         assert_eq!(taken.outcome.remaining, 0);
-        let next = warm_up(taken.keep.map(|(s, _)| s), 0, 50, S, S, 3.0, S);
+        let next = warm_up(taken.keep.map(|(s, _)| s), 0, false, 50, S, S, 3.0, S);
         assert_eq!(next.outcome.remaining, 0);
     }
 
@@ -591,18 +652,75 @@ mod tests {
         // Limit 3 per 10 s, all taken 1 s into a window: the estimate only empties at the end of
         // the next window (19 s away), but the reported reset is at most the window.
         let (out, state) = after(
-            |st, h| sliding_window_counter(st, h, 3, 10 * S, 21 * S),
+            |st, h| sliding_window_counter(st, h, false, 3, 10 * S, 21 * S),
             &[3],
         );
         assert_eq!(out.map(|o| o.reset_ms), Some(10_000));
-        let refused = sliding_window_counter(state, 2, 3, 10 * S, 21 * S);
+        let refused = sliding_window_counter(state, 2, false, 3, 10 * S, 21 * S);
         assert!(!refused.outcome.admitted);
         assert!(refused.outcome.reset_ms <= 10_000, "{:?}", refused.outcome);
     }
 
     #[test]
+    fn recorded_refusals_charge_at_most_the_whole_limit() {
+        let now = 1_000 * S;
+        // Log, limit 3: 2 logged, a refused charge of 5 fills it to 3, never beyond.
+        let (_, state) = after(
+            |st, h| sliding_window_log(st, h, false, 3, 10 * S, now),
+            &[2],
+        );
+        let step = sliding_window_log(state, 5, true, 3, 10 * S, now);
+        assert!(!step.outcome.admitted);
+        assert_eq!((step.outcome.used, step.outcome.remaining), (3, 0));
+        assert!(matches!(step.keep, Some((State::Log(ref log), _)) if log.len() == 3));
+
+        // Counter, limit 3: the current window's count grows to 3 at most.
+        let (_, state) = after(
+            |st, h| sliding_window_counter(st, h, false, 3, 10 * S, now),
+            &[2],
+        );
+        let step = sliding_window_counter(state, 5, true, 3, 10 * S, now);
+        assert!(!step.outcome.admitted);
+        assert!(matches!(
+            step.keep,
+            Some((State::Windows { current: 3, .. }, _))
+        ));
+
+        // Bucket, burst 3 at 1 per second: drained to empty (TAT = now + 3 s), not below.
+        let (_, state) = after(|st, h| gcra(st, h, false, S, 3, now), &[1]);
+        let step = gcra(state.clone(), 3, true, S, 3, now);
+        assert!(!step.outcome.admitted);
+        assert_eq!(step.outcome.remaining, 0);
+        assert_eq!(step.keep.map(|(s, _)| s), Some(State::Tat(now + 3 * S)));
+        let huge = gcra(state, 1_000, true, S, 3, now);
+        assert_eq!(huge.keep.map(|(s, _)| s), Some(State::Tat(now + 3 * S)));
+        // Not recorded unless asked, and never for a zero-cost check.
+        let (_, full) = after(|st, h| gcra(st, h, false, S, 3, now), &[3]);
+        assert!(gcra(full.clone(), 1, false, S, 3, now).keep.is_none());
+        assert!(gcra(full, 0, true, S, 3, now).keep.is_none());
+
+        // Warm-up, 10 per second: a refused charge moves the next free time by its stable cost
+        // (100 ms per hit), one window (1 s) from now at most.
+        let taken = warm_up(None, 1, false, 10, S, S, 3.0, now);
+        let state = taken.keep.map(|(s, _)| s);
+        let Some(State::WarmUp { next_free, .. }) = state else {
+            panic!("{state:?}")
+        };
+        let step = warm_up(state.clone(), 2, true, 10, S, S, 3.0, now);
+        assert!(matches!(
+            step.keep,
+            Some((State::WarmUp { next_free: n, .. }, _)) if n == (next_free + 200_000).min(now + S)
+        ));
+        let step = warm_up(state, 10, true, 10, S, S, 3.0, now);
+        assert!(matches!(
+            step.keep,
+            Some((State::WarmUp { next_free: n, .. }, _)) if n == next_free.max(now + S)
+        ));
+    }
+
+    #[test]
     fn warm_up_refuses_more_than_one_unit() {
-        let step = warm_up(None, 11, 10, S, S, 3.0, S);
+        let step = warm_up(None, 11, false, 10, S, S, 3.0, S);
         assert!(!step.outcome.admitted);
         assert!(step.keep.is_none());
     }

@@ -201,15 +201,30 @@ impl MemoryStore {
                         .map(|count| (State::Count(count), expires_at - now)),
                 }
             }
-            Rule::SlidingWindowLog { limit, window } => {
-                algorithms::sliding_window_log(found, check.hits, limit, window, now)
-            }
-            Rule::SlidingWindowCounter { limit, window } => {
-                algorithms::sliding_window_counter(found, check.hits, limit, window, now)
-            }
-            Rule::Gcra { interval, burst } => {
-                algorithms::gcra(found, check.hits, interval, burst, now)
-            }
+            Rule::SlidingWindowLog { limit, window } => algorithms::sliding_window_log(
+                found,
+                check.hits,
+                check.record_refused,
+                limit,
+                window,
+                now,
+            ),
+            Rule::SlidingWindowCounter { limit, window } => algorithms::sliding_window_counter(
+                found,
+                check.hits,
+                check.record_refused,
+                limit,
+                window,
+                now,
+            ),
+            Rule::Gcra { interval, burst } => algorithms::gcra(
+                found,
+                check.hits,
+                check.record_refused,
+                interval,
+                burst,
+                now,
+            ),
             Rule::WarmUp {
                 permits_per_window,
                 window,
@@ -218,6 +233,7 @@ impl MemoryStore {
             } => algorithms::warm_up(
                 found,
                 check.hits,
+                check.record_refused,
                 permits_per_window,
                 window,
                 warmup,
@@ -423,6 +439,7 @@ impl Store for MemoryStore {
                             key: format!("{}#{generation}", state.state),
                             hits: permits,
                             rule,
+                            record_refused: false,
                         };
                         Acquisition::Decided {
                             outcome: self.decide(&check, now, true),
@@ -454,6 +471,7 @@ mod tests {
                 window_secs: 60,
                 window_start,
             },
+            record_refused: false,
         }
     }
 
@@ -653,6 +671,7 @@ mod tests {
                 limit: 3,
                 window: 10_000_000,
             },
+            record_refused: false,
         };
         for _ in 0..3 {
             assert!(one(&store, check(1)).await.admitted);

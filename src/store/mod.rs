@@ -82,6 +82,9 @@ pub struct Check {
     /// Cost of the request; 0 looks without counting.
     pub hits: u64,
     pub rule: Rule,
+    /// Charge the hits even when the request is refused (`record_refused_hits`), bounded as
+    /// `algorithms.rs` describes. The fixed window always does (upstream's rule).
+    pub record_refused: bool,
 }
 
 /// A store's answer for one check.
