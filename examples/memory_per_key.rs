@@ -132,6 +132,7 @@ async fn main() -> anyhow::Result<()> {
                         key: key_for(algorithm.name(), j, window_start),
                         hits,
                         rule,
+                        record_refused: false,
                     }
                 })
                 .collect();
@@ -166,6 +167,7 @@ async fn main() -> anyhow::Result<()> {
                 window_secs: 3600,
                 window_start,
             },
+            record_refused: false,
         };
         memory.check(std::slice::from_ref(&check)).await?;
     }

@@ -1,16 +1,17 @@
 -- Runs one algorithm on one key: the algorithm name and its arguments as src/store/script.rs
--- lays them out. Shared by both entry points (decide.lua, limiter.lua).
-local function run_rule(key, now_us, algorithm, hits, a, b, c, d)
+-- lays them out. Shared by both entry points (decide.lua, limiter.lua). `record` (true to charge
+-- refused hits too) is nil from the named-limiter script, which never does.
+local function run_rule(key, now_us, algorithm, hits, a, b, c, d, record)
   if algorithm == 'fixed_window' then
     return fixed_window(key, floor(now_us / 1000), hits, a, b, c, d)
   elseif algorithm == 'sliding_window_log' then
-    return sliding_window_log(key, now_us, hits, a, b)
+    return sliding_window_log(key, now_us, hits, a, b, record)
   elseif algorithm == 'sliding_window_counter' then
-    return sliding_window_counter(key, now_us, hits, a, b)
+    return sliding_window_counter(key, now_us, hits, a, b, record)
   elseif algorithm == 'gcra' then
-    return gcra(key, now_us, hits, a, b)
+    return gcra(key, now_us, hits, a, b, record)
   elseif algorithm == 'warm_up' then
-    return warm_up(key, now_us, hits, a, b, c, d)
+    return warm_up(key, now_us, hits, a, b, c, d, record)
   end
   error('sluice: unknown algorithm ' .. tostring(algorithm))
 end

@@ -37,3 +37,34 @@ local function fixed_window(key, now_ms, hits, limit, window_ms, window_end_ms, 
   end
   return admitted, remaining, reset_ms, count
 end
+
+-- A named limiter's fixed window (native API): a hash {w = end of the window counted (ms),
+-- c = count}, so a count is read only in its own window. Unlike upstream's, hits are counted only
+-- when they fit (count + hits <= limit): a refused acquisition takes nothing. The hash expires
+-- when its window ends. Twin of fixed_window_take in src/store/mod.rs.
+--
+-- Arguments: hits, limit, window_ms. Returns admitted (0/1), remaining, reset_ms, count.
+local function fixed_window_take(key, now_ms, hits, limit, window_ms)
+  hits, limit, window_ms = tonumber(hits), tonumber(limit), tonumber(window_ms)
+  local window_end = (floor(now_ms / window_ms) + 1) * window_ms
+  local reset_ms = window_end - now_ms
+  local count = 0
+  -- pcall: a state of another shape (a count written by an older Sluice) is read as none.
+  local state = redis.pcall('HMGET', key, 'w', 'c')
+  if state.err then
+    call('DEL', key)
+  elseif tonumber(state[1]) == window_end then
+    count = tonumber(state[2]) or 0
+  end
+  if count + hits <= limit then
+    count = count + hits
+    if hits > 0 then
+      call('HSET', key, 'w', string.format('%.0f', window_end), 'c', string.format('%.0f', count))
+      call('PEXPIRE', key, reset_ms)
+    end
+    return 1, limit - count, reset_ms, count
+  end
+  local remaining = limit - count
+  if remaining < 0 then remaining = 0 end
+  return 0, remaining, reset_ms, count
+end

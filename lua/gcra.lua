@@ -2,7 +2,7 @@
 -- bucket (capacity `burst`, one token per `interval`) and the leaky bucket as a meter: with
 -- tokens = burst - (TAT - now) / interval the three admission rules are the same inequality.
 -- The key expires when the bucket would be full again. Twin of gcra in src/store/algorithms.rs.
-local function gcra(key, now, hits, interval, burst)
+local function gcra(key, now, hits, interval, burst, record)
   hits, interval, burst = tonumber(hits), tonumber(interval), tonumber(burst)
   local tat = now
   local stored = call('GET', key)
@@ -14,18 +14,31 @@ local function gcra(key, now, hits, interval, burst)
     if backlog > capacity then backlog = capacity end
     return floor((capacity - backlog) / interval)
   end
+  -- Refused, still charged: the bucket is drained by the hits, to empty at most.
+  local function charge()
+    local charged = math.min(tat + hits * interval, now + capacity)
+    if charged > tat then
+      tat = charged
+      call('SET', key, string.format('%.0f', tat), 'PX', micros_to_ms(tat - now))
+    end
+  end
   if hits > burst then
+    if record then charge() end
     local remaining = tokens(tat)
     return 0, remaining, micros_to_ms(tat - now), burst - remaining
   end
-  local new_tat = tat + hits * interval
-  if new_tat - now <= capacity then
+  -- A zero-cost check is decided as a one-hit request and counts nothing.
+  local probe_tat = tat + math.max(hits, 1) * interval
+  if probe_tat - now <= capacity then
+    local new_tat = tat + hits * interval
     local remaining = tokens(new_tat)
-    if new_tat > now then
+    if hits > 0 and new_tat > now then
       call('SET', key, string.format('%.0f', new_tat), 'PX', micros_to_ms(new_tat - now))
     end
     return 1, remaining, micros_to_ms(new_tat - now), burst - remaining
   end
+  if record and hits > 0 then charge() end
   local remaining = tokens(tat)
-  return 0, remaining, micros_to_ms(new_tat - now - capacity), burst - remaining
+  return 0, remaining, micros_to_ms(tat + math.max(hits, 1) * interval - now - capacity),
+    burst - remaining
 end

@@ -8,7 +8,13 @@
 -- The config hash holds the rule as src/store/script.rs stores it (rule, a..d), the capacity
 -- (cap), per-client mode (pc), the API's encoded config (desc) and the generation (gen). A reset
 -- starts a new generation; states of the old one (other clients', which this call cannot name)
--- are dropped the next time they are used, and expire meanwhile.
+-- are dropped the next time they are used, and expire meanwhile. A keep-state update that
+-- changes the state's shape (another algorithm, or a fixed window's length) starts a new
+-- generation too, the rule Rule::keeps_state_of in src/store/mod.rs states for the memory store.
+--
+-- Replies: 'set' {applied, state_reset, record}; 'acquire' {} (no such limiter), {-1} (a client
+-- is needed), {-2, capacity} (more permits than the capacity, nothing read or written), or
+-- {admitted, remaining, reset_ms, used, capacity}. A refused acquisition writes no state.
 
 if redis.replicate_commands then redis.replicate_commands() end
 
@@ -24,12 +30,19 @@ if op == 'get' then
   return record()
 elseif op == 'set' then
   local mode = ARGV[4]
-  local gen = call('HGET', config, 'gen')
-  if gen and mode == 'try' then
-    return {0, record()}
+  local old = call('HMGET', config, 'gen', 'rule', 'b')
+  -- A hash with a generation but no rule is a deleted limiter's tombstone (see 'delete').
+  local gen, exists = old[1], old[2]
+  if exists and mode == 'try' then
+    return {0, 0, record()}
   end
-  if not gen or mode == 'reset' then
-    -- Time-based, so a limiter deleted and created again never meets its old clients' state.
+  -- GCRA's state is also the token bucket's and the leaky bucket's: they share the rule name.
+  local fresh = not exists or mode == 'reset' or old[2] ~= ARGV[5]
+    or (ARGV[5] == 'fixed_window' and old[3] ~= ARGV[7])
+  if not exists and gen then call('PERSIST', config) end
+  if fresh then
+    -- Time-based, so a limiter deleted and created again never meets its old clients' state
+    -- (the tombstone covers a clock that has not moved past the old generation).
     local next_gen = now_us
     if gen and tonumber(gen) >= next_gen then next_gen = tonumber(gen) + 1 end
     gen = string.format('%.0f', next_gen)
@@ -37,10 +50,20 @@ elseif op == 'set' then
   end
   call('HSET', config, 'rule', ARGV[5], 'a', ARGV[6], 'b', ARGV[7], 'c', ARGV[8],
     'd', ARGV[9], 'cap', ARGV[10], 'pc', ARGV[11], 'desc', ARGV[12], 'gen', gen)
-  return {1, record()}
+  return {1, fresh and 1 or 0, record()}
 elseif op == 'delete' then
-  local existed = call('DEL', config)
-  call('DEL', KEYS[2], KEYS[3])
+  local gen = call('HGET', config, 'gen')
+  local existed = call('HEXISTS', config, 'rule')
+  call('DEL', config, KEYS[2], KEYS[3])
+  -- Other clients' states cannot be named here; they are dropped when their epoch no longer
+  -- matches. A limiter created again takes a later time as its generation, unless the clock has
+  -- not passed this one (the same microsecond, a pinned test clock, a clock stepped back): then
+  -- a tombstone keeps the generation, until the clock is a second past it, so the next one is
+  -- above it.
+  if gen and tonumber(gen) >= now_us then
+    call('HSET', config, 'gen', gen)
+    call('PEXPIRE', config, floor((tonumber(gen) - now_us) / 1000) + 1000)
+  end
   return existed
 elseif op == 'acquire' then
   local c = call('HMGET', config, 'rule', 'a', 'b', 'c', 'd', 'cap', 'gen', 'pc')
@@ -50,17 +73,16 @@ elseif op == 'acquire' then
     if not has_client then return {-1} end
     state, epoch = KEYS[4], KEYS[5]
   end
-  if call('GET', epoch) ~= c[7] then call('DEL', state) end
   local hits = ARGV[4]
+  -- More than the capacity can never be granted: refused before any state is touched (and
+  -- before a number no Redis command takes reaches one).
+  if tonumber(hits) > tonumber(c[6]) then return {-2, tonumber(c[6])} end
+  if call('GET', epoch) ~= c[7] then call('DEL', state) end
   local admitted, remaining, reset_ms, used
   if c[1] == 'fixed_window' then
-    -- Stored as limit and window seconds; the window is picked on Redis's clock, and the
-    -- counter expires when it ends.
-    local window_ms = tonumber(c[3]) * 1000
-    local now_ms = floor(now_us / 1000)
-    local window_end = (floor(now_ms / window_ms) + 1) * window_ms
-    admitted, remaining, reset_ms, used = run_rule(state, now_us, 'fixed_window', hits, c[2],
-      window_ms, window_end, window_end - now_ms)
+    -- Stored as limit and window seconds; the window is picked on Redis's clock.
+    admitted, remaining, reset_ms, used = fixed_window_take(state, floor(now_us / 1000), hits,
+      c[2], tonumber(c[3]) * 1000)
   else
     admitted, remaining, reset_ms, used = run_rule(state, now_us, c[1], hits, c[2], c[3], c[4], c[5])
   end

@@ -3,7 +3,7 @@
 -- share of the trailing window that still overlaps it. Twin of sliding_window_counter in
 -- src/store/algorithms.rs; the float expressions are written in the same order so both round
 -- alike.
-local function sliding_window_counter(key, now, hits, limit, window)
+local function sliding_window_counter(key, now, hits, limit, window, record)
   hits, limit, window = tonumber(hits), tonumber(limit), tonumber(window)
   local state = call('HMGET', key, 's', 'c', 'p')
   local start = tonumber(state[1]) or 0
@@ -23,8 +23,17 @@ local function sliding_window_counter(key, now, hits, limit, window)
   local elapsed = now - start
   local weighted = floor(previous * (window - elapsed) / window)
   local estimate = weighted + current
-  local admitted = hits <= limit and estimate + hits <= limit
-  if admitted then current = current + hits end
+  -- A zero-cost check is decided as a one-hit request and counts nothing.
+  local probe = math.max(hits, 1)
+  local admitted = probe <= limit and estimate + probe <= limit
+  local recorded = not admitted and record and hits > 0
+  if admitted then
+    current = current + hits
+  elseif recorded then
+    -- Refused, still charged: this window's count grows up to the limit.
+    current = math.min(current + math.min(hits, limit), limit)
+    estimate = weighted + current
+  end
   local ttl = start + 2 * window - now
   local until_empty = 0
   if current > 0 then
@@ -33,19 +42,21 @@ local function sliding_window_counter(key, now, hits, limit, window)
     until_empty = start + window - now
   end
   local wait
-  if admitted or hits > limit then
+  if admitted or probe > limit then
     wait = until_empty
-  elseif current + hits <= limit then
-    local room = limit - current - hits
+  elseif current + probe <= limit then
+    local room = limit - current - probe
     local at = floor(window - (room + 1) * window / previous) + 1
     at = math.min(math.max(at, elapsed + 1), window)
     wait = at - elapsed
   else
-    local room = limit - hits
+    local room = limit - probe
     local at = floor(window - (room + 1) * window / current) + 1
     wait = window - elapsed + math.max(at, 0)
   end
-  if admitted and (current > 0 or previous > 0) then
+  -- A reset never exceeds the window (see the twin).
+  if wait > window then wait = window end
+  if ((admitted and hits > 0) or recorded) and (current > 0 or previous > 0) then
     call('HSET', key, 's', string.format('%.0f', start), 'c', current, 'p', previous)
     call('PEXPIRE', key, micros_to_ms(ttl))
   end

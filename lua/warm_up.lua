@@ -4,7 +4,7 @@
 -- request may cost at most `permits` (one unit's worth). Twin of warm_up in
 -- src/store/algorithms.rs; the float expressions are written in the same order so both round
 -- alike.
-local function warm_up(key, now, hits, permits, window, warmup, cold_factor)
+local function warm_up(key, now, hits, permits, window, warmup, cold_factor, record)
   hits, permits, window = tonumber(hits), tonumber(permits), tonumber(window)
   warmup, cold_factor = tonumber(warmup), tonumber(cold_factor)
   local stable = window / permits
@@ -44,16 +44,25 @@ local function warm_up(key, now, hits, permits, window, warmup, cold_factor)
     next_free = next_free + floor(wait)
     stored = stored - spend
   end
+  local recorded = not admitted and record and hits > 0
+  if recorded then
+    -- Refused, still charged: the next free time moves by the hits' stable cost, to one window
+    -- from now at most (and never back).
+    local pushed = next_free + floor(hits * stable)
+    if pushed > now + window then pushed = now + window end
+    if pushed > next_free then next_free = pushed end
+  end
   local free_in = next_free - now
   if free_in < 0 then free_in = 0 end
   local ttl = free_in + ceil((max_permits - stored) * cool_down)
   if ttl < 1 then ttl = 1 end
-  if admitted then
+  if (admitted and hits > 0) or recorded then
     call('HSET', key, 's', string.format('%.0f', floor(stored * 1e6)),
       'n', string.format('%.0f', next_free))
     call('PEXPIRE', key, micros_to_ms(ttl))
   end
-  local ready = 0
-  if next_free <= now then ready = 1 end
-  return admitted and 1 or 0, ready, micros_to_ms(free_in), 1 - ready
+  -- Any request up to `permits` is admitted once the next free time has passed.
+  local remaining = 0
+  if next_free <= now then remaining = permits end
+  return admitted and 1 or 0, remaining, micros_to_ms(free_in), permits - remaining
 end

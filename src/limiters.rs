@@ -5,18 +5,20 @@
 //! acquisition reads it in the same atomic step, so a change made through one replica applies on
 //! every replica's next call. Set semantics follow what Redisson users know, without its traps:
 //! `TRY_SET` never overwrites (Redisson's `trySetRate`), `UPDATE_KEEP_STATE` changes the rate
-//! and keeps what was counted, `UPDATE_RESET_STATE` starts over (Redisson's `setRate`). Waiting is
+//! and keeps what was counted when the new algorithm reads the same state (otherwise it starts
+//! afresh and says so), `UPDATE_RESET_STATE` starts over (Redisson's `setRate`). Waiting is
 //! done here, asynchronously, for as long as the algorithm says; a request that could never be
-//! granted is refused at once instead of waiting forever.
+//! granted is refused at once instead of waiting forever, and a refused attempt never changes
+//! the limiter's state.
 //!
 //! # Waiting in line
 //!
 //! Callers that wait for the same budget on one replica form a line ([`Line`]) and are served in
 //! arrival order: only the caller at its head asks the store, once per wake-up, after the delay
 //! the algorithm gave it; the others wait on the line without store calls. When the head is
-//! granted the last permit, it leaves the next one a hint (the delay it was last given), so a
-//! steady-rate limiter costs about one store call per grant instead of one per waiter per
-//! wake-up. A caller that does not wait (timeout 0) is answered at once, line or not. Callers on
+//! granted the last permit, it leaves the next one a hint (the shortest time seen between two
+//! grants), so a steady-rate limiter costs about one store call per grant instead of one per
+//! waiter per wake-up. A caller that does not wait (timeout 0) is answered at once, line or not. Callers on
 //! other replicas are not in this line; the store still decides every grant.
 
 use std::collections::HashMap;
@@ -59,6 +61,11 @@ impl Default for Bounds {
     }
 }
 
+/// Most permits one call may ask for: no limiter grants more at once (rate and burst are at most
+/// this), and anything larger is refused before it reaches the store, whose scripts could not
+/// represent every such number.
+pub const MAX_PERMITS: u64 = u32::MAX as u64;
+
 #[derive(Debug, thiserror::Error)]
 pub enum LimiterError {
     #[error("{0}")]
@@ -81,6 +88,18 @@ pub enum LimiterError {
     TooManyLimiters(u64),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// What `set_rate` did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateSet {
+    /// False when `TRY_SET` found an existing limiter.
+    pub applied: bool,
+    /// The limiter starts from an empty state because of this call (created, reset, or kept
+    /// across a change of the state's shape).
+    pub state_reset: bool,
+    /// The config in force.
+    pub config: LimiterConfig,
 }
 
 /// The outcome of an acquisition, after any waiting.
@@ -261,19 +280,23 @@ impl NamedLimiters {
         }
     }
 
-    /// Creates or changes a limiter; returns whether it was written and the config in force.
+    /// Creates or changes a limiter.
     pub async fn set_rate(
         &self,
         config: LimiterConfig,
         mode: SetMode,
-    ) -> Result<(bool, LimiterConfig), LimiterError> {
+    ) -> Result<RateSet, LimiterError> {
         let (config, record) = compile(config)?;
         if !self.touch(&config.name).await? {
             return Err(LimiterError::TooManyLimiters(self.bounds.max_count));
         }
         let keys = self.keys.limiter(&config.name, None);
-        let (applied, current) = self.store.set_limiter(&keys, &record, mode).await?;
-        Ok((applied, describe(&current)?))
+        let set = self.store.set_limiter(&keys, &record, mode).await?;
+        Ok(RateSet {
+            applied: set.applied,
+            state_reset: set.state_reset,
+            config: describe(&set.current)?,
+        })
     }
 
     pub async fn config(&self, name: &str) -> Result<LimiterConfig, LimiterError> {
@@ -299,7 +322,7 @@ impl NamedLimiters {
 
     /// Permits that could be taken now.
     pub async fn available(&self, name: &str, client: &str) -> Result<u64, LimiterError> {
-        let (outcome, _) = self.attempt(name, client, 0).await?;
+        let outcome = self.attempt(name, client, 0).await?;
         Ok(outcome.remaining)
     }
 
@@ -313,6 +336,11 @@ impl NamedLimiters {
         permits: u64,
         timeout: Duration,
     ) -> Result<Acquired, LimiterError> {
+        if permits > MAX_PERMITS {
+            return Err(LimiterError::Invalid(format!(
+                "permits must be at most {MAX_PERMITS}"
+            )));
+        }
         let timeout = timeout.min(self.max_wait);
         let started = Instant::now();
         let (budget, line) = self.line(name, client);
@@ -340,7 +368,7 @@ impl NamedLimiters {
         // Nobody ahead, or not willing to wait: ask at once.
         let mut refused = None;
         if timeout.is_zero() || line.head.try_lock().is_ok() {
-            let outcome = self.attempt_within(name, client, permits).await?;
+            let outcome = self.attempt(name, client, permits).await?;
             if let Some(done) = settled(outcome) {
                 return Ok(done);
             }
@@ -375,7 +403,7 @@ impl NamedLimiters {
                 });
             }
             tokio::time::sleep(wait).await;
-            let outcome = self.attempt_within(name, client, permits).await?;
+            let outcome = self.attempt(name, client, permits).await?;
             if outcome.admitted {
                 // When we took the last permit, the next one comes back about one period
                 // later. An early guess costs one refused call, which gives the exact delay.
@@ -396,24 +424,6 @@ impl NamedLimiters {
             }
             refused = Some(outcome);
         }
-    }
-
-    /// One store attempt; more permits than the limiter can ever grant is an error.
-    async fn attempt_within(
-        &self,
-        name: &str,
-        client: &str,
-        permits: u64,
-    ) -> Result<Outcome, LimiterError> {
-        let (outcome, capacity) = self.attempt(name, client, permits).await?;
-        if permits > capacity {
-            return Err(LimiterError::TooManyPermits {
-                name: name.to_string(),
-                permits,
-                capacity,
-            });
-        }
-        Ok(outcome)
     }
 
     /// Takes `permits`, waiting as long as needed up to the server's maximum.
@@ -438,7 +448,7 @@ impl NamedLimiters {
         name: &str,
         client: &str,
         permits: u64,
-    ) -> Result<(Outcome, u64), LimiterError> {
+    ) -> Result<Outcome, LimiterError> {
         check_name(name)?;
         if client.len() > MAX_CLIENT_ID_BYTES {
             return Err(LimiterError::Invalid(format!(
@@ -450,9 +460,15 @@ impl NamedLimiters {
         match self.store.acquire(&keys, permits).await? {
             Acquisition::NoSuchLimiter => Err(LimiterError::NotFound(name.to_string())),
             Acquisition::NeedsClient => Err(LimiterError::NeedsClient(name.to_string())),
-            Acquisition::Decided { outcome, capacity } => {
+            // Refused by the store before it touched any state.
+            Acquisition::TooManyPermits { capacity } => Err(LimiterError::TooManyPermits {
+                name: name.to_string(),
+                permits,
+                capacity,
+            }),
+            Acquisition::Decided { outcome, .. } => {
                 self.used(name).await;
-                Ok((outcome, capacity))
+                Ok(outcome)
             }
         }
     }
@@ -597,17 +613,17 @@ mod tests {
             2,
             Duration::from_secs(60),
         );
-        let (applied, _) = l.set_rate(one.clone(), SetMode::TrySet).await.unwrap();
-        assert!(applied);
+        let set = l.set_rate(one.clone(), SetMode::TrySet).await.unwrap();
+        assert!(set.applied && set.state_reset);
         let other = config(
             "a",
             ApiAlgorithm::SlidingWindowLog,
             5,
             Duration::from_secs(60),
         );
-        let (applied, current) = l.set_rate(other.clone(), SetMode::TrySet).await.unwrap();
-        assert!(!applied);
-        assert_eq!(current.rate, 2);
+        let set = l.set_rate(other.clone(), SetMode::TrySet).await.unwrap();
+        assert!(!set.applied && !set.state_reset);
+        assert_eq!(set.config.rate, 2);
 
         let take = || l.try_acquire("a", "", 1, Duration::ZERO);
         assert!(take().await.unwrap().acquired);

@@ -388,3 +388,214 @@ async fn replicas_share_limiters_through_redis() {
             .acquired
     );
 }
+
+/// Every algorithm at `rate` per hour (so nothing refills during a test), warm-up with a short
+/// warm-up period. Bucket algorithms get the default burst (the rate).
+fn every_algorithm(prefix: &str, rate: u64) -> Vec<(Algorithm, LimiterConfig)> {
+    [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::LeakyBucket,
+        Algorithm::WarmUp,
+    ]
+    .into_iter()
+    .map(|algorithm| {
+        let mut c = config(
+            &format!("{prefix}-{}", algorithm.as_str_name()),
+            algorithm,
+            rate,
+            Duration::from_secs(3600),
+        );
+        if algorithm == Algorithm::WarmUp {
+            c.warmup_period = Some(Duration::from_secs(1).try_into().unwrap());
+        }
+        (algorithm, c)
+    })
+    .collect()
+}
+
+async fn available_of(c: &mut LimiterClient<Channel>, name: &str) -> u64 {
+    c.available_permits(AvailablePermitsRequest {
+        name: name.into(),
+        client_id: String::new(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .permits
+}
+
+async fn acquired(c: &mut LimiterClient<Channel>, name: &str, permits: u64) -> bool {
+    c.try_acquire(try_acquire(name, permits, Duration::ZERO))
+        .await
+        .unwrap()
+        .into_inner()
+        .acquired
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_attempts_change_nothing() {
+    for_each_store(|kind, redis| async move {
+        avoid_window_edge(3600, 60).await;
+        let dir = config_dir("domain: unused\n");
+        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[]);
+        let mut c = client(&sluice).await;
+        for (algorithm, limiter) in every_algorithm("refused", 5) {
+            let ctx = format!("{kind:?} {algorithm:?}");
+            let name = limiter.name.clone();
+            set(&mut c, limiter, SetMode::TrySet).await;
+            assert_eq!(available_of(&mut c, &name).await, 5, "{ctx}");
+            // More than the capacity, and more than any script can represent: INVALID_ARGUMENT
+            // (never UNAVAILABLE from a store error), and nothing taken.
+            for permits in [6, 1 << 32, u64::MAX] {
+                let status = c
+                    .try_acquire(try_acquire(&name, permits, Duration::from_secs(1)))
+                    .await
+                    .unwrap_err();
+                assert_eq!(
+                    status.code(),
+                    tonic::Code::InvalidArgument,
+                    "{ctx} try_acquire {permits}: {status:?}"
+                );
+                let status = c
+                    .acquire(AcquireRequest {
+                        name: name.clone(),
+                        permits,
+                        client_id: String::new(),
+                    })
+                    .await
+                    .unwrap_err();
+                assert_eq!(
+                    status.code(),
+                    tonic::Code::InvalidArgument,
+                    "{ctx} acquire {permits}: {status:?}"
+                );
+                assert_eq!(
+                    available_of(&mut c, &name).await,
+                    5,
+                    "{ctx} after {permits}"
+                );
+            }
+        }
+
+        // Rate 10 per hour: 8 taken, 5 refused, then 2 still fit (8 + 2 = 10).
+        for (algorithm, limiter) in every_algorithm("fits", 10) {
+            if algorithm == Algorithm::WarmUp {
+                continue; // one request at a time: the next waits for the first one's cost
+            }
+            let ctx = format!("{kind:?} {algorithm:?}");
+            let name = limiter.name.clone();
+            set(&mut c, limiter, SetMode::TrySet).await;
+            assert!(acquired(&mut c, &name, 8).await, "{ctx}");
+            assert!(!acquired(&mut c, &name, 5).await, "{ctx}");
+            assert_eq!(available_of(&mut c, &name).await, 2, "{ctx}");
+            assert!(acquired(&mut c, &name, 2).await, "{ctx}: 8 + 2 fit in 10");
+            assert!(!acquired(&mut c, &name, 1).await, "{ctx}");
+            assert_eq!(available_of(&mut c, &name).await, 0, "{ctx}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn available_permits_is_what_try_acquire_would_grant() {
+    for_each_store(|kind, redis| async move {
+        avoid_window_edge(3600, 60).await;
+        let dir = config_dir("domain: unused\n");
+        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[]);
+        let mut c = client(&sluice).await;
+        for (algorithm, limiter) in every_algorithm("available", 50) {
+            let ctx = format!("{kind:?} {algorithm:?}");
+            let name = limiter.name.clone();
+            set(&mut c, limiter, SetMode::TrySet).await;
+            let n = available_of(&mut c, &name).await;
+            assert_eq!(n, 50, "{ctx}");
+            assert!(acquired(&mut c, &name, n).await, "{ctx}: {n} available");
+            assert_eq!(available_of(&mut c, &name).await, 0, "{ctx}");
+            assert!(!acquired(&mut c, &name, 1).await, "{ctx}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keeping_state_across_algorithms_never_breaks_a_limiter() {
+    for_each_store(|kind, redis| async move {
+        avoid_window_edge(3600, 60).await;
+        let dir = config_dir("domain: unused\n");
+        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[]);
+        let mut c = client(&sluice).await;
+        let family = |a: Algorithm| match a {
+            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => "bucket",
+            other => other.as_str_name(),
+        };
+        for (from, _) in every_algorithm("", 5) {
+            for (to, _) in every_algorithm("", 5) {
+                let ctx = format!("{kind:?} {from:?} -> {to:?}");
+                let name = format!("keep-{}-{}", from.as_str_name(), to.as_str_name());
+                let rename = |mut l: LimiterConfig| {
+                    l.name = name.clone();
+                    l
+                };
+                let pick = |a: Algorithm| {
+                    every_algorithm("", 5)
+                        .into_iter()
+                        .find(|(x, _)| *x == a)
+                        .unwrap()
+                        .1
+                };
+                let r = c
+                    .set_rate(SetRateRequest {
+                        config: Some(rename(pick(from))),
+                        set_mode: SetMode::TrySet as i32,
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                assert!(r.state_reset, "{ctx}: a new limiter starts empty");
+                assert!(acquired(&mut c, &name, 2).await, "{ctx}");
+                let r = c
+                    .set_rate(SetRateRequest {
+                        config: Some(rename(pick(to))),
+                        set_mode: SetMode::UpdateKeepState as i32,
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                let kept = family(from) == family(to);
+                assert_eq!(r.state_reset, !kept, "{ctx}");
+                // The limiter works at once, with its state kept or started afresh.
+                let expected = match (kept, to) {
+                    (true, Algorithm::WarmUp) => 0, // the first request's cost is still due
+                    (true, _) => 3,
+                    (false, _) => 5,
+                };
+                assert_eq!(available_of(&mut c, &name).await, expected, "{ctx}");
+                assert_eq!(acquired(&mut c, &name, 1).await, expected > 0, "{ctx}");
+                // Same algorithm, reset: reported too.
+                let r = c
+                    .set_rate(SetRateRequest {
+                        config: Some(rename(pick(to))),
+                        set_mode: SetMode::UpdateResetState as i32,
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                assert!(r.state_reset && r.applied, "{ctx}");
+                let r = c
+                    .set_rate(SetRateRequest {
+                        config: Some(rename(pick(to))),
+                        set_mode: SetMode::TrySet as i32,
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                assert!(!r.state_reset && !r.applied, "{ctx}");
+            }
+        }
+    })
+    .await;
+}

@@ -9,9 +9,12 @@ use std::time::Duration;
 
 use common::RedisServer;
 use sluice::clock::{Clock, ManualClock};
+use sluice::limiter::KeyBuilder;
+use sluice::limiters::{LimiterError, NamedLimiters};
+use sluice::proto::sluice::v1::{Algorithm, LimiterConfig, Mode};
 use sluice::store::redis::Target;
 use sluice::store::{
-    Check, MemoryStore, MemoryStoreOptions, Outcome, RedisOptions, RedisStore, Rule, Store,
+    Check, MemoryStore, MemoryStoreOptions, Outcome, RedisOptions, RedisStore, Rule, SetMode, Store,
 };
 
 /// Microseconds; 20 s into the minute window that starts at 1 699 999 980 s.
@@ -62,6 +65,7 @@ fn fixed(key: &str, hits: u64, limit: u64, window_secs: u64, now_micros: u64) ->
             window_secs,
             window_start,
         },
+        record_refused: false,
     }
 }
 
@@ -174,6 +178,7 @@ async fn reset_is_clamped_when_clocks_disagree() {
             window_secs: 60,
             window_start,
         },
+        record_refused: false,
     };
     // Separate keys: the memory store expires by its (pinned) clock, Redis by its real one.
     p.clock.set_micros((window_start + 75) * 1_000_000);
@@ -248,15 +253,19 @@ async fn every_algorithm_agrees_on_a_scripted_sequence() {
         (40_400, 1),
         (41_000, 1),
     ];
-    for (name, rule) in rules() {
-        for &(at_ms, hits) in steps {
-            p.clock.set_micros(T0 + at_ms * 1000);
-            let check = Check {
-                key: format!("seq:{name}"),
-                hits,
-                rule: rule.clone(),
-            };
-            p.both(std::slice::from_ref(&check)).await;
+    // Each rule as configured, then with refused hits recorded (`record_refused_hits`).
+    for record_refused in [false, true] {
+        for (name, rule) in rules() {
+            for &(at_ms, hits) in steps {
+                p.clock.set_micros(T0 + at_ms * 1000);
+                let check = Check {
+                    key: format!("seq:{name}:{record_refused}"),
+                    hits,
+                    rule: rule.clone(),
+                    record_refused,
+                };
+                p.both(std::slice::from_ref(&check)).await;
+            }
         }
     }
 }
@@ -268,6 +277,7 @@ proptest::proptest! {
     #[test]
     fn random_sequences_agree(
         rule_index in 0usize..4,
+        record_refused in proptest::bool::ANY,
         steps in proptest::collection::vec((0u64..3_000_000, 0u64..7), 1..60),
     ) {
         runtime().block_on(async {
@@ -279,7 +289,7 @@ proptest::proptest! {
             for (gap, hits) in steps {
                 now += gap;
                 p.clock.set_micros(now);
-                let check = Check { key: key.clone(), hits, rule: rule.clone() };
+                let check = Check { key: key.clone(), hits, rule: rule.clone(), record_refused };
                 p.both(std::slice::from_ref(&check)).await;
             }
         });
@@ -337,7 +347,15 @@ async fn fixed_window_admits_twice_the_limit_across_a_boundary_and_the_log_does_
                     }
                     _ => "edge_log".to_string(),
                 };
-                if p.both(&[Check { key, hits: 1, rule }]).await[0].admitted {
+                if p.both(&[Check {
+                    key,
+                    hits: 1,
+                    rule,
+                    record_refused: false,
+                }])
+                .await[0]
+                    .admitted
+                {
                     admitted[slot] += 1;
                 }
             }
@@ -348,4 +366,368 @@ async fn fixed_window_admits_twice_the_limit_across_a_boundary_and_the_log_does_
         [10, 5],
         "fixed window: 2N within 2 ms; sliding log: N"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_counter_reports_no_reset_beyond_its_window() {
+    // Limit 3 per 10 s, taken 1 s into a window: its hits weigh until the end of the next window,
+    // 19 s away, but no reset beyond the window is reported, admitted or refused.
+    let p = pair().await;
+    let window_start = T0 / 10_000_000 * 10_000_000 + 10_000_000;
+    p.clock.set_micros(window_start + 1_000_000);
+    let check = |hits| Check {
+        key: "counter_reset".into(),
+        hits,
+        rule: Rule::SlidingWindowCounter {
+            limit: 3,
+            window: 10_000_000,
+        },
+        record_refused: false,
+    };
+    let taken = p.both(&[check(3)]).await[0];
+    assert!(taken.admitted);
+    assert_eq!(taken.reset_ms, 10_000);
+    for hits in [0, 1, 3, 4] {
+        let refused = p.both(&[check(hits)]).await[0];
+        assert!(!refused.admitted, "{hits}");
+        assert!(refused.reset_ms <= 10_000, "{hits}: {refused:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn zero_cost_checks_then_charges_admit_at_most_the_limit() {
+    // Upstream's check-then-charge: a zero-cost check, then (if admitted) a charge of one.
+    // Limit 5 everywhere except the warm-up (one request at a time); nothing refills within the
+    // run, which is at one instant.
+    let p = pair().await;
+    p.clock.set_micros(T0);
+    let mut cases: Vec<(&str, Rule, usize)> = vec![
+        (
+            "fixed",
+            Rule::FixedWindow {
+                limit: 5,
+                window_secs: 3600,
+                window_start: T0 / 1_000_000 / 3600 * 3600,
+            },
+            6, // upstream's rule: refused only once the count is above the limit
+        ),
+        (
+            "log",
+            Rule::SlidingWindowLog {
+                limit: 5,
+                window: 3_600_000_000,
+            },
+            5,
+        ),
+        (
+            "counter",
+            Rule::SlidingWindowCounter {
+                limit: 5,
+                window: 3_600_000_000,
+            },
+            5,
+        ),
+        (
+            "gcra",
+            Rule::Gcra {
+                interval: 720_000_000,
+                burst: 5,
+            },
+            5,
+        ),
+    ];
+    cases.push((
+        "warm_up",
+        Rule::WarmUp {
+            permits_per_window: 5,
+            window: 3_600_000_000,
+            warmup: 1_000_000,
+            cold_factor: 3.0,
+        },
+        1,
+    ));
+    for (name, rule, most) in cases {
+        let check = |hits| Check {
+            key: format!("charge:{name}"),
+            hits,
+            rule: rule.clone(),
+            record_refused: false,
+        };
+        let mut admitted = 0;
+        for _ in 0..20 {
+            if p.both(&[check(0)]).await[0].admitted {
+                admitted += 1;
+                p.both(&[check(1)]).await;
+            }
+        }
+        assert_eq!(admitted, most, "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn larger_charges_stay_within_the_limit_only_when_refusals_are_recorded() {
+    // Check-then-charge with charges of 2 (limits 5, burst 3): a charge that does not fit is
+    // refused; unrecorded, the checks go on admitting; recorded, the limit is spent, so at most
+    // ceil(5 / 2) = 3 requests pass.
+    let p = pair().await;
+    p.clock.set_micros(T0);
+    for (name, rule) in rules() {
+        for record_refused in [false, true] {
+            let check = |hits| Check {
+                key: format!("charge2:{name}:{record_refused}"),
+                hits,
+                rule: rule.clone(),
+                record_refused,
+            };
+            let mut admitted = 0;
+            for _ in 0..20 {
+                if p.both(&[check(0)]).await[0].admitted {
+                    admitted += 1;
+                    p.both(&[check(2)]).await;
+                }
+            }
+            if record_refused {
+                assert!(admitted <= 3, "{name}: {admitted} admitted");
+            } else if name != "warm_up" {
+                assert_eq!(admitted, 20, "{name}: refused charges are not recorded");
+            }
+        }
+    }
+}
+
+/// Named limiters (native API) over each store, at the same pinned time.
+struct Limiters {
+    clock: Arc<ManualClock>,
+    memory: NamedLimiters,
+    redis: NamedLimiters,
+    _pair: Pair,
+}
+
+async fn limiters() -> Limiters {
+    let p = pair().await;
+    let wait = Duration::from_secs(5);
+    let memory = MemoryStore::new(MemoryStoreOptions::default(), p.clock.clone());
+    let redis = RedisStore::new(RedisOptions {
+        target: Target::Single(p._server.url()),
+        auth: None,
+        sentinel_auth: None,
+        tls: Default::default(),
+        pool_size: 2,
+        timeout: Duration::from_secs(5),
+        expiration_jitter_max: Duration::ZERO,
+        pinned_clock: Some(p.clock.clone()),
+    })
+    .unwrap();
+    Limiters {
+        clock: p.clock.clone(),
+        memory: NamedLimiters::new(Arc::new(memory), KeyBuilder::default(), wait),
+        redis: NamedLimiters::new(Arc::new(redis), KeyBuilder::default(), wait),
+        _pair: p,
+    }
+}
+
+/// One native-API call of a random sequence.
+#[derive(Debug, Clone)]
+enum Op {
+    Set {
+        limiter: usize,
+        mode: usize,
+        algorithm: usize,
+        rate: u64,
+        interval_secs: u64,
+        burst: u64,
+        per_client: bool,
+    },
+    /// Permits: 0, 1, the capacity, one more, u64::MAX; client: none, "a", "b".
+    TryAcquire {
+        limiter: usize,
+        permits: usize,
+        client: usize,
+    },
+    Available {
+        limiter: usize,
+        client: usize,
+    },
+    Delete {
+        limiter: usize,
+    },
+    Wait {
+        micros: u64,
+    },
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => (0usize..2, 0usize..3, 0usize..7, 1u64..5, prop_oneof![Just(60u64), Just(3600)], prop_oneof![Just(0u64), Just(2), Just(6)], proptest::bool::weighted(0.25))
+            .prop_map(|(limiter, mode, algorithm, rate, interval_secs, burst, per_client)| Op::Set {
+                limiter, mode, algorithm, rate, interval_secs, burst, per_client,
+            }),
+        6 => (0usize..2, 0usize..5, 0usize..3).prop_map(|(limiter, permits, client)| Op::TryAcquire { limiter, permits, client }),
+        2 => (0usize..2, 0usize..3).prop_map(|(limiter, client)| Op::Available { limiter, client }),
+        1 => (0usize..2).prop_map(|limiter| Op::Delete { limiter }),
+        2 => prop_oneof![Just(0u64), 1u64..90_000_000].prop_map(|micros| Op::Wait { micros }),
+    ]
+}
+
+const ALGORITHMS: [Algorithm; 7] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowLog,
+    Algorithm::SlidingWindowCounter,
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+    Algorithm::LeakyBucket,
+    Algorithm::WarmUp,
+];
+
+const CLIENTS: [&str; 3] = ["", "a", "b"];
+
+const MODES: [SetMode; 3] = [
+    SetMode::TrySet,
+    SetMode::UpdateKeepState,
+    SetMode::UpdateResetState,
+];
+
+/// An error as a comparable text (the variants carry no time-dependent data).
+fn text<T>(r: Result<T, LimiterError>) -> Result<T, String> {
+    r.map_err(|e| e.to_string())
+}
+
+impl Limiters {
+    /// Runs one op on both and asserts equal replies.
+    async fn both(&self, case: u64, op: &Op) {
+        let name = |limiter: usize| format!("prop{case}-{limiter}");
+        match *op {
+            Op::Set {
+                limiter,
+                mode,
+                algorithm,
+                rate,
+                interval_secs,
+                burst,
+                per_client,
+            } => {
+                let config = LimiterConfig {
+                    name: name(limiter),
+                    algorithm: ALGORITHMS[algorithm] as i32,
+                    rate,
+                    interval: Some(Duration::from_secs(interval_secs).try_into().unwrap()),
+                    burst,
+                    warmup_period: Some(Duration::from_secs(1).try_into().unwrap()),
+                    mode: if per_client {
+                        Mode::PerClient as i32
+                    } else {
+                        Mode::Overall as i32
+                    },
+                    ..Default::default()
+                };
+                let m = text(self.memory.set_rate(config.clone(), MODES[mode]).await);
+                let r = text(self.redis.set_rate(config, MODES[mode]).await);
+                assert_eq!(m, r, "{op:?}");
+            }
+            Op::TryAcquire {
+                limiter,
+                permits,
+                client,
+            } => {
+                let client = CLIENTS[client];
+                let name = name(limiter);
+                let capacity = match self.memory.config(&name).await {
+                    Ok(c) if c.burst > 0 => c.burst,
+                    Ok(c) => c.rate,
+                    Err(_) => 1,
+                };
+                let permits = [0, 1, capacity, capacity + 1, u64::MAX][permits];
+                let m = text(
+                    self.memory
+                        .try_acquire(&name, client, permits, Duration::ZERO)
+                        .await,
+                );
+                let r = text(
+                    self.redis
+                        .try_acquire(&name, client, permits, Duration::ZERO)
+                        .await,
+                );
+                // `waited` is the real time the call took.
+                let m = m.map(|a| (a.acquired, a.remaining, a.retry_after));
+                let r = r.map(|a| (a.acquired, a.remaining, a.retry_after));
+                assert_eq!(m, r, "{op:?} ({permits} permits)");
+            }
+            Op::Available { limiter, client } => {
+                let m = text(self.memory.available(&name(limiter), CLIENTS[client]).await);
+                let r = text(self.redis.available(&name(limiter), CLIENTS[client]).await);
+                assert_eq!(m, r, "{op:?}");
+            }
+            Op::Delete { limiter } => {
+                let m = text(self.memory.delete(&name(limiter)).await);
+                let r = text(self.redis.delete(&name(limiter)).await);
+                assert_eq!(m, r, "{op:?}");
+            }
+            Op::Wait { micros } => self.clock.advance_micros(micros),
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
+
+    /// Random native-API sequences (every set mode and algorithm, permits at the edges): the two
+    /// stores give the same replies.
+    #[test]
+    fn limiter_sequences_agree(ops in proptest::collection::vec(op(), 1..40)) {
+        runtime().block_on(async {
+            let l = shared_limiters().await;
+            let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            for op in &ops {
+                l.both(case, op).await;
+            }
+        });
+    }
+}
+
+async fn shared_limiters() -> &'static Limiters {
+    static LIMITERS: std::sync::OnceLock<Limiters> = std::sync::OnceLock::new();
+    if let Some(l) = LIMITERS.get() {
+        return l;
+    }
+    let l = limiters().await;
+    LIMITERS.get_or_init(|| l)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limiter_created_again_at_the_same_instant_meets_none_of_its_old_states() {
+    // Per client: client "a" takes the only permit, the limiter is deleted (its clients' states
+    // cannot be named, so they stay until their epoch no longer matches) and created again at
+    // the same (pinned) microsecond. Its generation must differ, so "a" starts afresh.
+    let l = limiters().await;
+    let config = LimiterConfig {
+        name: "again".into(),
+        algorithm: Algorithm::FixedWindow as i32,
+        rate: 1,
+        interval: Some(Duration::from_secs(60).try_into().unwrap()),
+        mode: Mode::PerClient as i32,
+        ..Default::default()
+    };
+    for limiters in [&l.memory, &l.redis] {
+        limiters
+            .set_rate(config.clone(), SetMode::TrySet)
+            .await
+            .unwrap();
+        let taken = limiters
+            .try_acquire("again", "a", 1, Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(taken.acquired);
+        assert!(limiters.delete("again").await.unwrap());
+        assert!(matches!(
+            limiters.available("again", "a").await,
+            Err(LimiterError::NotFound(_))
+        ));
+        let set = limiters
+            .set_rate(config.clone(), SetMode::TrySet)
+            .await
+            .unwrap();
+        assert!(set.applied && set.state_reset);
+        assert_eq!(limiters.available("again", "a").await.unwrap(), 1);
+    }
 }

@@ -47,7 +47,13 @@ const UPSTREAM_KEYS: &[&str] = &[
 ];
 
 /// Sluice's own keys, valid under `rate_limit` only.
-const EXTENSION_KEYS: &[&str] = &["algorithm", "burst", "warmup_period", "cold_factor"];
+const EXTENSION_KEYS: &[&str] = &[
+    "algorithm",
+    "burst",
+    "warmup_period",
+    "cold_factor",
+    "record_refused_hits",
+];
 
 /// Loads every `*.yaml` file under `dir` (recursively, in path order).
 ///
@@ -194,6 +200,7 @@ struct LimitSpec {
     name: String,
     quota: Quota,
     replaces: Vec<String>,
+    record_refused_hits: bool,
 }
 
 /// Turns a validated descriptor list into one level of the lookup tree, checking upstream's
@@ -238,6 +245,7 @@ fn build_level(
             name: l.name,
             quota: l.quota,
             replaces: l.replaces,
+            record_refused_hits: l.record_refused_hits,
             shadow_mode: spec.shadow_mode,
             quota_mode: spec.quota_mode,
             metadata: spec.metadata,
@@ -446,8 +454,13 @@ impl FileChecker<'_> {
             "burst",
             "warmup_period",
             "cold_factor",
+            "record_refused_hits",
         ];
         let fields = self.mapping(node, "rate_limit", FIELDS)?;
+        let record_refused_hits = fields
+            .get("record_refused_hits")
+            .and_then(|n| self.boolean(n, "record_refused_hits"))
+            .unwrap_or(false);
         let unlimited = fields
             .get("unlimited")
             .and_then(|n| self.boolean(n, "unlimited"))
@@ -521,10 +534,29 @@ impl FileChecker<'_> {
                 }
             }
         }
+        // The fixed window always records refused hits (upstream's INCRBY); saying so is a
+        // mistake, not a no-op.
+        if record_refused_hits
+            && matches!(
+                quota,
+                Quota::PerUnit {
+                    algorithm: Algorithm::FixedWindow,
+                    ..
+                }
+            )
+        {
+            self.error(
+                fields["record_refused_hits"].line,
+                "record_refused_hits does not apply to algorithm fixed_window (it always counts \
+                 refused hits)",
+            );
+            return None;
+        }
         Some(LimitSpec {
             name,
             quota,
             replaces,
+            record_refused_hits,
         })
     }
 

@@ -286,6 +286,9 @@ pub struct Limit {
     pub replaces: Vec<String>,
     pub shadow_mode: bool,
     pub quota_mode: bool,
+    /// `rate_limit.record_refused_hits` (a Sluice extension): refused hits are charged too,
+    /// as upstream's fixed window always does; see `store::algorithms`.
+    pub record_refused_hits: bool,
     /// `metadata` of the descriptor, returned in dynamic metadata when enabled.
     pub metadata: Option<prost_types::Struct>,
     /// Entry positions whose counter key uses the wildcard pattern instead of the runtime value
@@ -312,6 +315,7 @@ impl Limit {
             },
             replaces: Vec::new(),
             shadow_mode: false,
+            record_refused_hits: false,
             quota_mode: false,
             metadata: None,
             shared_values: Vec::new(),
@@ -354,6 +358,9 @@ impl fmt::Display for Limit {
         }
         if self.quota_mode {
             f.write_str(" quota_mode")?;
+        }
+        if self.record_refused_hits {
+            f.write_str(" record_refused_hits")?;
         }
         for (_, pattern) in &self.shared_values {
             write!(f, " shared={pattern}")?;

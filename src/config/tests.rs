@@ -406,6 +406,28 @@ fn algorithm_of(rate_limit: &str) -> Result<Algorithm, Vec<String>> {
 }
 
 #[test]
+fn record_refused_hits_is_read_per_limit() {
+    let limit_of = |rate_limit: &str| {
+        let text = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n{rate_limit}");
+        let config = load(&text).unwrap_or_else(|e| panic!("{e:?}"));
+        let limit = config
+            .domain("d")
+            .unwrap()
+            .find(&entries(&[("k", "v")]))
+            .unwrap();
+        limit.record_refused_hits
+    };
+    let gcra = "      unit: second\n      requests_per_unit: 5\n      algorithm: gcra\n";
+    assert!(!limit_of(gcra));
+    assert!(limit_of(&format!(
+        "{gcra}      record_refused_hits: true\n"
+    )));
+    assert!(!limit_of(&format!(
+        "{gcra}      record_refused_hits: false\n"
+    )));
+}
+
+#[test]
 fn algorithms_and_their_parameters() {
     let ok = |yaml: &str| algorithm_of(yaml).unwrap_or_else(|e| panic!("{yaml}: {e:?}"));
     assert_eq!(
@@ -493,6 +515,18 @@ fn algorithm_parameters_that_make_no_sense_are_refused() {
         (
             "      unlimited: true\n      algorithm: gcra\n",
             "limits.yaml:6: algorithm has no meaning on an unlimited rate limit",
+        ),
+        (
+            "      unlimited: true\n      record_refused_hits: true\n",
+            "limits.yaml:6: record_refused_hits has no meaning on an unlimited rate limit",
+        ),
+        (
+            "      unit: second\n      requests_per_unit: 5\n      record_refused_hits: true\n",
+            "limits.yaml:7: record_refused_hits does not apply to algorithm fixed_window (it always counts refused hits)",
+        ),
+        (
+            "      unit: second\n      requests_per_unit: 5\n      algorithm: gcra\n      record_refused_hits: maybe\n",
+            "limits.yaml:8: record_refused_hits must be true or false, found: 'maybe'",
         ),
         (
             "      unit: second\n      requests_per_unit: 0\n      algorithm: gcra\n",

@@ -253,6 +253,7 @@ impl RateLimiter {
                     key,
                     hits: hits(request, descriptor),
                     rule,
+                    record_refused: limit.record_refused_hits,
                 });
                 Plan::Counted(limit, checks.len() - 1)
             })

@@ -654,7 +654,7 @@ impl Store for CountingStore {
         keys: &'a crate::store::LimiterKeys,
         record: &'a crate::store::LimiterRecord,
         mode: crate::store::SetMode,
-    ) -> crate::store::StoreFuture<'a, (bool, crate::store::LimiterRecord)> {
+    ) -> crate::store::StoreFuture<'a, crate::store::LimiterSet> {
         self.inner.set_limiter(keys, record, mode)
     }
     fn get_limiter<'a>(

@@ -3,7 +3,7 @@
 //!
 //! | cause | status |
 //! |---|---|
-//! | bad config, more permits than the limiter can ever grant, missing client_id | `INVALID_ARGUMENT` |
+//! | bad config, more permits than the limiter can ever grant (checked before any state is touched), missing client_id | `INVALID_ARGUMENT` |
 //! | no such limiter | `NOT_FOUND` |
 //! | `Acquire` would wait past the server's maximum | `DEADLINE_EXCEEDED` |
 //! | creating a limiter while `LIMITER_MAX_COUNT` exist | `RESOURCE_EXHAUSTED` |
@@ -146,14 +146,15 @@ impl limiter_server::Limiter for LimiterApi {
         let config = request
             .config
             .ok_or_else(|| Status::invalid_argument("config is required"))?;
-        let (applied, config) = self
+        let set = self
             .limiters
             .set_rate(config, mode)
             .await
             .map_err(to_status)?;
         Ok(Response::new(SetRateResponse {
-            applied,
-            config: Some(config),
+            applied: set.applied,
+            config: Some(set.config),
+            state_reset: set.state_reset,
         }))
     }
 

@@ -9,7 +9,21 @@
 //! Conventions shared by all algorithms: `remaining` is what could be admitted now; `reset_ms`
 //! is, when refused, the wait until the same request would be admitted, and when admitted, the
 //! time until the limit is fully replenished. A request that asks for more than the algorithm can
-//! ever grant is refused at once, without touching the state.
+//! ever grant is refused at once, without touching the state. A refused request never changes
+//! the state (the upstream fixed window, in `memory.rs` and `lua/fixed_window.lua`, is the one
+//! exception: it counts refused hits, as upstream does).
+//!
+//! A zero-cost check (`hits` 0) never changes the state either, and is refused exactly when a
+//! one-hit request would be (no permit is left): it asks "may this request go on?" of a request
+//! whose cost is charged later (upstream's check-then-charge pattern), so that pattern admits at
+//! most the limit.
+//!
+//! `record_refused` (the per-limit `record_refused_hits: true`) makes a refused request with a
+//! cost still charge it, as upstream's fixed window does, bounded so that one refusal never costs
+//! more than the whole limit: the log is filled up to `limit` entries, the counter's current
+//! window up to `limit`, a bucket is drained to empty (never below), and a warm-up's next free
+//! time moves by the hits' stable cost, at most to one window from now. The outcome is then
+//! computed on the charged state. Zero-cost checks are never recorded.
 
 use std::collections::VecDeque;
 
@@ -55,6 +69,7 @@ fn micros_to_ms(us: u64) -> u64 {
 pub fn sliding_window_log(
     state: Option<State>,
     hits: u64,
+    record_refused: bool,
     limit: u64,
     window: u64,
     now: u64,
@@ -68,9 +83,11 @@ pub fn sliding_window_log(
     while log.front().is_some_and(|&t| t + window <= now) {
         log.pop_front();
     }
-    let count = log.len() as u64;
+    let mut count = log.len() as u64;
     let until_empty = |log: &VecDeque<u64>| log.back().map_or(0, |&newest| newest + window - now);
-    if count + hits <= limit {
+    // A zero-cost check is decided as a one-hit request and counts nothing.
+    let probe = hits.max(1);
+    if probe <= limit && count + probe <= limit {
         for _ in 0..hits {
             log.push_back(now);
         }
@@ -85,17 +102,25 @@ pub fn sliding_window_log(
             keep: (!log.is_empty()).then(|| (State::Log(Box::new(log)), ttl)),
         };
     }
-    let wait = if hits > limit {
+    if record_refused {
+        // Refused, still charged: up to what fills the log to the limit.
+        for _ in 0..hits.min(limit.saturating_sub(count)) {
+            log.push_back(now);
+        }
+        count = log.len() as u64;
+    }
+    let wait = if probe > limit {
         until_empty(&log)
     } else {
-        // The (count + hits - limit)-th oldest entry must leave the window first.
-        log[(count + hits - limit - 1) as usize] + window - now
+        // The (count + probe - limit)-th oldest entry must leave the window first. (The log
+        // may hold more than the limit after UPDATE_KEEP_STATE lowered it.)
+        log[(count + probe - limit - 1) as usize] + window - now
     };
     let ttl = until_empty(&log);
     Step {
         outcome: Outcome {
             admitted: false,
-            remaining: limit - count,
+            remaining: limit.saturating_sub(count),
             reset_ms: micros_to_ms(wait),
             used: count,
         },
@@ -107,9 +132,15 @@ pub fn sliding_window_log(
 /// share of the trailing window that still overlaps it. Windows are aligned to the epoch on the
 /// store's clock. It assumes the previous window's hits were spread evenly, so a burst at the end
 /// of the previous window is under-weighted by up to its size times the elapsed fraction.
+///
+/// The reported reset never exceeds the window, like every other window's: the estimate's own
+/// horizon (the current window's hits weigh until the end of the next one) reaches up to twice
+/// the window, which no client should be told to wait. A request refused early in a window may
+/// therefore be refused once more at that retry.
 pub fn sliding_window_counter(
     state: Option<State>,
     hits: u64,
+    record_refused: bool,
     limit: u64,
     window: u64,
     now: u64,
@@ -136,10 +167,21 @@ pub fn sliding_window_counter(
     let elapsed = now - start;
     let weighted = (previous as f64 * (window - elapsed) as f64 / window as f64).floor() as u64;
     let estimate = weighted + current;
-    let admitted = hits <= limit && estimate + hits <= limit;
+    // A zero-cost check is decided as a one-hit request and counts nothing.
+    let probe = hits.max(1);
+    let admitted = probe <= limit && estimate + probe <= limit;
+    let recorded = !admitted && record_refused && hits > 0;
     if admitted {
         current += hits;
+    } else if recorded {
+        // Refused, still charged: this window's count grows up to the limit.
+        current = (current + hits.min(limit)).min(limit);
     }
+    let estimate = if recorded {
+        weighted + current
+    } else {
+        estimate
+    };
     let ttl = start + 2 * window - now;
     let until_empty = if current > 0 {
         ttl
@@ -148,19 +190,20 @@ pub fn sliding_window_counter(
     } else {
         0
     };
-    let wait = if admitted || hits > limit {
+    let wait = if admitted || probe > limit {
         until_empty
-    } else if current + hits <= limit {
+    } else if current + probe <= limit {
         // Wait for the previous window's weight to shrink enough, at the latest to its end.
-        let room = (limit - current - hits) as f64;
+        let room = (limit - current - probe) as f64;
         let at = (window as f64 - (room + 1.0) * window as f64 / previous as f64).floor() + 1.0;
         (at.max(elapsed as f64 + 1.0).min(window as f64) as u64) - elapsed
     } else {
         // This window's count becomes the previous one; wait until its weight has shrunk.
-        let room = (limit - hits) as f64;
+        let room = (limit - probe) as f64;
         let at = (window as f64 - (room + 1.0) * window as f64 / current as f64).floor() + 1.0;
         window - elapsed + at.max(0.0) as u64
     };
+    let wait = wait.min(window);
     let used = if admitted { estimate + hits } else { estimate };
     Step {
         outcome: Outcome {
@@ -170,8 +213,8 @@ pub fn sliding_window_counter(
             used,
         },
         // Rolling the windows forward is a pure function of the old state and the time, so only
-        // an admission needs to be written (as in the Lua twin).
-        keep: (admitted && (current > 0 || previous > 0)).then(|| {
+        // an admission that counted something needs to be written (as in the Lua twin).
+        keep: ((admitted && hits > 0 || recorded) && (current > 0 || previous > 0)).then(|| {
             // Admitted counts are at most the limit, which is a u32.
             let narrow = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
             (
@@ -190,7 +233,14 @@ pub fn sliding_window_counter(
 /// token bucket (capacity `burst`, one token per `interval`) and the leaky bucket as a meter
 /// (size `burst`, draining one per `interval`): with tokens = burst - (TAT - now) / interval the
 /// three admission rules are the same inequality.
-pub fn gcra(state: Option<State>, hits: u64, interval: u64, burst: u64, now: u64) -> Step {
+pub fn gcra(
+    state: Option<State>,
+    hits: u64,
+    record_refused: bool,
+    interval: u64,
+    burst: u64,
+    now: u64,
+) -> Step {
     let stored = match state {
         Some(State::Tat(tat)) => tat,
         _ => now,
@@ -198,10 +248,20 @@ pub fn gcra(state: Option<State>, hits: u64, interval: u64, burst: u64, now: u64
     // A TAT in the future is kept when the clock steps back: no tokens are minted.
     let tat = stored.max(now);
     let capacity = burst * interval;
+    // Refused, still charged: the bucket is drained by the hits, to empty at most.
+    let charge = |tat: u64| {
+        let charged = tat
+            .saturating_add(hits.saturating_mul(interval))
+            .min(now + capacity)
+            .max(tat);
+        (charged > tat).then_some((State::Tat(charged), charged - now))
+    };
     let tokens =
         |tat: u64| ((capacity - (tat - now).min(capacity)) as f64 / interval as f64).floor() as u64;
     if hits > burst {
         // More than the bucket holds: never admissible, so no wait would help.
+        let keep = if record_refused { charge(tat) } else { None };
+        let tat = keep.as_ref().map_or(tat, |(_, ttl)| now + ttl);
         let remaining = tokens(tat);
         return Step {
             outcome: Outcome {
@@ -210,11 +270,13 @@ pub fn gcra(state: Option<State>, hits: u64, interval: u64, burst: u64, now: u64
                 reset_ms: micros_to_ms(tat - now),
                 used: burst - remaining,
             },
-            keep: None,
+            keep,
         };
     }
-    let new_tat = tat + hits * interval;
-    if new_tat - now <= capacity {
+    // A zero-cost check is decided as a one-hit request and counts nothing.
+    let probe_tat = tat + hits.max(1) * interval;
+    if probe_tat - now <= capacity {
+        let new_tat = tat + hits * interval;
         let remaining = tokens(new_tat);
         return Step {
             outcome: Outcome {
@@ -223,18 +285,24 @@ pub fn gcra(state: Option<State>, hits: u64, interval: u64, burst: u64, now: u64
                 reset_ms: micros_to_ms(new_tat - now),
                 used: burst - remaining,
             },
-            keep: (new_tat > now).then_some((State::Tat(new_tat), new_tat - now)),
+            keep: (hits > 0 && new_tat > now).then_some((State::Tat(new_tat), new_tat - now)),
         };
     }
+    let keep = if record_refused && hits > 0 {
+        charge(tat)
+    } else {
+        None
+    };
+    let tat = keep.as_ref().map_or(tat, |(_, ttl)| now + ttl);
     let remaining = tokens(tat);
     Step {
         outcome: Outcome {
             admitted: false,
             remaining,
-            reset_ms: micros_to_ms(new_tat - now - capacity),
+            reset_ms: micros_to_ms(tat + hits.max(1) * interval - now - capacity),
             used: burst - remaining,
         },
-        keep: None,
+        keep,
     }
 }
 
@@ -283,10 +351,15 @@ impl WarmUpShape {
 /// reservation's wait has passed (Guava's `tryAcquire(permits, 0)`), and then pushes the next
 /// free time out by its own cost, which is larger while the limiter is cold (idle). Guava lets one
 /// request of any size through and makes the next wait ("pay later"); here a single request may
-/// not cost more than one unit's worth (`permits_per_window`).
+/// not cost more than one unit's worth (`permits_per_window`). So `remaining` is
+/// `permits_per_window` while the next free time has passed (any request up to that size would
+/// be admitted) and 0 before.
+// The arguments mirror the Lua twin's, one for one, so the two are easy to compare.
+#[allow(clippy::too_many_arguments)]
 pub fn warm_up(
     state: Option<State>,
     hits: u64,
+    record_refused: bool,
     permits_per_window: u64,
     window: u64,
     warmup: u64,
@@ -315,18 +388,31 @@ pub fn warm_up(
         next_free += wait.floor() as u64;
         stored -= spend;
     }
+    let recorded = !admitted && record_refused && hits > 0;
+    if recorded {
+        // Refused, still charged: the next free time moves by the hits' stable cost, to one
+        // window from now at most (and never back).
+        let pushed = next_free.saturating_add((hits as f64 * shape.stable).floor() as u64);
+        next_free = next_free.max(pushed.min(now + window));
+    }
     let stored_millionths = (stored * 1e6).floor() as u64;
     let free_in = next_free.saturating_sub(now);
     let ttl = free_in + ((shape.max_permits - stored) * shape.cool_down).ceil() as u64;
-    let ready = u64::from(next_free <= now);
+    let remaining = if next_free <= now {
+        permits_per_window
+    } else {
+        0
+    };
     Step {
         outcome: Outcome {
             admitted,
-            remaining: ready,
+            remaining,
             reset_ms: micros_to_ms(free_in),
-            used: 1 - ready,
+            used: permits_per_window - remaining,
         },
-        keep: admitted.then_some((
+        // Refilling the stored permits is a pure function of the old state and the time, so a
+        // zero-cost check writes nothing.
+        keep: (admitted && hits > 0 || recorded).then_some((
             State::WarmUp {
                 stored_millionths,
                 next_free,
@@ -364,7 +450,10 @@ mod tests {
             .iter()
             .map(|s| s * S)
             .collect();
-        let got = run(|st, t| sliding_window_log(st, 1, 3, 10 * S, t), &arrivals);
+        let got = run(
+            |st, t| sliding_window_log(st, 1, false, 3, 10 * S, t),
+            &arrivals,
+        );
         assert_eq!(
             got,
             [true, true, true, false, false, true, true, true, false]
@@ -375,16 +464,16 @@ mod tests {
     fn log_reports_the_wait_for_the_oldest_needed_entry() {
         let mut state = None;
         for t in [1, 2, 3] {
-            state = sliding_window_log(state, 1, 3, 10 * S, t * S)
+            state = sliding_window_log(state, 1, false, 3, 10 * S, t * S)
                 .keep
                 .map(|(s, _)| s);
         }
-        let refused = sliding_window_log(state.clone(), 2, 3, 10 * S, 5 * S);
+        let refused = sliding_window_log(state.clone(), 2, false, 3, 10 * S, 5 * S);
         assert!(!refused.outcome.admitted);
         // Two entries must go: the one from t=2 leaves at 12 s, 7 s from now.
         assert_eq!(refused.outcome.reset_ms, 7_000);
         assert_eq!(refused.outcome.remaining, 0);
-        let too_big = sliding_window_log(state, 4, 3, 10 * S, 5 * S);
+        let too_big = sliding_window_log(state, 4, false, 3, 10 * S, 5 * S);
         assert!(!too_big.outcome.admitted);
     }
 
@@ -393,13 +482,13 @@ mod tests {
         // Limit 10 per 10 s; 10 admitted in [0, 10); at 15 s the previous weighs 5.
         let mut state = None;
         for _ in 0..10 {
-            let step = sliding_window_counter(state, 1, 10, 10 * S, S);
+            let step = sliding_window_counter(state, 1, false, 10, 10 * S, S);
             assert!(step.outcome.admitted);
             state = step.keep.map(|(s, _)| s);
         }
-        let mid = sliding_window_counter(state.clone(), 1, 10, 10 * S, 15 * S);
+        let mid = sliding_window_counter(state.clone(), 1, false, 10, 10 * S, 15 * S);
         assert_eq!(mid.outcome.used, 6);
-        let five_more = sliding_window_counter(state, 6, 10, 10 * S, 15 * S);
+        let five_more = sliding_window_counter(state, 6, false, 10, 10 * S, 15 * S);
         assert!(!five_more.outcome.admitted);
         // 5 + 6 > 10 needs the weight at most 4: floor(10 * (10 - e) / 10) <= 4 once e > 5 s,
         // which is 1 µs away (reported as the 1 ms minimum).
@@ -413,7 +502,7 @@ mod tests {
             .iter()
             .map(|s| 100 * S + s * S)
             .collect();
-        let got = run(|st, t| gcra(st, 1, S, 3, t), &arrivals);
+        let got = run(|st, t| gcra(st, 1, false, S, 3, t), &arrivals);
         assert_eq!(got, [true, true, true, false, true, false, true, true]);
     }
 
@@ -434,7 +523,7 @@ mod tests {
             if expected {
                 tokens -= cost * interval;
             }
-            let step = gcra(state.clone(), cost, interval, burst, t);
+            let step = gcra(state.clone(), cost, false, interval, burst, t);
             assert_eq!(step.outcome.admitted, expected, "request {i} at {t}");
             assert_eq!(step.outcome.remaining, tokens / interval, "request {i}");
             if let Some((s, _)) = step.keep {
@@ -452,7 +541,7 @@ mod tests {
         let mut last = t;
         for _ in 0..2_000 {
             // Ask every 10 ms; record the spacing of admissions.
-            let step = warm_up(state.clone(), 1, 10, S, S, 3.0, t);
+            let step = warm_up(state.clone(), 1, false, 10, S, S, 3.0, t);
             if step.outcome.admitted {
                 gaps.push(t - last);
                 last = t;
@@ -472,9 +561,166 @@ mod tests {
         );
     }
 
+    /// Threads the state through `f` for each cost in `costs` at time `now`; returns the last
+    /// step's outcome and the state after it.
+    fn after(
+        mut f: impl FnMut(Option<State>, u64) -> Step,
+        costs: &[u64],
+    ) -> (Option<Outcome>, Option<State>) {
+        let mut state = None;
+        let mut last = None;
+        for &hits in costs {
+            let step = f(state.clone(), hits);
+            last = Some(step.outcome);
+            if let Some((s, _)) = step.keep {
+                state = Some(s);
+            }
+        }
+        (last, state)
+    }
+
+    /// One algorithm with its numbers fixed: (state, hits) to step.
+    type Algorithm = dyn Fn(Option<State>, u64) -> Step;
+
+    #[test]
+    fn a_zero_cost_check_is_refused_when_no_permit_is_left_and_writes_nothing() {
+        let now = 1_000 * S;
+        // Each algorithm, limit 3, after 3 admitted hits: a zero-cost check is refused, and
+        // before that it is admitted; neither writes a state.
+        let algorithms: [(&str, Box<Algorithm>); 4] = [
+            (
+                "log",
+                Box::new(move |st, h| sliding_window_log(st, h, false, 3, 10 * S, now)),
+            ),
+            (
+                "counter",
+                Box::new(move |st, h| sliding_window_counter(st, h, false, 3, 10 * S, now)),
+            ),
+            ("gcra", Box::new(move |st, h| gcra(st, h, false, S, 3, now))),
+            (
+                "warm_up",
+                Box::new(move |st, h| warm_up(st, h, false, 3, S, S, 3.0, now)),
+            ),
+        ];
+        for (name, f) in &algorithms {
+            let (_, full) = after(f, if *name == "warm_up" { &[3] } else { &[1, 2] });
+            let (_, some_left) = after(f, &[1]);
+            let look = f(some_left.clone(), 0);
+            if *name != "warm_up" {
+                assert!(look.outcome.admitted, "{name}: a permit is left");
+                assert_eq!(look.outcome.remaining, 2, "{name}");
+            }
+            let look = f(full.clone(), 0);
+            assert!(!look.outcome.admitted, "{name}: no permit left");
+            assert_eq!(look.outcome.remaining, 0, "{name}");
+            // The wait is the one-hit request's wait.
+            assert_eq!(
+                look.outcome.reset_ms,
+                f(full.clone(), 1).outcome.reset_ms,
+                "{name}"
+            );
+            assert!(
+                look.keep.is_none() || look.keep.map(|(s, _)| s) == full,
+                "{name}: a zero-cost check changes nothing"
+            );
+        }
+        // A fresh key: admitted, nothing written (the log keeps nothing when empty).
+        for (name, f) in &algorithms {
+            let look = f(None, 0);
+            assert!(look.outcome.admitted, "{name}");
+            assert!(
+                look.keep.is_none(),
+                "{name}: a zero-cost check writes nothing"
+            );
+        }
+    }
+
+    #[test]
+    fn warm_up_reports_what_one_request_may_take() {
+        // 50 per second: ready means any request up to 50 is admitted, so 50 are available.
+        let look = warm_up(None, 0, false, 50, S, S, 3.0, S);
+        assert_eq!(look.outcome.remaining, 50);
+        let taken = warm_up(None, 50, false, 50, S, S, 3.0, S);
+        assert!(taken.outcome.admitted);
+        assert_eq!(taken.outcome.remaining, 0);
+        let next = warm_up(taken.keep.map(|(s, _)| s), 0, false, 50, S, S, 3.0, S);
+        assert_eq!(next.outcome.remaining, 0);
+    }
+
+    #[test]
+    fn the_counter_never_reports_a_reset_beyond_its_window() {
+        // Limit 3 per 10 s, all taken 1 s into a window: the estimate only empties at the end of
+        // the next window (19 s away), but the reported reset is at most the window.
+        let (out, state) = after(
+            |st, h| sliding_window_counter(st, h, false, 3, 10 * S, 21 * S),
+            &[3],
+        );
+        assert_eq!(out.map(|o| o.reset_ms), Some(10_000));
+        let refused = sliding_window_counter(state, 2, false, 3, 10 * S, 21 * S);
+        assert!(!refused.outcome.admitted);
+        assert!(refused.outcome.reset_ms <= 10_000, "{:?}", refused.outcome);
+    }
+
+    #[test]
+    fn recorded_refusals_charge_at_most_the_whole_limit() {
+        let now = 1_000 * S;
+        // Log, limit 3: 2 logged, a refused charge of 5 fills it to 3, never beyond.
+        let (_, state) = after(
+            |st, h| sliding_window_log(st, h, false, 3, 10 * S, now),
+            &[2],
+        );
+        let step = sliding_window_log(state, 5, true, 3, 10 * S, now);
+        assert!(!step.outcome.admitted);
+        assert_eq!((step.outcome.used, step.outcome.remaining), (3, 0));
+        assert!(matches!(step.keep, Some((State::Log(ref log), _)) if log.len() == 3));
+
+        // Counter, limit 3: the current window's count grows to 3 at most.
+        let (_, state) = after(
+            |st, h| sliding_window_counter(st, h, false, 3, 10 * S, now),
+            &[2],
+        );
+        let step = sliding_window_counter(state, 5, true, 3, 10 * S, now);
+        assert!(!step.outcome.admitted);
+        assert!(matches!(
+            step.keep,
+            Some((State::Windows { current: 3, .. }, _))
+        ));
+
+        // Bucket, burst 3 at 1 per second: drained to empty (TAT = now + 3 s), not below.
+        let (_, state) = after(|st, h| gcra(st, h, false, S, 3, now), &[1]);
+        let step = gcra(state.clone(), 3, true, S, 3, now);
+        assert!(!step.outcome.admitted);
+        assert_eq!(step.outcome.remaining, 0);
+        assert_eq!(step.keep.map(|(s, _)| s), Some(State::Tat(now + 3 * S)));
+        let huge = gcra(state, 1_000, true, S, 3, now);
+        assert_eq!(huge.keep.map(|(s, _)| s), Some(State::Tat(now + 3 * S)));
+        // Not recorded unless asked, and never for a zero-cost check.
+        let (_, full) = after(|st, h| gcra(st, h, false, S, 3, now), &[3]);
+        assert!(gcra(full.clone(), 1, false, S, 3, now).keep.is_none());
+        assert!(gcra(full, 0, true, S, 3, now).keep.is_none());
+
+        // Warm-up, 10 per second: a refused charge moves the next free time by its stable cost
+        // (100 ms per hit), one window (1 s) from now at most.
+        let taken = warm_up(None, 1, false, 10, S, S, 3.0, now);
+        let state = taken.keep.map(|(s, _)| s);
+        let Some(State::WarmUp { next_free, .. }) = state else {
+            panic!("{state:?}")
+        };
+        let step = warm_up(state.clone(), 2, true, 10, S, S, 3.0, now);
+        assert!(matches!(
+            step.keep,
+            Some((State::WarmUp { next_free: n, .. }, _)) if n == (next_free + 200_000).min(now + S)
+        ));
+        let step = warm_up(state, 10, true, 10, S, S, 3.0, now);
+        assert!(matches!(
+            step.keep,
+            Some((State::WarmUp { next_free: n, .. }, _)) if n == next_free.max(now + S)
+        ));
+    }
+
     #[test]
     fn warm_up_refuses_more_than_one_unit() {
-        let step = warm_up(None, 11, 10, S, S, 3.0, S);
+        let step = warm_up(None, 11, false, 10, S, S, 3.0, S);
         assert!(!step.outcome.admitted);
         assert!(step.keep.is_none());
     }

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::{
-    Acquisition, Check, LimiterKeys, LimiterRecord, RegistryOp, RegistryReply, SetMode, Store,
-    StoreError, StoreFuture,
+    Acquisition, Check, LimiterKeys, LimiterRecord, LimiterSet, RegistryOp, RegistryReply, SetMode,
+    Store, StoreError, StoreFuture,
 };
 
 #[derive(Debug, Clone)]
@@ -164,7 +164,7 @@ impl<S: Store> Store for Breaker<S> {
         keys: &'a LimiterKeys,
         record: &'a LimiterRecord,
         mode: SetMode,
-    ) -> StoreFuture<'a, (bool, LimiterRecord)> {
+    ) -> StoreFuture<'a, LimiterSet> {
         self.guarded(move || self.store.set_limiter(keys, record, mode))
     }
 
@@ -226,7 +226,7 @@ mod tests {
             _: &'a LimiterKeys,
             _: &'a LimiterRecord,
             _: SetMode,
-        ) -> StoreFuture<'a, (bool, LimiterRecord)> {
+        ) -> StoreFuture<'a, LimiterSet> {
             unimplemented!("not used by these tests")
         }
         fn get_limiter<'a>(&'a self, _: &'a LimiterKeys) -> StoreFuture<'a, Option<LimiterRecord>> {

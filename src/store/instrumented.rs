@@ -8,8 +8,8 @@ use std::sync::Arc;
 use prometheus::Histogram;
 
 use super::{
-    Acquisition, Check, LimiterKeys, LimiterRecord, RegistryOp, RegistryReply, SetMode, Store,
-    StoreError, StoreFuture,
+    Acquisition, Check, LimiterKeys, LimiterRecord, LimiterSet, RegistryOp, RegistryReply, SetMode,
+    Store, StoreError, StoreFuture,
 };
 use crate::metrics::Metrics;
 
@@ -71,7 +71,7 @@ impl Store for Instrumented {
         keys: &'a LimiterKeys,
         record: &'a LimiterRecord,
         mode: SetMode,
-    ) -> StoreFuture<'a, (bool, LimiterRecord)> {
+    ) -> StoreFuture<'a, LimiterSet> {
         self.measured("set_limiter", self.store.set_limiter(keys, record, mode))
     }
 

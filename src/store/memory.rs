@@ -34,8 +34,8 @@ use rand::Rng;
 
 use super::algorithms::{self, State, Step};
 use super::{
-    Acquisition, Check, LimiterKeys, LimiterRecord, Outcome, RegistryOp, RegistryReply, Rule,
-    SetMode, Store, StoreFuture, fixed_window_outcome,
+    Acquisition, Check, LimiterKeys, LimiterRecord, LimiterSet, Outcome, RegistryOp, RegistryReply,
+    Rule, SetMode, Store, StoreFuture, fixed_window_outcome, fixed_window_take,
 };
 use crate::clock::Clock;
 
@@ -239,6 +239,7 @@ impl Table {
         self.slots.len
     }
 
+    #[cfg(test)]
     fn get(&self, id: &KeyId) -> Option<&Entry> {
         let at = *self.index.get(&IndexKey::of(*id))?;
         self.slots.get(at).map(|slot| &slot.entry)
@@ -359,13 +360,24 @@ impl MemoryStore {
         self.inner.sweep_expired();
     }
 
-    fn decide(&self, check: &Check, now: u64) -> Outcome {
+    /// Decides one check atomically under its shard's lock. `take` selects the named limiters'
+    /// fixed window, which counts hits only when they fit; the RLS one counts refused hits too,
+    /// as upstream does. (The other algorithms never count refused hits.)
+    fn decide(&self, check: &Check, now: u64, take: bool) -> Outcome {
         let id = self.inner.key_id(&check.key);
         let mut shard = lock(self.inner.shard(id));
-        let found = shard
-            .get(&id)
-            .filter(|e| e.expires_at > now)
-            .map(|e| e.state.clone());
+        // A log is moved out of its entry rather than cloned (it may hold `limit` entries, and
+        // this runs on every check); the algorithm hands back the log to keep. The other states
+        // are a few words.
+        let mut moved_log = false;
+        let found = shard.get_mut(&id).filter(|e| e.expires_at > now).map(|e| {
+            if matches!(e.state, State::Log(_)) {
+                moved_log = true;
+                std::mem::replace(&mut e.state, State::Count(0))
+            } else {
+                e.state.clone()
+            }
+        });
         let step = match check.rule {
             Rule::FixedWindow {
                 limit,
@@ -376,30 +388,54 @@ impl MemoryStore {
                     Some(State::Count(count)) => count,
                     _ => 0,
                 };
-                let count = before.saturating_add(check.hits);
                 let expires_at = (window_start + window_secs) * 1_000_000;
-                Step {
-                    outcome: fixed_window_outcome(
-                        count,
+                let (outcome, count) = if take {
+                    fixed_window_take(
+                        before,
+                        check.hits,
                         limit,
                         window_secs,
                         window_start,
                         now / 1000,
-                    ),
+                    )
+                } else {
+                    let count = before.saturating_add(check.hits);
+                    let outcome =
+                        fixed_window_outcome(count, limit, window_secs, window_start, now / 1000);
                     // A zero-hit look creates nothing.
-                    keep: (check.hits > 0 && expires_at > now)
-                        .then(|| (State::Count(count), expires_at - now)),
+                    (outcome, (check.hits > 0).then_some(count))
+                };
+                Step {
+                    outcome,
+                    keep: count
+                        .filter(|_| expires_at > now)
+                        .map(|count| (State::Count(count), expires_at - now)),
                 }
             }
-            Rule::SlidingWindowLog { limit, window } => {
-                algorithms::sliding_window_log(found, check.hits, limit, window, now)
-            }
-            Rule::SlidingWindowCounter { limit, window } => {
-                algorithms::sliding_window_counter(found, check.hits, limit, window, now)
-            }
-            Rule::Gcra { interval, burst } => {
-                algorithms::gcra(found, check.hits, interval, burst, now)
-            }
+            Rule::SlidingWindowLog { limit, window } => algorithms::sliding_window_log(
+                found,
+                check.hits,
+                check.record_refused,
+                limit,
+                window,
+                now,
+            ),
+            Rule::SlidingWindowCounter { limit, window } => algorithms::sliding_window_counter(
+                found,
+                check.hits,
+                check.record_refused,
+                limit,
+                window,
+                now,
+            ),
+            Rule::Gcra { interval, burst } => algorithms::gcra(
+                found,
+                check.hits,
+                check.record_refused,
+                interval,
+                burst,
+                now,
+            ),
             Rule::WarmUp {
                 permits_per_window,
                 window,
@@ -408,6 +444,7 @@ impl MemoryStore {
             } => algorithms::warm_up(
                 found,
                 check.hits,
+                check.record_refused,
                 permits_per_window,
                 window,
                 warmup,
@@ -415,6 +452,10 @@ impl MemoryStore {
                 now,
             ),
         };
+        if step.keep.is_none() && moved_log {
+            // Only an empty log is not handed back, and an empty log is no state.
+            shard.remove(&id);
+        }
         if let Some((state, ttl)) = step.keep {
             let entry = Entry {
                 state,
@@ -564,7 +605,7 @@ async fn sweep(inner: Weak<Inner>, every: Duration) {
 impl Store for MemoryStore {
     fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
         let now = self.inner.clock.now_micros();
-        let outcomes = checks.iter().map(|c| self.decide(c, now)).collect();
+        let outcomes = checks.iter().map(|c| self.decide(c, now, false)).collect();
         Box::pin(std::future::ready(Ok(outcomes)))
     }
 
@@ -573,21 +614,35 @@ impl Store for MemoryStore {
         keys: &'a LimiterKeys,
         record: &'a LimiterRecord,
         mode: SetMode,
-    ) -> StoreFuture<'a, (bool, LimiterRecord)> {
+    ) -> StoreFuture<'a, LimiterSet> {
         let mut limiters = lock(&self.limiters);
-        let existing = limiters
-            .get(&keys.config)
-            .map(|(_, generation)| *generation);
-        let result = match (existing, mode) {
-            (Some(_), SetMode::TrySet) => (false, limiters[&keys.config].0.clone()),
-            (Some(generation), SetMode::UpdateKeepState) => {
+        let result = match (limiters.get(&keys.config), mode) {
+            (Some((current, _)), SetMode::TrySet) => LimiterSet {
+                applied: false,
+                state_reset: false,
+                current: current.clone(),
+            },
+            (Some((current, generation)), SetMode::UpdateKeepState)
+                if current.rule.keeps_state_of(&record.rule) =>
+            {
+                let generation = *generation;
                 limiters.insert(keys.config.clone(), (record.clone(), generation));
-                (true, record.clone())
+                LimiterSet {
+                    applied: true,
+                    state_reset: false,
+                    current: record.clone(),
+                }
             }
             _ => {
+                // A new generation: the states are named with it, so the old ones are never
+                // read again and expire.
                 let generation = self.generations.fetch_add(1, Ordering::Relaxed);
                 limiters.insert(keys.config.clone(), (record.clone(), generation));
-                (true, record.clone())
+                LimiterSet {
+                    applied: true,
+                    state_reset: true,
+                    current: record.clone(),
+                }
             }
         };
         Box::pin(std::future::ready(Ok(result)))
@@ -623,6 +678,9 @@ impl Store for MemoryStore {
                 };
                 match state {
                     None => Acquisition::NeedsClient,
+                    Some(_) if permits > record.capacity => Acquisition::TooManyPermits {
+                        capacity: record.capacity,
+                    },
                     Some(state) => {
                         let now = self.inner.clock.now_micros();
                         let mut rule = record.rule;
@@ -641,9 +699,10 @@ impl Store for MemoryStore {
                             key: format!("{}#{generation}", state.state),
                             hits: permits,
                             rule,
+                            record_refused: false,
                         };
                         Acquisition::Decided {
-                            outcome: self.decide(&check, now),
+                            outcome: self.decide(&check, now, true),
                             capacity: record.capacity,
                         }
                     }
@@ -712,6 +771,7 @@ mod tests {
                 window_secs: 60,
                 window_start,
             },
+            record_refused: false,
         }
     }
 
@@ -821,6 +881,7 @@ mod tests {
                 window_secs: 3600,
                 window_start: 0,
             },
+            record_refused: false,
         }
     }
 
@@ -1044,6 +1105,118 @@ mod tests {
             let at = table.index[&IndexKey::of(id)];
             assert_eq!(table.slots.get(at).map(|slot| slot.id), Some(id));
         }
+    }
+
+    fn limiter_keys(name: &str) -> LimiterKeys {
+        crate::limiter::KeyBuilder::default().limiter(name, None)
+    }
+
+    fn limiter(rule: Rule, capacity: u64) -> LimiterRecord {
+        LimiterRecord {
+            rule,
+            capacity,
+            per_client: false,
+            description: Vec::new(),
+        }
+    }
+
+    async fn take(store: &MemoryStore, keys: &LimiterKeys, permits: u64) -> Acquisition {
+        store.acquire(keys, permits).await.unwrap()
+    }
+
+    fn remaining(acquisition: Acquisition) -> u64 {
+        match acquisition {
+            Acquisition::Decided { outcome, .. } => outcome.remaining,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_acquisition_takes_nothing() {
+        let clock = Arc::new(ManualClock::new(7_200_000_000));
+        let store = store(&clock, 100);
+        let keys = limiter_keys("fw");
+        let fixed = Rule::FixedWindow {
+            limit: 10,
+            window_secs: 3600,
+            window_start: 0,
+        };
+        store
+            .set_limiter(&keys, &limiter(fixed, 10), SetMode::TrySet)
+            .await
+            .unwrap();
+        assert!(matches!(
+            take(&store, &keys, 8).await,
+            Acquisition::Decided { outcome, .. } if outcome.admitted
+        ));
+        assert!(matches!(
+            take(&store, &keys, 5).await,
+            Acquisition::Decided { outcome, .. } if !outcome.admitted
+        ));
+        assert_eq!(remaining(take(&store, &keys, 0).await), 2);
+        // Beyond the capacity: refused before the state is read.
+        for permits in [11, u64::MAX] {
+            assert_eq!(
+                take(&store, &keys, permits).await,
+                Acquisition::TooManyPermits { capacity: 10 }
+            );
+        }
+        assert_eq!(remaining(take(&store, &keys, 2).await), 0);
+    }
+
+    #[tokio::test]
+    async fn keep_state_keeps_only_a_state_of_the_same_shape() {
+        let clock = Arc::new(ManualClock::new(7_200_000_000));
+        let store = store(&clock, 100);
+        let keys = limiter_keys("shape");
+        let bucket = |burst| Rule::Gcra {
+            interval: 1_000_000_000,
+            burst,
+        };
+        let set = |rule: Rule, mode| {
+            let record = limiter(rule, 5);
+            let store = &store;
+            let keys = &keys;
+            async move { store.set_limiter(keys, &record, mode).await.unwrap() }
+        };
+        assert!(set(bucket(5), SetMode::TrySet).await.state_reset);
+        take(&store, &keys, 2).await;
+        // Another burst, same TAT: kept.
+        let kept = set(bucket(4), SetMode::UpdateKeepState).await;
+        assert!(kept.applied && !kept.state_reset);
+        assert_eq!(remaining(take(&store, &keys, 0).await), 2);
+        // Another shape: a fresh state, and said so.
+        let log = Rule::SlidingWindowLog {
+            limit: 5,
+            window: 3_600_000_000,
+        };
+        assert!(set(log, SetMode::UpdateKeepState).await.state_reset);
+        assert_eq!(remaining(take(&store, &keys, 0).await), 5);
+    }
+
+    #[tokio::test]
+    async fn a_log_survives_refusals_and_looks() {
+        // The log is moved out of its entry for each check and must always be put back.
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let store = store(&clock, 100);
+        let check = |hits| Check {
+            key: "log".into(),
+            hits,
+            rule: Rule::SlidingWindowLog {
+                limit: 3,
+                window: 10_000_000,
+            },
+            record_refused: false,
+        };
+        for _ in 0..3 {
+            assert!(one(&store, check(1)).await.admitted);
+        }
+        for hits in [1, 0, 5, 0] {
+            assert!(!one(&store, check(hits)).await.admitted);
+        }
+        assert_eq!(one(&store, check(0)).await.used, 3);
+        clock.set_micros(11_000_000);
+        assert_eq!(one(&store, check(0)).await.remaining, 3);
     }
 
     #[tokio::test]

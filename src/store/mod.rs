@@ -58,6 +58,22 @@ pub enum Rule {
     },
 }
 
+impl Rule {
+    /// Whether a state counted under `self` means the same under `other`, so that
+    /// `UPDATE_KEEP_STATE` can keep it: the same algorithm's state (GCRA's TAT is also the token
+    /// bucket's and the leaky bucket's), and for the fixed window the same window length (a
+    /// count belongs to one window). Any other change starts a new, empty state.
+    pub fn keeps_state_of(&self, other: &Rule) -> bool {
+        match (self, other) {
+            (
+                Rule::FixedWindow { window_secs: a, .. },
+                Rule::FixedWindow { window_secs: b, .. },
+            ) => a == b,
+            (a, b) => std::mem::discriminant(a) == std::mem::discriminant(b),
+        }
+    }
+}
+
 /// One descriptor's decision request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Check {
@@ -66,6 +82,9 @@ pub struct Check {
     /// Cost of the request; 0 looks without counting.
     pub hits: u64,
     pub rule: Rule,
+    /// Charge the hits even when the request is refused (`record_refused_hits`), bounded as
+    /// `algorithms.rs` describes. The fixed window always does (upstream's rule).
+    pub record_refused: bool,
 }
 
 /// A store's answer for one check.
@@ -170,12 +189,29 @@ pub enum SetMode {
     UpdateResetState,
 }
 
+/// What `set_limiter` did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimiterSet {
+    /// False when `TrySet` found an existing limiter.
+    pub applied: bool,
+    /// The limiter starts from an empty state because of this call: it was created, reset, or
+    /// kept its state across a change [`Rule::keeps_state_of`] does not allow.
+    pub state_reset: bool,
+    /// The record in force after the call.
+    pub current: LimiterRecord,
+}
+
 /// What an acquisition found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Acquisition {
     NoSuchLimiter,
     /// The limiter is per client and the call named none.
     NeedsClient,
+    /// More permits than the limiter's capacity (which is given): refused before any state was
+    /// read, since no wait could grant them.
+    TooManyPermits {
+        capacity: u64,
+    },
     /// The outcome and the limiter's capacity at that moment.
     Decided {
         outcome: Outcome,
@@ -215,14 +251,13 @@ pub trait Store: Send + Sync + Debug {
     /// Decides every check, returning one outcome per check in the same order.
     fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a>;
 
-    /// Creates or changes a named limiter; returns whether it was written and the record now in
-    /// force.
+    /// Creates or changes a named limiter.
     fn set_limiter<'a>(
         &'a self,
         keys: &'a LimiterKeys,
         record: &'a LimiterRecord,
         mode: SetMode,
-    ) -> StoreFuture<'a, (bool, LimiterRecord)>;
+    ) -> StoreFuture<'a, LimiterSet>;
 
     fn get_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, Option<LimiterRecord>>;
 
@@ -230,7 +265,8 @@ pub trait Store: Send + Sync + Debug {
     fn delete_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, bool>;
 
     /// Takes `permits` (0: only looks) under the limiter's current config, atomically with
-    /// reading it.
+    /// reading it. Unlike [`Store::check`], a refused acquisition never changes the state, for
+    /// every algorithm including the fixed window.
     fn acquire<'a>(&'a self, keys: &'a LimiterKeys, permits: u64) -> StoreFuture<'a, Acquisition>;
 
     /// Changes or reads the registry of named limiters kept under `key`.
@@ -241,7 +277,8 @@ pub trait Store: Send + Sync + Debug {
 }
 
 /// Shared fixed-window arithmetic, so both stores (and the Lua script, by the same formula)
-/// derive admitted/remaining/reset identically from the count.
+/// derive admitted/remaining/reset identically from the count (after this request's hits, which
+/// upstream's fixed window counts even when it refuses them).
 pub(crate) fn fixed_window_outcome(
     count: u64,
     limit: u64,
@@ -257,5 +294,32 @@ pub(crate) fn fixed_window_outcome(
         remaining: limit.saturating_sub(count),
         reset_ms,
         used: count,
+    }
+}
+
+/// A named limiter's fixed window (native API): the hits are counted only when they fit
+/// (`before + hits <= limit`), so a refused acquisition takes nothing. Returns the outcome and
+/// the count to store, if any (none for a refusal or a zero-permit look). Twin of
+/// `fixed_window_take` in `lua/fixed_window.lua`.
+pub(crate) fn fixed_window_take(
+    before: u64,
+    hits: u64,
+    limit: u64,
+    window_secs: u64,
+    window_start: u64,
+    now_ms: u64,
+) -> (Outcome, Option<u64>) {
+    match before.checked_add(hits).filter(|&after| after <= limit) {
+        Some(after) => (
+            fixed_window_outcome(after, limit, window_secs, window_start, now_ms),
+            (hits > 0).then_some(after),
+        ),
+        None => (
+            Outcome {
+                admitted: false,
+                ..fixed_window_outcome(before, limit, window_secs, window_start, now_ms)
+            },
+            None,
+        ),
     }
 }

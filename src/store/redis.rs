@@ -33,8 +33,8 @@ use super::coalesce::Coalescer;
 use super::script::{self, DECISION, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK};
 use super::slot;
 use super::{
-    Acquisition, Check, LimiterKeys, LimiterRecord, Outcome, RegistryOp, RegistryReply, SetMode,
-    Store, StoreError, StoreFuture,
+    Acquisition, Check, LimiterKeys, LimiterRecord, LimiterSet, Outcome, RegistryOp, RegistryReply,
+    SetMode, Store, StoreError, StoreFuture,
 };
 use crate::clock::Clock;
 
@@ -711,14 +711,14 @@ impl Store for RedisStore {
         keys: &'a LimiterKeys,
         record: &'a LimiterRecord,
         mode: SetMode,
-    ) -> StoreFuture<'a, (bool, LimiterRecord)> {
+    ) -> StoreFuture<'a, LimiterSet> {
         self.bounded(async move {
             let mode = match mode {
                 SetMode::TrySet => "try",
                 SetMode::UpdateKeepState => "keep",
                 SetMode::UpdateResetState => "reset",
             };
-            let (applied, fields): (i64, RecordFields) = self
+            let (applied, state_reset, fields): (i64, i64, RecordFields) = self
                 .limiter_op(keys, "set", |cmd| {
                     cmd.arg(mode)
                         .arg(script::rule_name(&record.rule))
@@ -730,7 +730,11 @@ impl Store for RedisStore {
                 .await?;
             let current = parse_record(fields)?
                 .ok_or_else(|| StoreError::Protocol("limiter missing after set".into()))?;
-            Ok((applied == 1, current))
+            Ok(LimiterSet {
+                applied: applied == 1,
+                state_reset: state_reset == 1,
+                current,
+            })
         })
     }
 
@@ -758,6 +762,9 @@ impl Store for RedisStore {
             match reply.as_slice() {
                 [] => Ok(Acquisition::NoSuchLimiter),
                 [-1] => Ok(Acquisition::NeedsClient),
+                [-2, capacity] => Ok(Acquisition::TooManyPermits {
+                    capacity: u64::try_from(*capacity).unwrap_or(0),
+                }),
                 [decision @ .., capacity] if decision.len() == REPLY_PER_CHECK => {
                     Ok(Acquisition::Decided {
                         outcome: decode(decision, 1)?[0],

@@ -21,7 +21,7 @@ const LIBRARY: &[&str] = &[
 pub const REPLY_PER_CHECK: usize = 4;
 
 /// Arguments per check after ARGV[1], as `lua/decide.lua` reads them.
-const ARGS_PER_CHECK: usize = 6;
+const ARGS_PER_CHECK: usize = 7;
 
 pub struct LuaScript {
     pub source: String,
@@ -92,6 +92,9 @@ pub fn encode(
                 cmd.arg(&stored_args(rule)[..]);
             }
         }
+        // Last, so the algorithms' own arguments keep their places (the named-limiter script
+        // passes none: it never records refused hits).
+        cmd.arg(if check.record_refused { "1" } else { "" });
     }
 }
 
@@ -250,6 +253,7 @@ mod tests {
                 window_secs: 60,
                 window_start: 60,
             },
+            record_refused: false,
         };
         let mut cmd = redis::cmd("EVALSHA");
         encode(&mut cmd, &[check.clone(), check], None, || 7);
@@ -263,8 +267,8 @@ mod tests {
         assert_eq!(args.len(), 1 + 1 + 2 + 1 + 2 * ARGS_PER_CHECK);
         assert_eq!(&args[1..5], ["2", "d_k_v_60", "d_k_v_60", ""]);
         assert_eq!(
-            &args[5..11],
-            ["fixed_window", "3", "10", "60000", "120000", "60007"]
+            &args[5..12],
+            ["fixed_window", "3", "10", "60000", "120000", "60007", ""]
         );
     }
 
@@ -279,6 +283,7 @@ mod tests {
                     window_secs: 60,
                     window_start: 60,
                 },
+                record_refused: false,
             },
             Check {
                 key: "d_k_w".into(),
@@ -287,6 +292,7 @@ mod tests {
                     limit: u64::MAX,
                     window: u64::MAX,
                 },
+                record_refused: false,
             },
         ];
         let mut cmd = redis::Cmd::new();
