@@ -24,3 +24,4 @@ pub mod server;
 pub mod settings;
 pub mod store;
 pub mod telemetry;
+pub mod util;

@@ -16,6 +16,8 @@ use crate::server::tls::ServerTls;
 use crate::store::breaker::BreakerOptions;
 use crate::store::redis::{RedisAuth, Target, redact_url};
 use crate::store::{MemoryStoreOptions, RedisOptions, TlsFiles};
+use crate::telemetry::{LogSettings, TraceSettings};
+use crate::util::parse_go_duration;
 
 /// Everything `sluice serve` needs.
 #[derive(Debug, Clone)]
@@ -108,23 +110,6 @@ impl Backend {
             Backend::Redis { .. } => "redis",
         }
     }
-}
-
-/// OTLP trace export (`OTEL_EXPORTER_OTLP_ENDPOINT`, or upstream's `TRACING_*` variables).
-#[derive(Debug, Clone, PartialEq)]
-pub struct TraceSettings {
-    /// OTLP/gRPC endpoint, e.g. `http://otel-collector:4317`.
-    pub endpoint: String,
-    pub service_name: String,
-    /// Share of new traces exported (0 to 1); a caller's sampling decision is kept.
-    pub sampling_rate: f64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogSettings {
-    /// A `tracing` filter: a level (`warn`, `INFO`, …) or directives.
-    pub level: String,
-    pub json: bool,
 }
 
 /// A variable with a value we cannot use.
@@ -578,42 +563,6 @@ pub fn redis_url(url: &str, socket_type: &str) -> Result<String, String> {
     }
 }
 
-/// Parses a Go duration (`300ms`, `1.5s`, `1h30m`, `10us`); a bare `0` is zero.
-pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let bad = || format!("expected a duration such as 500ms, 10s or 1m30s, found {text:?}");
-    let mut rest = text;
-    let mut total = 0f64;
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(bad)?;
-        let number: f64 = rest[..number_len].parse().map_err(|_| bad())?;
-        rest = &rest[number_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let seconds = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(bad()),
-        };
-        total += number * seconds;
-        rest = &rest[unit_len..];
-    }
-    Duration::try_from_secs_f64(total).map_err(|_| bad())
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -737,24 +686,6 @@ mod tests {
         ])
         .unwrap_err();
         assert!(!err.to_string().contains("secret"), "{err}");
-    }
-
-    #[test]
-    fn go_durations() {
-        let cases = [
-            ("10s", Duration::from_secs(10)),
-            ("500ms", Duration::from_millis(500)),
-            ("1.5s", Duration::from_millis(1500)),
-            ("1h30m", Duration::from_secs(5400)),
-            ("250us", Duration::from_micros(250)),
-            ("0", Duration::ZERO),
-        ];
-        for (text, want) in cases {
-            assert_eq!(parse_go_duration(text), Ok(want), "{text}");
-        }
-        for bad in ["", "10", "s", "1x", "-1s"] {
-            assert!(parse_go_duration(bad).is_err(), "{bad}");
-        }
     }
 
     #[test]

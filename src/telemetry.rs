@@ -7,8 +7,6 @@
 //! enables them, and sampling (`TRACING_SAMPLING_RATE`, honouring the caller's decision) decides
 //! what is exported.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
@@ -17,8 +15,6 @@ use tracing_subscriber::filter::{EnvFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, fmt};
-
-use crate::settings::{LogSettings, TraceSettings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
@@ -86,52 +82,19 @@ pub fn init(log: &LogSettings, trace: Option<&TraceSettings>) -> Result<Telemetr
     })
 }
 
-/// Lets a warning that repeats per request through at most once a second, with the number held
-/// back since, so a store outage at tens of thousands of requests a second does not write as
-/// many log lines (and slow the service down with them).
-#[derive(Debug, Default)]
-pub struct LogThrottle {
-    last_second: AtomicU64,
-    held_back: AtomicU64,
+/// OTLP trace export (`OTEL_EXPORTER_OTLP_ENDPOINT`, or upstream's `TRACING_*` variables).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceSettings {
+    /// OTLP/gRPC endpoint, e.g. `http://otel-collector:4317`.
+    pub endpoint: String,
+    pub service_name: String,
+    /// Share of new traces exported (0 to 1); a caller's sampling decision is kept.
+    pub sampling_rate: f64,
 }
 
-impl LogThrottle {
-    pub const fn new() -> Self {
-        Self {
-            last_second: AtomicU64::new(0),
-            held_back: AtomicU64::new(0),
-        }
-    }
-
-    /// `Some(held back since the last logged one)` when this occurrence should be logged.
-    pub fn allow(&self, now_secs: u64) -> Option<u64> {
-        let last = self.last_second.load(Ordering::Relaxed);
-        if now_secs > last
-            && self
-                .last_second
-                .compare_exchange(last, now_secs, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            Some(self.held_back.swap(0, Ordering::Relaxed))
-        } else {
-            self.held_back.fetch_add(1, Ordering::Relaxed);
-            None
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::LogThrottle;
-
-    #[test]
-    fn lets_one_through_per_second_and_counts_the_rest() {
-        let throttle = LogThrottle::new();
-        assert_eq!(throttle.allow(100), Some(0));
-        assert_eq!(throttle.allow(100), None);
-        assert_eq!(throttle.allow(100), None);
-        assert_eq!(throttle.allow(101), Some(2));
-        assert_eq!(throttle.allow(101), None);
-        assert_eq!(throttle.allow(105), Some(1));
-    }
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSettings {
+    /// A `tracing` filter: a level (`warn`, `INFO`, …) or directives.
+    pub level: String,
+    pub json: bool,
 }

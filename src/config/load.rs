@@ -166,6 +166,17 @@ pub fn load_sources(
         );
         config.domains.insert(name.into(), domain);
     }
+    // Number the limits (in domain-name order, so the same files give the same ids), so
+    // per-limit state kept beside the config (metric handles) can be found by id.
+    let mut domains: Vec<_> = config.domains.iter_mut().collect();
+    domains.sort_by(|a, b| a.0.cmp(b.0));
+    let limits = domains.into_iter().flat_map(|(_, d)| d.nodes.iter_mut());
+    let mut count = 0;
+    for (id, limit) in limits.filter_map(|n| n.limit.as_mut()).enumerate() {
+        limit.id = Some(id);
+        count = id + 1;
+    }
+    config.limit_count = count;
     if errors.is_empty() {
         config.warnings = warnings;
         Ok(config)
@@ -242,6 +253,7 @@ fn build_level(
             stats.value_levels.push(depth);
         }
         let limit = spec.limit.map(|l| Limit {
+            id: None,
             name: l.name,
             quota: l.quota,
             replaces: l.replaces,
@@ -255,7 +267,6 @@ fn build_level(
                 segments: stats.segments.clone(),
                 value_levels: stats.value_levels.clone(),
                 detailed: spec.detailed_metric,
-                counters: Default::default(),
             },
             path: path.clone(),
             origin: Some(Origin {
@@ -596,7 +607,7 @@ impl FileChecker<'_> {
                     return None;
                 };
                 let text = self.string(node, "warmup_period")?;
-                let warmup = match crate::settings::parse_go_duration(&text) {
+                let warmup = match crate::util::parse_go_duration(&text) {
                     Ok(d) if d >= std::time::Duration::from_millis(1) => d,
                     Ok(_) => {
                         self.error(node.line, "warmup_period must be at least 1ms");

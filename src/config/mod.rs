@@ -19,7 +19,6 @@ use std::sync::Arc;
 pub use load::{LoadOptions, load_dir, load_sources};
 pub use wildcard::Wildcard;
 
-use crate::metrics::RuleCountersSlot;
 use crate::proto::{DescriptorEntry, OverrideUnit, ResponseUnit};
 
 /// The unit of a limit. Windows are aligned to the Unix epoch; a month is 30 days and a year 365,
@@ -279,6 +278,9 @@ impl fmt::Display for Origin {
 /// A limit as the decision path needs it, compiled from one descriptor's `rate_limit`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limit {
+    /// Its number among the limits of its configuration (`None` for an override): where the
+    /// metrics keep its counters (`metrics::ConfigCounters`).
+    pub id: Option<usize>,
     /// `rate_limit.name`, empty when unnamed; echoed in `current_limit.name`.
     pub name: String,
     pub quota: Quota,
@@ -307,6 +309,7 @@ impl Limit {
     /// shadow or quota, counted per runtime value.
     pub fn from_override(requests_per_unit: u32, unit: Unit) -> Limit {
         Limit {
+            id: None,
             name: String::new(),
             quota: Quota::PerUnit {
                 requests_per_unit,
@@ -383,14 +386,14 @@ pub struct Stats {
     pub value_levels: Vec<usize>,
     /// `detailed_metric`: every segment becomes `<key>_<runtime value>`.
     pub detailed: bool,
-    /// The metric handles of this limit, when its stats key is the same for every request.
-    pub counters: RuleCountersSlot,
 }
 
 /// A whole loaded configuration: every domain of every file.
 #[derive(Debug, Default)]
 pub struct RateLimitConfig {
     domains: HashMap<Box<str>, Domain>,
+    /// How many limits the domains hold; their ids run from 0 to this.
+    limit_count: usize,
     /// Non-fatal findings (keys upstream accepts but ignores where they stand).
     pub warnings: Vec<ConfigError>,
 }
@@ -398,6 +401,11 @@ pub struct RateLimitConfig {
 impl RateLimitConfig {
     pub fn domain(&self, name: &str) -> Option<&Domain> {
         self.domains.get(name)
+    }
+
+    /// How many limits there are: every [`Limit::id`] is below this.
+    pub fn limit_count(&self) -> usize {
+        self.limit_count
     }
 
     pub fn domain_names(&self) -> impl Iterator<Item = &str> {

@@ -26,12 +26,12 @@ pub use response::HeaderNames;
 use self::local_cache::OverLimitCache;
 use crate::clock::Clock;
 use crate::config::{Algorithm as ConfigAlgorithm, Domain, Limit, Quota, RateLimitConfig, Unit};
-use crate::metrics::Metrics;
+use crate::metrics::{ConfigCounters, Metrics};
 use crate::proto::{
     Code, DescriptorStatus, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
 };
 use crate::store::{Check, Outcome, Rule, Store, StoreError};
-use crate::telemetry::LogThrottle;
+use crate::util::LogThrottle;
 
 /// Remaining count reported for `unlimited` descriptors, as upstream does.
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
@@ -112,7 +112,7 @@ pub enum LimitError {
 /// The decision engine shared by every protocol adapter.
 #[derive(Debug)]
 pub struct RateLimiter {
-    config: ArcSwapOption<RateLimitConfig>,
+    active: ArcSwapOption<Active>,
     store: Arc<dyn Store>,
     /// Where limits whose unit is the second go, when set (upstream's `REDIS_PERSECOND`).
     per_second: Option<Arc<dyn Store>>,
@@ -126,6 +126,13 @@ pub struct RateLimiter {
     fail_open_log: LogThrottle,
     store_error_log: LogThrottle,
     refusal_log: LogThrottle,
+}
+
+/// The configuration in force and the metric handles of its limits, swapped together.
+#[derive(Debug)]
+struct Active {
+    config: Arc<RateLimitConfig>,
+    counters: ConfigCounters,
 }
 
 /// What became of one request descriptor before the store call.
@@ -154,7 +161,7 @@ impl RateLimiter {
             value: input.max_value_bytes,
         });
         Self {
-            config: ArcSwapOption::empty(),
+            active: ArcSwapOption::empty(),
             store,
             per_second: None,
             metrics: None,
@@ -183,11 +190,13 @@ impl RateLimiter {
 
     /// Installs a new configuration; requests already running finish with the old one.
     pub fn set_config(&self, config: Arc<RateLimitConfig>) {
-        self.config.store(Some(config));
+        let counters = ConfigCounters::new(config.limit_count());
+        self.active
+            .store(Some(Arc::new(Active { config, counters })));
     }
 
     pub fn config(&self) -> Option<Arc<RateLimitConfig>> {
-        self.config.load_full()
+        self.active.load().as_ref().map(|a| a.config.clone())
     }
 
     pub fn store_kind(&self) -> &'static str {
@@ -200,8 +209,8 @@ impl RateLimiter {
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, LimitError> {
         validate(request)?;
-        let config = self.config.load();
-        let Some(config) = config.as_deref() else {
+        let active = self.active.load();
+        let Some(Active { config, counters }) = active.as_deref() else {
             return Err(LimitError::NoConfig);
         };
         self.count_long_parts(request);
@@ -294,9 +303,17 @@ impl RateLimiter {
                         let descriptor = &request.descriptors[statuses.len()];
                         let hits = checks[*index].hits;
                         let (outcome, from_cache) = &outcomes[*index];
-                        metrics.record(&request.domain, &descriptor.entries, limit, hits, outcome);
+                        metrics.record(
+                            counters,
+                            &request.domain,
+                            &descriptor.entries,
+                            limit,
+                            hits,
+                            outcome,
+                        );
                         if *from_cache {
                             metrics.record_local_cache(
+                                counters,
                                 &request.domain,
                                 &descriptor.entries,
                                 limit,

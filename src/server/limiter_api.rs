@@ -30,7 +30,7 @@ use crate::proto::sluice::v1::{
     SetRateRequest, SetRateResponse, TryAcquireRequest, limiter_server,
 };
 use crate::store::SetMode;
-use crate::telemetry::LogThrottle;
+use crate::util::LogThrottle;
 
 pub struct LimiterApi {
     limiters: Arc<NamedLimiters>,

@@ -26,10 +26,11 @@ use crate::clock::SystemClock;
 use crate::config::{self, ConfigErrors};
 use crate::limiter::{KeyBuilder, PrefixError, RateLimiter};
 use crate::limiters::NamedLimiters;
+use crate::metrics::Instrumented;
 use crate::metrics::Metrics;
 use crate::settings::{Backend, Settings};
 use crate::store::breaker::Breaker;
-use crate::store::{Instrumented, MemoryStore, RedisOptions, RedisStore, Store, StoreError};
+use crate::store::{MemoryStore, RedisOptions, RedisStore, Store, StoreError};
 use connections::{ConnectionLimit, LimitedListener};
 
 /// Why the service could not start or stopped with an error.

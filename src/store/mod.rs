@@ -10,7 +10,6 @@ pub mod algorithms;
 pub mod breaker;
 mod cluster;
 mod coalesce;
-pub mod instrumented;
 pub mod memory;
 pub mod redis;
 mod script;
@@ -20,7 +19,6 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
 
-pub use instrumented::Instrumented;
 pub use memory::{MemoryStore, MemoryStoreOptions};
 pub use redis::{RedisOptions, RedisStore, TlsFiles};
 

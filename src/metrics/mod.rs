@@ -12,10 +12,13 @@
 //! the config asks for it with `detailed_metric` or `value_to_metric`: that keeps the number of
 //! series bounded by the config (upstream's memory-growth complaint).
 
+mod instrumented;
+
+pub use instrumented::Instrumented;
+
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -28,8 +31,6 @@ use crate::store::Outcome;
 
 #[derive(Debug)]
 pub struct Metrics {
-    /// Tells this instance's cached handles from another's (see [`RuleCounters`]).
-    id: u64,
     registry: Registry,
     near_limit_ratio: f64,
     total_hits: IntCounterVec,
@@ -115,9 +116,7 @@ impl Metrics {
         .expect("valid metric");
         r.register(Box::new(store_call.clone()))
             .expect("each metric is registered once");
-        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Self {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             near_limit_ratio,
             total_hits: counter_vec(
                 &r,
@@ -254,6 +253,7 @@ impl Metrics {
     /// Upstream's split of a descriptor's hits into within/near/over the limit.
     pub fn record(
         &self,
+        counters: &ConfigCounters,
         domain: &str,
         entries: &[DescriptorEntry],
         limit: &Limit,
@@ -270,7 +270,7 @@ impl Metrics {
         };
         let key = stats_key(limit, entries);
         let per_request = RuleCounters::default();
-        let counters = self.counters_of(limit, &key).unwrap_or(&per_request);
+        let counters = counters_of(counters, limit, &key).unwrap_or(&per_request);
         let labels = [domain, key.as_ref()];
         let count = |which: RuleMetric, n: u64| counters.get(self, which, &labels).inc_by(n);
         count(RuleMetric::TotalHits, hits);
@@ -301,6 +301,7 @@ impl Metrics {
     /// Hits the local over-limit cache refused (also counted by [`Metrics::record`]).
     pub fn record_local_cache(
         &self,
+        counters: &ConfigCounters,
         domain: &str,
         entries: &[DescriptorEntry],
         limit: &Limit,
@@ -308,7 +309,7 @@ impl Metrics {
     ) {
         let key = stats_key(limit, entries);
         let labels = [domain, key.as_ref()];
-        self.counters_of(limit, &key)
+        counters_of(counters, limit, &key)
             .unwrap_or(&RuleCounters::default())
             .get(self, RuleMetric::OverLimitWithLocalCache, &labels)
             .inc_by(hits);
@@ -319,15 +320,6 @@ impl Metrics {
         ApiMetrics {
             requests: self.total_requests.with_label_values(&[method]),
             response_time: self.response_time.with_label_values(&[method]),
-        }
-    }
-
-    /// The limit's cached counters, when `key` is its fixed stats key and not one built for
-    /// this request.
-    fn counters_of<'l>(&self, limit: &'l Limit, key: &Cow<'l, str>) -> Option<&'l RuleCounters> {
-        match key {
-            Cow::Borrowed(_) => limit.stats.counters.for_metrics(self),
-            Cow::Owned(_) => None,
         }
     }
 
@@ -359,6 +351,19 @@ pub struct ApiMetrics {
     pub response_time: Histogram,
 }
 
+/// The limit's counters in `table`, when `key` is its fixed stats key and not one built for
+/// this request, and the limit came from the configuration (an override has no id).
+fn counters_of<'t>(
+    table: &'t ConfigCounters,
+    limit: &Limit,
+    key: &Cow<'_, str>,
+) -> Option<&'t RuleCounters> {
+    match key {
+        Cow::Borrowed(_) => table.0.get(limit.id?),
+        Cow::Owned(_) => None,
+    }
+}
+
 /// The per-rule counters, in the order of [`RuleCounters`]'s cells.
 #[derive(Clone, Copy)]
 enum RuleMetric {
@@ -374,8 +379,8 @@ enum RuleMetric {
 ///
 /// Looking a counter up by its labels hashes both strings and takes the vector's lock, and a
 /// request did that two to four times per descriptor. A limit whose stats key does not depend on
-/// the request keeps its handles with it (`config::Stats::counters`), so the lookups happen once
-/// per limit and configuration. A counter is only created when first counted, as with the
+/// the request keeps its handles in the [`ConfigCounters`] of its configuration, so the lookups
+/// happen once per limit and configuration. A counter is only created when first counted, as with the
 /// lookups, so `/metrics` shows the same series either way.
 #[derive(Default)]
 pub struct RuleCounters {
@@ -388,37 +393,21 @@ impl RuleCounters {
     }
 }
 
-/// Where a limit keeps its [`RuleCounters`]: the first [`Metrics`] that counts for the limit
-/// fills it (a process has one; tests may have several, which then look their counters up).
-#[derive(Default)]
-pub struct RuleCountersSlot(OnceLock<(u64, RuleCounters)>);
+/// The [`RuleCounters`] of every limit of one configuration, by [`Limit::id`]. Built beside the
+/// configuration and replaced with it (see `limiter::RateLimiter::set_config`), so the config
+/// itself holds no metric handles.
+pub struct ConfigCounters(Box<[RuleCounters]>);
 
-impl RuleCountersSlot {
-    fn for_metrics(&self, metrics: &Metrics) -> Option<&RuleCounters> {
-        let (owner, counters) = self.0.get_or_init(|| (metrics.id, RuleCounters::default()));
-        (*owner == metrics.id).then_some(counters)
+impl ConfigCounters {
+    /// Empty cells for `limits` limits; each is resolved on first use.
+    pub fn new(limits: usize) -> Self {
+        Self((0..limits).map(|_| RuleCounters::default()).collect())
     }
 }
 
-/// A copy starts empty: it is a cache, not part of the limit's value.
-impl Clone for RuleCountersSlot {
-    fn clone(&self) -> Self {
-        Self::default()
-    }
-}
-
-/// Always equal: two limits that differ only in what they have cached are the same limit.
-impl PartialEq for RuleCountersSlot {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for RuleCountersSlot {}
-
-impl fmt::Debug for RuleCountersSlot {
+impl fmt::Debug for ConfigCounters {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("RuleCountersSlot")
+        write!(f, "ConfigCounters({} limits)", self.0.len())
     }
 }
 

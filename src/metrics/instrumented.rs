@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use prometheus::Histogram;
 
-use super::{
+use super::Metrics;
+use crate::store::{
     Acquisition, Check, LimiterKeys, LimiterRecord, LimiterSet, RegistryOp, RegistryReply, SetMode,
     Store, StoreError, StoreFuture,
 };
-use crate::metrics::Metrics;
 
 #[derive(Debug)]
 pub struct Instrumented {
