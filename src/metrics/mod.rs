@@ -270,7 +270,8 @@ impl Metrics {
         };
         let key = stats_key(limit, entries);
         let per_request = RuleCounters::default();
-        let counters = counters_of(counters, limit, &key).unwrap_or(&per_request);
+        let counters =
+            counters_of(counters, limit, matches!(key, Cow::Borrowed(_))).unwrap_or(&per_request);
         let labels = [domain, key.as_ref()];
         let count = |which: RuleMetric, n: u64| counters.get(self, which, &labels).inc_by(n);
         count(RuleMetric::TotalHits, hits);
@@ -309,7 +310,7 @@ impl Metrics {
     ) {
         let key = stats_key(limit, entries);
         let labels = [domain, key.as_ref()];
-        counters_of(counters, limit, &key)
+        counters_of(counters, limit, matches!(key, Cow::Borrowed(_)))
             .unwrap_or(&RuleCounters::default())
             .get(self, RuleMetric::OverLimitWithLocalCache, &labels)
             .inc_by(hits);
@@ -351,17 +352,15 @@ pub struct ApiMetrics {
     pub response_time: Histogram,
 }
 
-/// The limit's counters in `table`, when `key` is its fixed stats key and not one built for
-/// this request, and the limit came from the configuration (an override has no id).
+/// The limit's counters in `table`, when its stats key is `fixed` (the same for every request:
+/// `stats_key` borrowed it from the limit) and the limit came from the configuration (an
+/// override has no id).
 fn counters_of<'t>(
     table: &'t ConfigCounters,
     limit: &Limit,
-    key: &Cow<'_, str>,
+    fixed: bool,
 ) -> Option<&'t RuleCounters> {
-    match key {
-        Cow::Borrowed(_) => table.0.get(limit.id?),
-        Cow::Owned(_) => None,
-    }
+    table.0.get(limit.id.filter(|_| fixed)?)
 }
 
 /// The per-rule counters, in the order of [`RuleCounters`]'s cells.
