@@ -86,7 +86,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // Inside the runtime: the trace exporter's gRPC channel lives on it.
     let _telemetry = runtime
         .block_on(async { crate::telemetry::init(&settings.log, settings.trace.as_ref()) })?;
-    runtime.block_on(crate::server::serve(
+    runtime.block_on(crate::app::serve(
         settings,
         crate::server::shutdown_signal(),
     ))?;

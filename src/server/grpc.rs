@@ -25,11 +25,10 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::connections::{self, ConnectionLimit};
 use super::limiter_api::LimiterApiService;
-use super::{ServeError, tls};
+use super::{GrpcOptions, ServeError, tls};
 use crate::limiter::{LimitError, RateLimiter};
 use crate::metrics::{ApiMetrics, Metrics};
 use crate::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
-use crate::settings::Settings;
 
 /// Largest encoded `RateLimitRequest` accepted (tonic's default is 4 MiB): Envoy's requests are
 /// a few hundred bytes. Checked while decoding, before the per-field input limits.
@@ -114,7 +113,7 @@ pub fn to_status(error: LimitError) -> Status {
 #[allow(clippy::too_many_arguments)]
 pub fn serve<H>(
     listener: TcpListener,
-    settings: &Settings,
+    options: &GrpcOptions,
     limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
     limiter_api: Option<LimiterApiService>,
@@ -133,12 +132,12 @@ where
         + 'static,
     H::Future: Send + 'static,
 {
-    let limit = ConnectionLimit::new(settings.max_connections, "grpc", &metrics);
+    let limit = ConnectionLimit::new(options.max_connections, "grpc", &metrics);
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    let router = builder(settings)
+    let router = builder(options)
         .add_service(health)
         .add_service(reflection)
         .add_service(
@@ -150,21 +149,21 @@ where
             .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_optional_service(limiter_api);
-    listen(router, listener, limit, settings, stopped)
+    listen(router, listener, limit, options, stopped)
 }
 
 /// Serves only the native API on a listener of its own (`LIMITER_GRPC_PORT`), with the gRPC
 /// port's TLS settings.
 pub fn serve_limiter_api(
     listener: TcpListener,
-    settings: &Settings,
+    options: &GrpcOptions,
     service: LimiterApiService,
     metrics: &Metrics,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError> {
-    let limit = ConnectionLimit::new(settings.max_connections, "limiter_api", metrics);
-    let router = builder(settings).add_service(service);
-    listen(router, listener, limit, settings, stopped)
+    let limit = ConnectionLimit::new(options.max_connections, "limiter_api", metrics);
+    let router = builder(options).add_service(service);
+    listen(router, listener, limit, options, stopped)
 }
 
 /// The HTTP/2 settings every gRPC listener shares.
@@ -174,10 +173,10 @@ pub fn serve_limiter_api(
 /// (`connections::Expiring`, see [`lifetime`]). tonic is not given the grace: with one it would
 /// drop the connection at age + grace without ever sending GOAWAY. Zero turns either off, as
 /// upstream (grpc-go reads 0 as "never").
-fn builder(settings: &Settings) -> tonic::transport::Server {
+fn builder(options: &GrpcOptions) -> tonic::transport::Server {
     let mut builder = tonic::transport::Server::builder();
-    if !settings.grpc_max_connection_age.is_zero() {
-        builder = builder.max_connection_age(settings.grpc_max_connection_age);
+    if !options.max_connection_age.is_zero() {
+        builder = builder.max_connection_age(options.max_connection_age);
     }
     builder
         // Bounds per connection, so one client cannot hold unbounded server state.
@@ -187,9 +186,9 @@ fn builder(settings: &Settings) -> tonic::transport::Server {
 }
 
 /// How long a connection may live in all: age + grace, when both are set.
-fn lifetime(settings: &Settings) -> Option<Duration> {
-    let age = settings.grpc_max_connection_age;
-    let grace = settings.grpc_max_connection_age_grace;
+fn lifetime(options: &GrpcOptions) -> Option<Duration> {
+    let age = options.max_connection_age;
+    let grace = options.max_connection_age_grace;
     (!age.is_zero() && !grace.is_zero()).then(|| age.saturating_add(grace))
 }
 
@@ -198,12 +197,12 @@ fn listen(
     router: tonic::transport::server::Router,
     listener: TcpListener,
     limit: ConnectionLimit,
-    settings: &Settings,
+    options: &GrpcOptions,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError> {
-    let lifetime = lifetime(settings);
+    let lifetime = lifetime(options);
     let serving: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
-        match &settings.grpc_tls {
+        match &options.tls {
             None => {
                 let incoming = connections::incoming(listener, limit, lifetime);
                 Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
@@ -213,7 +212,7 @@ fn listen(
                     listener,
                     limit,
                     tls.clone(),
-                    settings.reload_interval,
+                    options.reload_interval,
                     lifetime,
                 )?;
                 Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))

@@ -11,7 +11,7 @@
 //! | `LIMITER_API_TOKEN` set and the call's bearer token missing or different | `UNAUTHENTICATED` |
 //!
 //! The API is off unless `LIMITER_API_ENABLED=true`. Its calls reach the store through a
-//! circuit breaker of their own (see `server::serve`), so nothing done here can change an RLS
+//! circuit breaker of their own (see `app::serve`), so nothing done here can change an RLS
 //! answer or RLS health.
 
 use std::sync::Arc;

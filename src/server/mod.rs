@@ -1,37 +1,26 @@
-//! Running the service: building the store and limiter, serving gRPC and HTTP, and shutting down.
-//!
-//! Shutdown is handled here and only here: when the `shutdown` future given to [`serve`]
-//! completes (SIGTERM/SIGINT in the binary), health turns NOT_SERVING, both listeners stop
-//! accepting, in-flight requests get `shutdown_grace` to finish, and `serve` returns.
+//! The listeners: gRPC (Envoy's RLS, health, reflection, and the native API there or on its
+//! own port), HTTP (`/healthcheck`, `/json`, `/metrics`, `/rlconfig`), their TLS, connection cap
+//! and connection age, live config reload, and the health status. Each takes the options it
+//! needs; `app` builds them from the settings, wires them to the limiters and runs them.
 
-mod connections;
-mod grpc;
+pub(crate) mod connections;
+pub(crate) mod grpc;
 mod health;
-mod http;
-mod limiter_api;
+pub(crate) mod http;
+pub(crate) mod limiter_api;
 pub mod reload;
 pub mod tls;
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 pub use health::Health;
 
-use crate::clock::SystemClock;
-use crate::config::{self, ConfigErrors};
-use crate::limiter::{KeyBuilder, PrefixError, RateLimiter};
-use crate::limiters::NamedLimiters;
-use crate::metrics::Instrumented;
-use crate::metrics::Metrics;
-use crate::settings::{Backend, Settings};
-use crate::store::breaker::Breaker;
-use crate::store::{MemoryStore, RedisOptions, RedisStore, Store, StoreError};
-use connections::{ConnectionLimit, LimitedListener};
+use crate::config::ConfigErrors;
+use crate::limiter::PrefixError;
+use crate::store::StoreError;
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -60,311 +49,18 @@ pub enum ServeError {
     Tls(#[from] tls::TlsError),
 }
 
-/// Starts the service and runs it until `shutdown` completes.
-pub async fn serve(
-    settings: Settings,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ServeError> {
-    let config = config::load_dir(&settings.config_dir, &settings.load)?;
-    for warning in &config.warnings {
-        tracing::warn!(%warning, "config");
-    }
-    let keys = KeyBuilder::new(&settings.cache_key_prefix)?;
-    let clock = Arc::new(SystemClock);
-    let metrics = Arc::new(Metrics::new(settings.near_limit_ratio));
-    let measured = |store: Arc<dyn Store>, name| -> Arc<dyn Store> {
-        Arc::new(Instrumented::new(store, name, metrics.clone()))
-    };
-    // Redis stores sit behind a circuit breaker; the RLS path's breakers make the health
-    // status. The native API gets a store (pool, batcher and breaker) of its own, so nothing it
-    // does can change an RLS answer, RLS health or RLS latency.
-    let mut store_usable = Vec::new();
-    let mut per_second_store = None;
-    let mut memory_store = None;
-    let mut named_store = None;
-    let store: Arc<dyn Store> = match &settings.backend {
-        Backend::Memory(options) => {
-            let store = Arc::new(MemoryStore::new(options.clone(), clock.clone()));
-            memory_store = Some(store.clone());
-            measured(store, "memory")
-        }
-        Backend::Redis {
-            options,
-            per_second,
-            startup_max_wait,
-            start_degraded,
-        } => {
-            // Starting degraded means not blocking on Redis: without a wait limit, try once.
-            let degraded = *start_degraded;
-            let wait = if degraded {
-                startup_max_wait.or(Some(std::time::Duration::ZERO))
-            } else {
-                *startup_max_wait
-            };
-            let main = open_redis(options, wait, degraded, &settings).await?;
-            store_usable.push(("redis", main.usable(), HealthRole::Counts));
-            if let Some(options) = per_second {
-                let store = open_redis(options, wait, degraded, &settings).await?;
-                store_usable.push(("redis_per_second", store.usable(), HealthRole::Counts));
-                per_second_store = Some(measured(Arc::new(store), "redis_per_second"));
-            }
-            if settings.limiter_api.is_some() {
-                let store = open_redis(options, wait, true, &settings).await?;
-                store_usable.push(("redis_limiter_api", store.usable(), HealthRole::Ignored));
-                named_store = Some(measured(Arc::new(store), "redis"));
-            }
-            measured(Arc::new(main), "redis")
-        }
-    };
-    let named = settings.limiter_api.as_ref().map(|api| {
-        if api.token.is_none()
-            && settings
-                .grpc_tls
-                .as_ref()
-                .is_none_or(|t| t.client_ca.is_none())
-        {
-            tracing::warn!(
-                "the Limiter API is enabled without LIMITER_API_TOKEN or client certificates \
-                 (GRPC_CLIENT_TLS_CACERT): anyone who reaches its port can create limiters"
-            );
-        }
-        let store = named_store.clone().unwrap_or_else(|| store.clone());
-        let limiters = Arc::new(
-            NamedLimiters::new(store, keys.clone(), settings.limiter_max_wait)
-                .with_bounds(api.bounds),
-        );
-        if !api.bounds.idle.is_zero() {
-            // Idle limiters are looked for a few times per idle period, at least once a minute.
-            let every =
-                (api.bounds.idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
-            let sweeping = NamedLimiters::sweep_idle_forever(Arc::downgrade(&limiters), every);
-            tokio::spawn(sweeping);
-        }
-        limiter_api::service(limiters, api.token.as_deref())
-    });
-    metrics.config_load_success.inc();
-    let mut limiter = RateLimiter::new(store, keys, clock, settings.limiter.clone())
-        .with_metrics(metrics.clone());
-    if let Some(store) = per_second_store {
-        limiter = limiter.with_per_second_store(store);
-    }
-    let limiter = Arc::new(limiter);
-    let domains = config.domain_names().count();
-    let limits = config.limits().len();
-    limiter.set_config(Arc::new(config));
-    tracing::info!(
-        dir = %settings.config_dir.display(),
-        domains,
-        limits,
-        store = limiter.store_kind(),
-        "configuration loaded"
-    );
-
-    let grpc_listener = bind(settings.grpc_addr)?;
-    let http_listener = bind(settings.http_addr)?;
-    let grpc_addr = grpc_listener
-        .local_addr()
-        .map_err(|source| ServeError::Bind {
-            addr: settings.grpc_addr,
-            source,
-        })?;
-    let http_addr = http_listener
-        .local_addr()
-        .map_err(|source| ServeError::Bind {
-            addr: settings.http_addr,
-            source,
-        })?;
-
-    let reloader = (!settings.reload_interval.is_zero()).then(|| {
-        tokio::spawn(reload::watch(
-            settings.config_dir.clone(),
-            settings.load.clone(),
-            limiter.clone(),
-            metrics.clone(),
-            settings.reload_interval,
-        ))
-    });
-    let _stop_reloader = reloader.map(AbortOnDrop);
-
-    let (reporter, health_service) = tonic_health::server::health_reporter();
-    let health = Health::new(reporter).await;
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        }
-    };
-
-    if !store_usable.is_empty() {
-        tokio::spawn(follow_stores(health.clone(), metrics.clone(), store_usable));
-    }
-
-    // The native API on its own port, or beside RLS.
-    let own_port = settings.limiter_api.as_ref().and_then(|api| api.addr);
-    let (shared_api, limiter_api) = match (named, own_port) {
-        (Some(service), Some(addr)) => {
-            let listener = bind(addr)?;
-            let addr = listener
-                .local_addr()
-                .map_err(|source| ServeError::Bind { addr, source })?;
-            let serving =
-                grpc::serve_limiter_api(listener, &settings, service, &metrics, stopped())?;
-            (None, Some((addr, serving)))
-        }
-        (named, _) => (named, None),
-    };
-    let limiter_api_addr = limiter_api.as_ref().map(|(addr, _)| *addr);
-    let grpc = grpc::serve(
-        grpc_listener,
-        &settings,
-        limiter.clone(),
-        metrics.clone(),
-        shared_api,
-        health_service,
-        stopped(),
-    )?;
-    let observability = http::Observability {
-        metrics: metrics.clone(),
-        memory_store,
-    };
-    let prometheus = match &settings.prometheus {
-        None => None,
-        Some(listen) => {
-            let listener = bind(listen.addr)?;
-            let addr = listener.local_addr().map_err(|source| ServeError::Bind {
-                addr: listen.addr,
-                source,
-            })?;
-            tracing::info!(%addr, path = %listen.path, "prometheus metrics listener");
-            let listener = LimitedListener {
-                listener,
-                limit: ConnectionLimit::new(settings.max_connections, "metrics", &metrics),
-            };
-            let serving =
-                http::serve_metrics(listener, &listen.path, observability.clone(), stopped());
-            Some(serving)
-        }
-    };
-    let http_listener = LimitedListener {
-        listener: http_listener,
-        limit: ConnectionLimit::new(settings.max_connections, "http", &metrics),
-    };
-    let http = http::serve(
-        http_listener,
-        limiter.clone(),
-        health.clone(),
-        observability,
-        stopped(),
-    );
-    match limiter_api_addr {
-        Some(limiter) => tracing::info!(
-            grpc = %grpc_addr, http = %http_addr, %limiter, "sluice is listening"
-        ),
-        None => tracing::info!(grpc = %grpc_addr, http = %http_addr, "sluice is listening"),
-    }
-
-    let prometheus = async {
-        match prometheus {
-            Some(serving) => serving.await,
-            None => Ok(()),
-        }
-    };
-    let limiter_api = async {
-        match limiter_api {
-            Some((_, serving)) => serving.await,
-            None => Ok(()),
-        }
-    };
-    let servers = async { tokio::try_join!(grpc, http, prometheus, limiter_api) };
-    tokio::pin!(servers);
-    tokio::select! {
-        result = &mut servers => {
-            result?;
-            return Ok(());
-        }
-        () = shutdown => {}
-    }
-
-    tracing::info!(grace = ?settings.shutdown_grace, "shutting down");
-    health.set_not_serving().await;
-    let _ = stop_tx.send(true);
-    match tokio::time::timeout(settings.shutdown_grace, servers).await {
-        Ok(result) => result.map(|_| ()),
-        Err(_) => {
-            tracing::warn!("in-flight requests did not finish within the grace period");
-            Ok(())
-        }
-    }
-}
-
-/// Ends a background task when `serve` returns, however it returns.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Connects a Redis store behind its circuit breaker, waiting for Redis as configured.
-async fn open_redis(
-    options: &RedisOptions,
-    max_wait: Option<std::time::Duration>,
-    start_degraded: bool,
-    settings: &Settings,
-) -> Result<Breaker<RedisStore>, ServeError> {
-    let store_error = |source| ServeError::Store {
-        backend: "redis",
-        source,
-    };
-    let store = RedisStore::new(options.clone()).map_err(store_error)?;
-    tracing::info!(target = ?options.target, "waiting for redis");
-    let ready = store.wait_until_ready(max_wait).await;
-    let breaker = Breaker::new(store, settings.breaker.clone());
-    match ready {
-        Ok(()) => {}
-        Err(e) if start_degraded => {
-            tracing::warn!(error = %e, "redis is not ready; starting degraded");
-            breaker.force_open();
-        }
-        Err(e) => return Err(store_error(e)),
-    }
-    Ok(breaker)
-}
-
-/// Whether a store's breaker takes part in the health status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum HealthRole {
-    /// The RLS path's stores: Envoy's answers depend on them.
-    Counts,
-    /// The native API's store: only its own gauge follows it.
-    Ignored,
-}
-
-/// Keeps health SERVING only while every RLS store's breaker is closed, and the breaker gauges
-/// current.
-async fn follow_stores(
-    health: Health,
-    metrics: Arc<Metrics>,
-    mut stores: Vec<(&'static str, watch::Receiver<bool>, HealthRole)>,
-) {
-    loop {
-        let mut all = true;
-        for (name, usable, counts) in &mut stores {
-            let usable = *usable.borrow_and_update();
-            metrics
-                .breaker_open
-                .with_label_values(&[*name])
-                .set(i64::from(!usable));
-            all &= usable || *counts == HealthRole::Ignored;
-        }
-        health.set_store_usable(all).await;
-        let changes = stores.iter_mut().map(|(_, s, _)| Box::pin(s.changed()));
-        if futures::future::select_all(changes).await.0.is_err() {
-            return;
-        }
-    }
+/// What every gRPC listener needs to know (from `GRPC_*`, `MAX_CONNECTIONS` and the reload
+/// interval, which also paces certificate reloads).
+#[derive(Debug, Clone)]
+pub struct GrpcOptions {
+    /// `GRPC_MAX_CONNECTION_AGE`: GOAWAY after this; zero never.
+    pub max_connection_age: Duration,
+    /// `GRPC_MAX_CONNECTION_AGE_GRACE`: closed this long after the GOAWAY; zero never.
+    pub max_connection_age_grace: Duration,
+    /// `MAX_CONNECTIONS` per listener; zero: no cap.
+    pub max_connections: usize,
+    pub tls: Option<tls::ServerTls>,
+    pub reload_interval: Duration,
 }
 
 /// Completes on SIGTERM or SIGINT (Ctrl-C).
@@ -391,7 +87,7 @@ pub async fn shutdown_signal() {
 /// a deploy: the kernel then drops their SYNs and each waits a full second to retry.
 const LISTEN_BACKLOG: u32 = 4096;
 
-fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+pub(crate) fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
     let listen = || {
         let socket = if addr.is_ipv4() {
             tokio::net::TcpSocket::new_v4()?
