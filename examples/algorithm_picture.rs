@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use sluice::clock::{Clock, ManualClock};
 use sluice::config::Algorithm;
-use sluice::limiter::rule_for;
+use sluice::rls::rule_for;
 use sluice::store::{Check, MemoryStore, MemoryStoreOptions, Rule, Store};
 
 const SECOND: u64 = 1_000_000;

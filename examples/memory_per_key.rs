@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sluice::clock::{Clock, SystemClock};
 use sluice::config::Algorithm;
-use sluice::limiter::rule_for;
+use sluice::rls::rule_for;
 use sluice::store::redis::Target;
 use sluice::store::{
     Check, MemoryStore, MemoryStoreOptions, RedisOptions, RedisStore, Rule, Store,

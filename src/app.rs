@@ -14,11 +14,11 @@ use tokio::sync::watch;
 
 use crate::clock::SystemClock;
 use crate::config;
-use crate::limiter::{KeyBuilder, RateLimiter};
-use crate::limiters::NamedLimiters;
 use crate::metrics::{Instrumented, Metrics};
+use crate::named::NamedLimiters;
+use crate::rls::{KeyBuilder, RateLimiter};
 use crate::server::connections::{ConnectionLimit, LimitedListener};
-use crate::server::{GrpcOptions, Health, ServeError, bind, grpc, http, limiter_api, reload};
+use crate::server::{GrpcOptions, Health, ServeError, bind, http, named, reload, rls};
 use crate::settings::{Backend, Settings};
 use crate::store::breaker::Breaker;
 use crate::store::{MemoryStore, RedisOptions, RedisStore, Store};
@@ -103,11 +103,11 @@ pub async fn serve(
             let sweeping = NamedLimiters::sweep_idle_forever(Arc::downgrade(&limiters), every);
             tokio::spawn(sweeping);
         }
-        limiter_api::service(limiters, api.token.as_deref())
+        named::service(limiters, api.token.as_deref())
     });
     metrics.config_load_success.inc();
-    let mut limiter = RateLimiter::new(store, keys, clock, settings.limiter.clone())
-        .with_metrics(metrics.clone());
+    let mut limiter =
+        RateLimiter::new(store, keys, clock, settings.rls.clone()).with_metrics(metrics.clone());
     if let Some(store) = per_second_store {
         limiter = limiter.with_per_second_store(store);
     }
@@ -179,13 +179,13 @@ pub async fn serve(
                 .local_addr()
                 .map_err(|source| ServeError::Bind { addr, source })?;
             let serving =
-                grpc::serve_limiter_api(listener, &grpc_options, service, &metrics, stopped())?;
+                rls::serve_named_api(listener, &grpc_options, service, &metrics, stopped())?;
             (None, Some((addr, serving)))
         }
         (named, _) => (named, None),
     };
     let limiter_api_addr = limiter_api.as_ref().map(|(addr, _)| *addr);
-    let grpc = grpc::serve(
+    let grpc = rls::serve(
         grpc_listener,
         &grpc_options,
         limiter.clone(),

@@ -1,8 +1,10 @@
 //! Sluice: an Envoy-compatible rate limit service.
 //!
 //! The request path reads top to bottom through the modules: [`server`] adapts gRPC and HTTP to
-//! the [`limiter`], which matches descriptors against the [`config`], builds counter keys and asks
-//! a [`store`] (in-process memory or Redis) for one atomic decision per request. [`settings`]
+//! [`rls`], the Envoy decision path, which matches descriptors against the [`config`], builds
+//! counter keys and asks
+//! a [`store`] (in-process memory or Redis) for one atomic decision per request; [`named`] holds
+//! the native API's named limiters. [`settings`]
 //! turns the environment into typed options, [`app`] wires everything from them, and [`cli`] is
 //! the command line. Modules import each other in one direction (ARCHITECTURE.md,
 //! `tests/module_graph.rs`).
@@ -19,10 +21,10 @@ pub mod app;
 pub mod cli;
 pub mod clock;
 pub mod config;
-pub mod limiter;
-pub mod limiters;
 pub mod metrics;
+pub mod named;
 pub mod proto;
+pub mod rls;
 pub mod server;
 pub mod settings;
 pub mod store;

@@ -10,8 +10,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::config::LoadOptions;
-use crate::limiter::{FailurePolicy, HeaderNames, InputLimits, LimiterOptions};
-use crate::limiters::Bounds;
+use crate::named::Bounds;
+use crate::rls::{FailurePolicy, HeaderNames, InputLimits, RlsOptions};
 use crate::server::tls::ServerTls;
 use crate::store::breaker::BreakerOptions;
 use crate::store::redis::{RedisAuth, Target, redact_url};
@@ -28,7 +28,7 @@ pub struct Settings {
     pub load: LoadOptions,
     pub backend: Backend,
     pub cache_key_prefix: String,
-    pub limiter: LimiterOptions,
+    pub rls: RlsOptions,
     pub log: LogSettings,
     /// `None`: traces are not exported.
     pub trace: Option<TraceSettings>,
@@ -263,7 +263,7 @@ impl Settings {
             },
             backend,
             cache_key_prefix: env.string("CACHE_KEY_PREFIX", ""),
-            limiter: LimiterOptions {
+            rls: RlsOptions {
                 shadow_mode: env.bool("SHADOW_MODE", false)?,
                 quota_mode: env.bool("QUOTA_MODE", false)?,
                 response_headers,
@@ -615,7 +615,7 @@ mod tests {
             PathBuf::from("/srv/runtime_data/current/config")
         );
         assert_eq!(s.backend.name(), "memory");
-        assert!(s.limiter.response_headers.is_none());
+        assert!(s.rls.response_headers.is_none());
     }
 
     #[test]
@@ -653,11 +653,8 @@ mod tests {
             options.auth.as_ref().unwrap().username.as_deref(),
             Some("user")
         );
-        assert!(s.limiter.shadow_mode);
-        assert_eq!(
-            s.limiter.response_headers.as_ref().unwrap().reset,
-            "X-Reset"
-        );
+        assert!(s.rls.shadow_mode);
+        assert_eq!(s.rls.response_headers.as_ref().unwrap().reset, "X-Reset");
         assert!(s.log.json);
     }
 

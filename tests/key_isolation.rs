@@ -1,6 +1,6 @@
 //! Key isolation: no descriptor value can make two different descriptors share a counter.
 //!
-//! Owns the property tests of `sluice::limiter::KeyBuilder::fixed_window` and of the decision
+//! Owns the property tests of `sluice::rls::KeyBuilder::fixed_window` and of the decision
 //! path (memory store) that back the README's "counter keys escape descriptor values" promise:
 //!
 //! * (a) different entry lists under one limit and window never give the same key, whatever the
@@ -13,7 +13,7 @@
 //! * (d) `share_threshold` collapses every value at its position, and only there;
 //! * distinct values of a key-only descriptor never share one budget in a real `RateLimiter`.
 //!
-//! Threat model (module doc of `src/limiter/key.rs`): values come from clients, descriptor keys
+//! Threat model (module doc of `src/rls/key.rs`): values come from clients, descriptor keys
 //! and the domain come from the operator's Envoy and config. So keys here are drawn from a fixed
 //! set of config-like names, and values from anything, biased toward the characters that build
 //! keys (`_ : { } * %`), plus newlines, unicode, empty and 4096-byte values.
@@ -25,8 +25,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use sluice::clock::ManualClock;
 use sluice::config::{Limit, LoadOptions, Unit, load_sources};
-use sluice::limiter::{KeyBuilder, LimiterOptions, RateLimiter};
 use sluice::proto::{Code, DescriptorEntry, RateLimitDescriptor, RateLimitRequest};
+use sluice::rls::{KeyBuilder, RateLimiter, RlsOptions};
 use sluice::store::{MemoryStore, MemoryStoreOptions};
 
 /// Descriptor keys as operators write them: Envoy's built-in action keys and typical
@@ -429,12 +429,7 @@ fn limiter(config: &str) -> RateLimiter {
         MemoryStoreOptions::default(),
         clock.clone(),
     ));
-    let limiter = RateLimiter::new(
-        store,
-        KeyBuilder::default(),
-        clock,
-        LimiterOptions::default(),
-    );
+    let limiter = RateLimiter::new(store, KeyBuilder::default(), clock, RlsOptions::default());
     let config = load_sources(
         vec![(PathBuf::from("isolation.yaml"), config.to_string())],
         &LoadOptions::default(),

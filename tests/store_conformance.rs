@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use common::RedisServer;
 use sluice::clock::{Clock, ManualClock};
-use sluice::limiter::KeyBuilder;
-use sluice::limiters::{LimiterError, NamedLimiters};
+use sluice::named::{NamedError, NamedLimiters};
 use sluice::proto::sluice::v1::{Algorithm, LimiterConfig, Mode};
+use sluice::rls::KeyBuilder;
 use sluice::store::redis::Target;
 use sluice::store::{
     Check, MemoryStore, MemoryStoreOptions, Outcome, RedisOptions, RedisStore, Rule, SetMode, Store,
@@ -589,7 +589,7 @@ const MODES: [SetMode; 3] = [
 ];
 
 /// An error as a comparable text (the variants carry no time-dependent data).
-fn text<T>(r: Result<T, LimiterError>) -> Result<T, String> {
+fn text<T>(r: Result<T, NamedError>) -> Result<T, String> {
     r.map_err(|e| e.to_string())
 }
 
@@ -721,7 +721,7 @@ async fn a_limiter_created_again_at_the_same_instant_meets_none_of_its_old_state
         assert!(limiters.delete("again").await.unwrap());
         assert!(matches!(
             limiters.available("again", "a").await,
-            Err(LimiterError::NotFound(_))
+            Err(NamedError::NotFound(_))
         ));
         let set = limiters
             .set_rate(config.clone(), SetMode::TrySet)

@@ -17,8 +17,8 @@ use arbitrary::Unstructured;
 use prost::Message;
 use sluice::clock::ManualClock;
 use sluice::config::{LoadOptions, RateLimitConfig, load_sources};
-use sluice::limiter::{
-    HeaderNames, InputLimits, KeyBuilder, LimitError, LimiterOptions, RateLimiter,
+use sluice::rls::{
+    HeaderNames, InputLimits, KeyBuilder, RlsError, RlsOptions, RateLimiter,
 };
 use sluice::proto::{
     Code, DescriptorEntry, RateLimitDescriptor, RateLimitOverride, RateLimitRequest,
@@ -265,7 +265,7 @@ fn config() -> Arc<RateLimitConfig> {
 
 /// A fresh limiter per input: counters from earlier inputs must not make a crash depend on the
 /// order inputs were run in, or it could not be reproduced from the saved input alone.
-fn limiter(options: LimiterOptions) -> RateLimiter {
+fn limiter(options: RlsOptions) -> RateLimiter {
     let clock = Arc::new(ManualClock::new(FIXED_MICROS));
     let store = Arc::new(MemoryStore::new(
         MemoryStoreOptions {
@@ -302,7 +302,7 @@ pub fn request(data: &[u8]) {
             Err(_) => return,
         }
     };
-    let options = LimiterOptions {
+    let options = RlsOptions {
         shadow_mode: selector & 2 != 0,
         quota_mode: selector & 4 != 0,
         response_headers: (selector & 8 != 0).then(HeaderNames::default),
@@ -311,7 +311,7 @@ pub fn request(data: &[u8]) {
         // The over-limit cache answers refusals without the store: the same checks must hold.
         local_cache_bytes: if selector & 64 != 0 { 1 << 16 } else { 0 },
         input_limits: InputLimits::default(),
-        ..LimiterOptions::default()
+        ..RlsOptions::default()
     };
     let global_shadow = options.shadow_mode;
     let limiter = limiter(options);
@@ -321,7 +321,7 @@ pub fn request(data: &[u8]) {
             Ok(response) => check_response(&request, &response, global_shadow),
             // Only a request that names no domain or no descriptor gets no decision: no other
             // input may turn into an error, on which Envoy would fail open.
-            Err(LimitError::InvalidRequest(_))
+            Err(RlsError::InvalidRequest(_))
                 if request.domain.is_empty() || request.descriptors.is_empty() => {}
             // The memory store cannot fail and a config is loaded: any other error is a bug.
             Err(other) => panic!("unexpected error: {other}"),

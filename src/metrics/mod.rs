@@ -393,7 +393,7 @@ impl RuleCounters {
 }
 
 /// The [`RuleCounters`] of every limit of one configuration, by [`Limit::id`]. Built beside the
-/// configuration and replaced with it (see `limiter::RateLimiter::set_config`), so the config
+/// configuration and replaced with it (see `rls::RateLimiter::set_config`), so the config
 /// itself holds no metric handles.
 pub struct ConfigCounters(Box<[RuleCounters]>);
 

@@ -18,11 +18,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 
-use super::grpc::error_type;
+use super::rls::error_type;
 use super::{Health, ServeError};
-use crate::limiter::{LimitError, RateLimiter};
 use crate::metrics::Metrics;
 use crate::proto::{self, Code, RateLimitRequest};
+use crate::rls::{RateLimiter, RlsError};
 use crate::store::MemoryStore;
 
 #[derive(Clone)]
@@ -197,7 +197,7 @@ async fn json(State(state): State<AppState>, body: Bytes) -> Response {
             )
                 .into_response()
         }
-        Err(error @ LimitError::InvalidRequest(_)) => {
+        Err(error @ RlsError::InvalidRequest(_)) => {
             metrics
                 .errors
                 .with_label_values(&[error_type(&error)])
@@ -210,7 +210,7 @@ async fn json(State(state): State<AppState>, body: Bytes) -> Response {
                 .with_label_values(&[error_type(&error)])
                 .inc();
             // Store failures are logged by the limiter, at most once a second.
-            if !matches!(error, LimitError::Store(_)) {
+            if !matches!(error, RlsError::Store(_)) {
                 tracing::warn!(%error, "json request failed");
             }
             (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()

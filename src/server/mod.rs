@@ -4,11 +4,11 @@
 //! needs; `app` builds them from the settings, wires them to the limiters and runs them.
 
 pub(crate) mod connections;
-pub(crate) mod grpc;
 mod health;
 pub(crate) mod http;
-pub(crate) mod limiter_api;
+pub(crate) mod named;
 pub mod reload;
+pub(crate) mod rls;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 pub use health::Health;
 
 use crate::config::ConfigErrors;
-use crate::limiter::PrefixError;
+use crate::rls::PrefixError;
 use crate::store::StoreError;
 
 /// Why the service could not start or stopped with an error.

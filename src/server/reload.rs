@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::config::{self, LoadOptions};
-use crate::limiter::RateLimiter;
 use crate::metrics::Metrics;
+use crate::rls::RateLimiter;
 
 /// What the directory looks like now; any difference means "load again".
 #[derive(Debug, PartialEq, Eq)]

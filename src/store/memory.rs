@@ -1108,7 +1108,7 @@ mod tests {
     }
 
     fn limiter_keys(name: &str) -> LimiterKeys {
-        crate::limiter::KeyBuilder::default().limiter(name, None)
+        crate::rls::KeyBuilder::default().limiter(name, None)
     }
 
     fn limiter(rule: Rule, capacity: u64) -> LimiterRecord {

@@ -75,7 +75,7 @@ impl Rule {
 /// One descriptor's decision request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Check {
-    /// Built by [`crate::limiter::KeyBuilder`]; the store uses it verbatim.
+    /// Built by [`crate::rls::KeyBuilder`]; the store uses it verbatim.
     pub key: String,
     /// Cost of the request; 0 looks without counting.
     pub hits: u64,

@@ -53,7 +53,7 @@ struct Harness {
     clock: Arc<ManualClock>,
 }
 
-fn harness(options: LimiterOptions) -> Harness {
+fn harness(options: RlsOptions) -> Harness {
     // 1 000 039.5 s: 19.5 s into the minute window that starts at 1 000 020.
     let clock = Arc::new(ManualClock::new(1_000_039_500_000));
     let store = Arc::new(MemoryStore::new(
@@ -110,7 +110,7 @@ impl Harness {
 
 #[tokio::test]
 async fn counts_to_the_limit_then_refuses() {
-    let h = harness(LimiterOptions::default());
+    let h = harness(RlsOptions::default());
     let req = request(vec![descriptor(&[("user", "alice")])]);
     let first = h.ask(&req).await;
     assert_eq!(first.overall_code, Code::Ok as i32);
@@ -140,7 +140,7 @@ async fn counts_to_the_limit_then_refuses() {
 
 #[tokio::test]
 async fn no_limit_and_unknown_domain_are_bare_ok() {
-    let h = harness(LimiterOptions::default());
+    let h = harness(RlsOptions::default());
     let r = h
         .ask(&request(vec![descriptor(&[("nothing", "here")])]))
         .await;
@@ -169,7 +169,7 @@ async fn no_limit_and_unknown_domain_are_bare_ok() {
 
 #[tokio::test]
 async fn unlimited_reports_max_remaining() {
-    let h = harness(LimiterOptions::default());
+    let h = harness(RlsOptions::default());
     for _ in 0..5 {
         let r = h.ask(&request(vec![descriptor(&[("health", "x")])])).await;
         assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
@@ -180,7 +180,7 @@ async fn unlimited_reports_max_remaining() {
 
 #[tokio::test]
 async fn replaces_drops_the_named_limit() {
-    let h = harness(LimiterOptions::default());
+    let h = harness(RlsOptions::default());
     let req = request(vec![
         descriptor(&[("user", "carol")]),
         descriptor(&[("path", "/special")]),
@@ -204,7 +204,7 @@ async fn replaces_drops_the_named_limit() {
 
 #[tokio::test]
 async fn per_rule_shadow_mode_answers_ok() {
-    let h = harness(LimiterOptions::default());
+    let h = harness(RlsOptions::default());
     let req = request(vec![descriptor(&[("shadow", "s")])]);
     h.ask(&req).await;
     let r = h.ask(&req).await;
@@ -216,7 +216,7 @@ async fn per_rule_shadow_mode_answers_ok() {
 
 #[tokio::test]
 async fn global_shadow_mode_keeps_statuses() {
-    let h = harness(LimiterOptions {
+    let h = harness(RlsOptions {
         shadow_mode: true,
         ..Default::default()
     });
@@ -227,7 +227,7 @@ async fn global_shadow_mode_keeps_statuses() {
 
 #[tokio::test]
 async fn quota_mode_needs_every_quota_descriptor_over() {
-    let h = harness(LimiterOptions::default());
+    let h = harness(RlsOptions::default());
     let a = descriptor(&[("quota", "a")]);
     let b = descriptor(&[("quota", "b")]);
     // Use up a.
@@ -249,7 +249,7 @@ async fn quota_mode_needs_every_quota_descriptor_over() {
 
 #[tokio::test]
 async fn hits_addend_precedence() {
-    let h = harness(LimiterOptions::default());
+    let h = harness(RlsOptions::default());
     // Request-level cost 2 spends alice's whole budget of 2.
     let mut req = request(vec![descriptor(&[("user", "dave")])]);
     req.hits_addend = 2;
@@ -280,7 +280,7 @@ async fn hits_addend_precedence() {
 
 #[tokio::test]
 async fn overrides_bypass_the_tree() {
-    let h = harness(LimiterOptions::default());
+    let h = harness(RlsOptions::default());
     let mut d = descriptor(&[("anything", "goes")]);
     d.limit = Some(RateLimitOverride {
         requests_per_unit: 1,
@@ -299,7 +299,7 @@ async fn overrides_bypass_the_tree() {
 
 #[tokio::test]
 async fn wildcards_count_per_value_unless_shared() {
-    let h = harness(LimiterOptions::default());
+    let h = harness(RlsOptions::default());
     let each = |v: &str| request(vec![descriptor(&[("tenant", v)])]);
     // solo-*: each value has its own budget of 2.
     for v in ["solo-a", "solo-b"] {
@@ -315,7 +315,7 @@ async fn wildcards_count_per_value_unless_shared() {
 #[tokio::test]
 async fn response_headers_follow_upstream_choice() {
     let names = HeaderNames::default();
-    let h = harness(LimiterOptions {
+    let h = harness(RlsOptions {
         response_headers: Some(names),
         ..Default::default()
     });
@@ -388,7 +388,7 @@ async fn response_headers_follow_upstream_choice() {
 #[tokio::test]
 async fn dynamic_metadata_merges_descriptors_under_the_limit() {
     use prost_types::value::Kind;
-    let h = harness(LimiterOptions {
+    let h = harness(RlsOptions {
         dynamic_metadata: true,
         ..Default::default()
     });
@@ -432,9 +432,9 @@ async fn dynamic_metadata_merges_descriptors_under_the_limit() {
 
 #[tokio::test]
 async fn only_requests_naming_nothing_are_errors() {
-    let h = harness(LimiterOptions::default());
-    let message = |r: Result<RateLimitResponse, LimitError>| match r {
-        Err(LimitError::InvalidRequest(m)) => m,
+    let h = harness(RlsOptions::default());
+    let message = |r: Result<RateLimitResponse, RlsError>| match r {
+        Err(RlsError::InvalidRequest(m)) => m,
         other => panic!("expected an invalid request, got {other:?}"),
     };
     let mut empty_domain = request(vec![descriptor(&[("user", "x")])]);
@@ -464,7 +464,7 @@ const OVER: i32 = Code::OverLimit as i32;
 
 #[tokio::test]
 async fn a_long_value_is_judged_and_cannot_hide_another_descriptor() {
-    let h = harness(LimiterOptions::default());
+    let h = harness(RlsOptions::default());
     // The login limit (1 a minute) is spent.
     let login = descriptor(&[("path", "/login")]);
     let r = h
@@ -501,13 +501,13 @@ async fn a_long_value_is_judged_and_cannot_hide_another_descriptor() {
 
 #[tokio::test]
 async fn long_keys_and_domains_are_judged_too() {
-    let h = harness(LimiterOptions {
+    let h = harness(RlsOptions {
         input_limits: InputLimits {
             max_key_bytes: 2,
             max_domain_bytes: 2,
             ..InputLimits::default()
         },
-        ..LimiterOptions::default()
+        ..RlsOptions::default()
     });
     // "user" and "app" are over the (tiny) limits: matched on their text, counted under digests.
     let one = request(vec![descriptor(&[("user", "a")])]);
@@ -521,13 +521,13 @@ async fn long_keys_and_domains_are_judged_too() {
 
 #[tokio::test]
 async fn descriptors_beyond_the_input_limits_are_refused_alone() {
-    let h = harness(LimiterOptions {
+    let h = harness(RlsOptions {
         input_limits: InputLimits {
             max_descriptors: 2,
             max_entries: 2,
             ..InputLimits::default()
         },
-        ..LimiterOptions::default()
+        ..RlsOptions::default()
     });
     // The third descriptor is past the count: refused (OVER_LIMIT, not counted); the first two
     // are decided as usual.
@@ -596,12 +596,7 @@ async fn no_config_is_an_error() {
         MemoryStoreOptions::default(),
         clock.clone(),
     ));
-    let limiter = RateLimiter::new(
-        store,
-        KeyBuilder::default(),
-        clock,
-        LimiterOptions::default(),
-    );
+    let limiter = RateLimiter::new(store, KeyBuilder::default(), clock, RlsOptions::default());
     let err = limiter
         .should_rate_limit(&request(vec![descriptor(&[("user", "x")])]))
         .await
@@ -611,7 +606,7 @@ async fn no_config_is_an_error() {
 
 #[tokio::test]
 async fn draft_headers_describe_the_same_status() {
-    let h = harness(LimiterOptions {
+    let h = harness(RlsOptions {
         draft_headers: true,
         ..Default::default()
     });
@@ -696,7 +691,7 @@ async fn local_cache_refuses_over_limit_windows_without_the_store() {
         checks: Default::default(),
     });
     let metrics = Arc::new(Metrics::new(0.8));
-    let options = LimiterOptions {
+    let options = RlsOptions {
         local_cache_bytes: 1 << 20,
         ..Default::default()
     };

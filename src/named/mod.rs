@@ -1,5 +1,5 @@
 //! Named limiters: the native API's behaviour (`sluice.v1.Limiter`), between its gRPC adapter
-//! (`server::limiter_api`) and the store.
+//! (`server::named`) and the store.
 //!
 //! A limiter's config is kept in the store next to its state (same hash tag), and every
 //! acquisition reads it in the same atomic step, so a change made through one replica applies on
@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use prost::Message;
 
 use crate::config::Algorithm as ConfigAlgorithm;
-use crate::limiter::{KeyBuilder, rule_for};
 use crate::proto::sluice::v1::{Algorithm as ApiAlgorithm, LimiterConfig, Mode};
+use crate::rls::{KeyBuilder, rule_for};
 use crate::store::{
     Acquisition, LimiterRecord, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError,
 };
@@ -67,7 +67,7 @@ impl Default for Bounds {
 pub const MAX_PERMITS: u64 = u32::MAX as u64;
 
 #[derive(Debug, thiserror::Error)]
-pub enum LimiterError {
+pub enum NamedError {
     #[error("{0}")]
     Invalid(String),
     #[error("no limiter named {0:?}")]
@@ -177,7 +177,7 @@ impl NamedLimiters {
     }
 
     /// Registers `name` or keeps it for another idle period; false when the registry is full.
-    async fn touch(&self, name: &str) -> Result<bool, LimiterError> {
+    async fn touch(&self, name: &str) -> Result<bool, NamedError> {
         if self.bounds.idle.is_zero() && self.bounds.max_count == 0 {
             return Ok(true);
         }
@@ -226,7 +226,7 @@ impl NamedLimiters {
 
     /// Deletes the limiters unused for the idle period, as the registry lists them. Every
     /// replica runs this now and then; deleting twice is harmless.
-    pub async fn sweep_idle(&self) -> Result<usize, LimiterError> {
+    pub async fn sweep_idle(&self) -> Result<usize, NamedError> {
         const BATCH: usize = 100;
         let mut deleted = 0;
         loop {
@@ -285,10 +285,10 @@ impl NamedLimiters {
         &self,
         config: LimiterConfig,
         mode: SetMode,
-    ) -> Result<RateSet, LimiterError> {
+    ) -> Result<RateSet, NamedError> {
         let (config, record) = compile(config)?;
         if !self.touch(&config.name).await? {
-            return Err(LimiterError::TooManyLimiters(self.bounds.max_count));
+            return Err(NamedError::TooManyLimiters(self.bounds.max_count));
         }
         let keys = self.keys.limiter(&config.name, None);
         let set = self.store.set_limiter(&keys, &record, mode).await?;
@@ -299,16 +299,16 @@ impl NamedLimiters {
         })
     }
 
-    pub async fn config(&self, name: &str) -> Result<LimiterConfig, LimiterError> {
+    pub async fn config(&self, name: &str) -> Result<LimiterConfig, NamedError> {
         check_name(name)?;
         let keys = self.keys.limiter(name, None);
         match self.store.get_limiter(&keys).await? {
             Some(record) => describe(&record),
-            None => Err(LimiterError::NotFound(name.to_string())),
+            None => Err(NamedError::NotFound(name.to_string())),
         }
     }
 
-    pub async fn delete(&self, name: &str) -> Result<bool, LimiterError> {
+    pub async fn delete(&self, name: &str) -> Result<bool, NamedError> {
         check_name(name)?;
         let deleted = self
             .store
@@ -321,7 +321,7 @@ impl NamedLimiters {
     }
 
     /// Permits that could be taken now.
-    pub async fn available(&self, name: &str, client: &str) -> Result<u64, LimiterError> {
+    pub async fn available(&self, name: &str, client: &str) -> Result<u64, NamedError> {
         let outcome = self.attempt(name, client, 0).await?;
         Ok(outcome.remaining)
     }
@@ -335,9 +335,9 @@ impl NamedLimiters {
         client: &str,
         permits: u64,
         timeout: Duration,
-    ) -> Result<Acquired, LimiterError> {
+    ) -> Result<Acquired, NamedError> {
         if permits > MAX_PERMITS {
-            return Err(LimiterError::Invalid(format!(
+            return Err(NamedError::Invalid(format!(
                 "permits must be at most {MAX_PERMITS}"
             )));
         }
@@ -359,7 +359,7 @@ impl NamedLimiters {
         permits: u64,
         timeout: Duration,
         started: Instant,
-    ) -> Result<Acquired, LimiterError> {
+    ) -> Result<Acquired, NamedError> {
         let settled = |outcome: Outcome| {
             let wait = Duration::from_millis(outcome.reset_ms);
             (outcome.admitted || started.elapsed() + wait > timeout)
@@ -432,36 +432,31 @@ impl NamedLimiters {
         name: &str,
         client: &str,
         permits: u64,
-    ) -> Result<Acquired, LimiterError> {
+    ) -> Result<Acquired, NamedError> {
         let acquired = self
             .try_acquire(name, client, permits, self.max_wait)
             .await?;
         if acquired.acquired {
             Ok(acquired)
         } else {
-            Err(LimiterError::WaitTooLong(self.max_wait))
+            Err(NamedError::WaitTooLong(self.max_wait))
         }
     }
 
-    async fn attempt(
-        &self,
-        name: &str,
-        client: &str,
-        permits: u64,
-    ) -> Result<Outcome, LimiterError> {
+    async fn attempt(&self, name: &str, client: &str, permits: u64) -> Result<Outcome, NamedError> {
         check_name(name)?;
         if client.len() > MAX_CLIENT_ID_BYTES {
-            return Err(LimiterError::Invalid(format!(
+            return Err(NamedError::Invalid(format!(
                 "a client_id may have at most {MAX_CLIENT_ID_BYTES} bytes"
             )));
         }
         let client = (!client.is_empty()).then_some(client);
         let keys = self.keys.limiter(name, client);
         match self.store.acquire(&keys, permits).await? {
-            Acquisition::NoSuchLimiter => Err(LimiterError::NotFound(name.to_string())),
-            Acquisition::NeedsClient => Err(LimiterError::NeedsClient(name.to_string())),
+            Acquisition::NoSuchLimiter => Err(NamedError::NotFound(name.to_string())),
+            Acquisition::NeedsClient => Err(NamedError::NeedsClient(name.to_string())),
             // Refused by the store before it touched any state.
-            Acquisition::TooManyPermits { capacity } => Err(LimiterError::TooManyPermits {
+            Acquisition::TooManyPermits { capacity } => Err(NamedError::TooManyPermits {
                 name: name.to_string(),
                 permits,
                 capacity,
@@ -488,9 +483,9 @@ fn answer(outcome: Outcome, started: Instant) -> Acquired {
     }
 }
 
-fn check_name(name: &str) -> Result<(), LimiterError> {
+fn check_name(name: &str) -> Result<(), NamedError> {
     if name.is_empty() || name.len() > MAX_NAME_BYTES {
-        return Err(LimiterError::Invalid(format!(
+        return Err(NamedError::Invalid(format!(
             "a limiter name must have 1 to {MAX_NAME_BYTES} bytes"
         )));
     }
@@ -498,8 +493,8 @@ fn check_name(name: &str) -> Result<(), LimiterError> {
 }
 
 /// Validates a config, fills its defaults, and derives what the store keeps.
-fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), LimiterError> {
-    let invalid = |m: String| Err(LimiterError::Invalid(m));
+fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), NamedError> {
+    let invalid = |m: String| Err(NamedError::Invalid(m));
     check_name(&config.name)?;
     let interval = match config.interval.map(Duration::try_from) {
         Some(Ok(d)) if d >= Duration::from_millis(1) && d <= Duration::from_secs(366 * 86_400) => d,
@@ -519,7 +514,7 @@ fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), 
     };
     config.burst = burst;
     let burst = u32::try_from(burst).map_err(|_| {
-        LimiterError::Invalid(format!(
+        NamedError::Invalid(format!(
             "burst (default: rate) must be at most {}",
             u32::MAX
         ))
@@ -560,7 +555,7 @@ fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), 
     }
     algorithm
         .check_numbers(config.rate, window)
-        .map_err(|p| LimiterError::Invalid(p.reason))?;
+        .map_err(|p| NamedError::Invalid(p.reason))?;
     let capacity = algorithm.burst().map_or(config.rate, u64::from);
     let record = LimiterRecord {
         rule: rule_for(algorithm, config.rate, window),
@@ -571,9 +566,9 @@ fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), 
     Ok((config, record))
 }
 
-fn describe(record: &LimiterRecord) -> Result<LimiterConfig, LimiterError> {
+fn describe(record: &LimiterRecord) -> Result<LimiterConfig, NamedError> {
     LimiterConfig::decode(record.description.as_slice())
-        .map_err(|e| LimiterError::Store(StoreError::Protocol(format!("stored config: {e}"))))
+        .map_err(|e| NamedError::Store(StoreError::Protocol(format!("stored config: {e}"))))
 }
 
 #[cfg(test)]
@@ -650,17 +645,17 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, LimiterError::TooManyPermits { capacity: 10, .. }),
+            matches!(err, NamedError::TooManyPermits { capacity: 10, .. }),
             "{err}"
         );
         assert!(matches!(
             l.try_acquire("nope", "", 1, Duration::ZERO).await,
-            Err(LimiterError::NotFound(_))
+            Err(NamedError::NotFound(_))
         ));
         let bad = config("c", ApiAlgorithm::Unspecified, 1, Duration::from_secs(1));
         assert!(matches!(
             l.set_rate(bad, SetMode::TrySet).await,
-            Err(LimiterError::Invalid(_))
+            Err(NamedError::Invalid(_))
         ));
         let bad = config(
             "c",
@@ -670,7 +665,7 @@ mod tests {
         );
         assert!(matches!(
             l.set_rate(bad, SetMode::TrySet).await,
-            Err(LimiterError::Invalid(_))
+            Err(NamedError::Invalid(_))
         ));
     }
 
@@ -700,7 +695,7 @@ mod tests {
         );
         assert!(matches!(
             l.try_acquire("p", "", 1, Duration::ZERO).await,
-            Err(LimiterError::NeedsClient(_))
+            Err(NamedError::NeedsClient(_))
         ));
     }
 }

@@ -66,7 +66,7 @@ impl Default for InputLimits {
 
 /// Service-wide switches (upstream's environment variables).
 #[derive(Debug, Clone, Default)]
-pub struct LimiterOptions {
+pub struct RlsOptions {
     /// `SHADOW_MODE`: an overall OVER_LIMIT is answered OK (statuses keep showing it).
     pub shadow_mode: bool,
     /// `QUOTA_MODE`: every limit behaves as if it had `quota_mode: true`.
@@ -96,9 +96,9 @@ pub enum FailurePolicy {
     FailOpen,
 }
 
-/// Why a request got no decision. Each maps to one gRPC status (see `server::grpc`).
+/// Why a request got no decision. Each maps to one gRPC status (see `server::rls`).
 #[derive(Debug, thiserror::Error)]
-pub enum LimitError {
+pub enum RlsError {
     /// The request itself is wrong; retrying it cannot help.
     #[error("{0}")]
     InvalidRequest(String),
@@ -119,7 +119,7 @@ pub struct RateLimiter {
     metrics: Option<Arc<Metrics>>,
     keys: KeyBuilder,
     clock: Arc<dyn Clock>,
-    options: LimiterOptions,
+    options: RlsOptions,
     over_limit_cache: Option<OverLimitCache>,
     /// Requests answered OK because the store failed and the policy is fail-open.
     failed_open: AtomicU64,
@@ -152,7 +152,7 @@ impl RateLimiter {
         store: Arc<dyn Store>,
         keys: KeyBuilder,
         clock: Arc<dyn Clock>,
-        options: LimiterOptions,
+        options: RlsOptions,
     ) -> Self {
         let input = &options.input_limits;
         let keys = keys.with_long_parts(LongParts {
@@ -207,11 +207,11 @@ impl RateLimiter {
     pub async fn should_rate_limit(
         &self,
         request: &RateLimitRequest,
-    ) -> Result<RateLimitResponse, LimitError> {
+    ) -> Result<RateLimitResponse, RlsError> {
         validate(request)?;
         let active = self.active.load();
         let Some(Active { config, counters }) = active.as_deref() else {
-            return Err(LimitError::NoConfig);
+            return Err(RlsError::NoConfig);
         };
         self.count_long_parts(request);
         let Some(domain) = config.domain(&request.domain) else {
@@ -619,7 +619,7 @@ impl Refusal {
 }
 
 /// The only requests that get no decision at all: nothing names what to limit.
-fn validate(request: &RateLimitRequest) -> Result<(), LimitError> {
+fn validate(request: &RateLimitRequest) -> Result<(), RlsError> {
     if request.domain.is_empty() {
         return Err(invalid("rate limit domain must not be empty".into()));
     }
@@ -661,8 +661,8 @@ pub fn rule_for(algorithm: ConfigAlgorithm, limit: u64, window: u64) -> Rule {
     }
 }
 
-fn invalid(message: String) -> LimitError {
-    LimitError::InvalidRequest(message)
+fn invalid(message: String) -> RlsError {
+    RlsError::InvalidRequest(message)
 }
 
 /// Upstream's precedence: a set per-descriptor `hits_addend` wins (0 = check only); otherwise

@@ -22,7 +22,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use crate::clock::{Clock, SystemClock};
-use crate::limiters::{Acquired, LimiterError, NamedLimiters};
+use crate::named::{Acquired, NamedError, NamedLimiters};
 use crate::proto::sluice::v1::limiter_server::LimiterServer;
 use crate::proto::sluice::v1::{
     AcquireRequest, AcquireResponse, AvailablePermitsRequest, AvailablePermitsResponse,
@@ -32,18 +32,18 @@ use crate::proto::sluice::v1::{
 use crate::store::SetMode;
 use crate::util::LogThrottle;
 
-pub struct LimiterApi {
+pub struct NamedApi {
     limiters: Arc<NamedLimiters>,
 }
 
 /// The native API as a gRPC service, behind its token check.
-pub type LimiterApiService = InterceptedService<LimiterServer<LimiterApi>, BearerToken>;
+pub type NamedApiService = InterceptedService<LimiterServer<NamedApi>, BearerToken>;
 
 /// The service for `limiters`; with `token`, every call must carry it as a bearer token.
-/// Messages are capped like RLS requests (`super::grpc::MAX_REQUEST_BYTES`).
-pub fn service(limiters: Arc<NamedLimiters>, token: Option<&str>) -> LimiterApiService {
-    let server = LimiterServer::new(LimiterApi { limiters })
-        .max_decoding_message_size(super::grpc::MAX_REQUEST_BYTES);
+/// Messages are capped like RLS requests (`super::rls::MAX_REQUEST_BYTES`).
+pub fn service(limiters: Arc<NamedLimiters>, token: Option<&str>) -> NamedApiService {
+    let server = LimiterServer::new(NamedApi { limiters })
+        .max_decoding_message_size(super::rls::MAX_REQUEST_BYTES);
     InterceptedService::new(server, BearerToken::new(token))
 }
 
@@ -98,16 +98,16 @@ impl Interceptor for BearerToken {
     }
 }
 
-fn to_status(error: LimiterError) -> Status {
+fn to_status(error: NamedError) -> Status {
     let message = error.to_string();
     match error {
-        LimiterError::Invalid(_)
-        | LimiterError::TooManyPermits { .. }
-        | LimiterError::NeedsClient(_) => Status::invalid_argument(message),
-        LimiterError::NotFound(_) => Status::not_found(message),
-        LimiterError::WaitTooLong(_) => Status::deadline_exceeded(message),
-        LimiterError::TooManyLimiters(_) => Status::resource_exhausted(message),
-        LimiterError::Store(e) => {
+        NamedError::Invalid(_) | NamedError::TooManyPermits { .. } | NamedError::NeedsClient(_) => {
+            Status::invalid_argument(message)
+        }
+        NamedError::NotFound(_) => Status::not_found(message),
+        NamedError::WaitTooLong(_) => Status::deadline_exceeded(message),
+        NamedError::TooManyLimiters(_) => Status::resource_exhausted(message),
+        NamedError::Store(e) => {
             static STORE_ERRORS: LogThrottle = LogThrottle::new();
             if let Some(held_back) = STORE_ERRORS.allow(SystemClock.now_secs()) {
                 tracing::warn!(error = %e, held_back, "store failed");
@@ -131,7 +131,7 @@ fn response(a: Acquired) -> Response<AcquireResponse> {
 }
 
 #[tonic::async_trait]
-impl limiter_server::Limiter for LimiterApi {
+impl limiter_server::Limiter for NamedApi {
     async fn set_rate(
         &self,
         request: Request<SetRateRequest>,

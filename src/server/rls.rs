@@ -1,5 +1,5 @@
 //! The gRPC adapter: Envoy's `RateLimitService`, health and reflection on the gRPC port, and
-//! Sluice's own `sluice.v1.Limiter` (see `limiter_api.rs`) there or on a port of its own.
+//! Sluice's own `sluice.v1.Limiter` (see `named.rs`) there or on a port of its own.
 //!
 //! Errors become gRPC statuses so that Envoy's `failure_mode_deny` can act on them (Envoy treats
 //! any non-OK status as a failed call; a response with `overall_code: UNKNOWN` is not):
@@ -24,11 +24,11 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::connections::{self, ConnectionLimit};
-use super::limiter_api::LimiterApiService;
+use super::named::NamedApiService;
 use super::{GrpcOptions, ServeError, tls};
-use crate::limiter::{LimitError, RateLimiter};
 use crate::metrics::{ApiMetrics, Metrics};
 use crate::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
+use crate::rls::{RateLimiter, RlsError};
 
 /// Largest encoded `RateLimitRequest` accepted (tonic's default is 4 MiB): Envoy's requests are
 /// a few hundred bytes. Checked while decoding, before the per-field input limits.
@@ -93,19 +93,19 @@ impl Extractor for Metadata<'_> {
 
 /// Upstream's `err_type` label: store failures are `redis_error`, everything else
 /// `service_error`.
-pub fn error_type(error: &LimitError) -> &'static str {
+pub fn error_type(error: &RlsError) -> &'static str {
     match error {
-        LimitError::Store(_) => "redis_error",
-        LimitError::InvalidRequest(_) | LimitError::NoConfig => "service_error",
+        RlsError::Store(_) => "redis_error",
+        RlsError::InvalidRequest(_) | RlsError::NoConfig => "service_error",
     }
 }
 
-pub fn to_status(error: LimitError) -> Status {
+pub fn to_status(error: RlsError) -> Status {
     match &error {
-        LimitError::InvalidRequest(message) => Status::invalid_argument(message.clone()),
-        LimitError::NoConfig => Status::unavailable(error.to_string()),
+        RlsError::InvalidRequest(message) => Status::invalid_argument(message.clone()),
+        RlsError::NoConfig => Status::unavailable(error.to_string()),
         // Logged by the limiter, at most once a second.
-        LimitError::Store(_) => Status::unavailable(error.to_string()),
+        RlsError::Store(_) => Status::unavailable(error.to_string()),
     }
 }
 
@@ -116,7 +116,7 @@ pub fn serve<H>(
     options: &GrpcOptions,
     limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
-    limiter_api: Option<LimiterApiService>,
+    limiter_api: Option<NamedApiService>,
     health: H,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError>
@@ -154,10 +154,10 @@ where
 
 /// Serves only the native API on a listener of its own (`LIMITER_GRPC_PORT`), with the gRPC
 /// port's TLS settings.
-pub fn serve_limiter_api(
+pub fn serve_named_api(
     listener: TcpListener,
     options: &GrpcOptions,
-    service: LimiterApiService,
+    service: NamedApiService,
     metrics: &Metrics,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError> {
