@@ -5,6 +5,11 @@
 //! part FLUSHes the database it is given, so never point it at a Redis that matters.
 //! Arguments: REDIS_URL [N, default 200000].
 
+/// The service's allocator (src/main.rs), so bytes per counter are the service's.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::time::Duration;
 

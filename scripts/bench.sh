@@ -20,7 +20,7 @@ for tool in redis-server python3; do
   fi
 done
 
-cargo build --release --bins
+cargo build --release --workspace --bins
 target_dir="${CARGO_TARGET_DIR:-target}"
 
 name=latest

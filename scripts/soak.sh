@@ -19,7 +19,7 @@ keys="${KEYS:-2000000}"
 concurrency="${CONCURRENCY:-16}"
 case "$store" in memory | redis) ;; *) echo "soak.sh: store is memory or redis" >&2; exit 2 ;; esac
 
-cargo build --release --bins --quiet
+cargo build --release --workspace --bins --quiet
 bin=target/release
 work=$(mktemp -d)
 pids=()

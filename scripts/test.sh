@@ -45,7 +45,8 @@ if ! cargo deny --version >/dev/null 2>&1; then
 fi
 cargo deny --log-level error check licenses bans sources
 
-cargo test --locked "$@"
+# The service and the benchmark crate (bench/); fuzz/ is built by scripts/fuzz.sh below.
+cargo test --locked --workspace "$@"
 scripts/check_chart.sh
 # Also keeps the fuzz crate compiling against the library. libFuzzer when cargo-fuzz is
 # installed, else the stable uninstrumented runner (see docs/fuzzing.md).

@@ -19,7 +19,7 @@ const ENTRY_BYTES: usize = 48;
 const SHARDS: usize = 16;
 
 #[derive(Debug)]
-pub struct OverLimitCache {
+pub(super) struct OverLimitCache {
     shards: Box<[Mutex<HashMap<u128, u64>>]>,
     per_shard: usize,
     hashes: [RandomState; 2],
@@ -27,7 +27,7 @@ pub struct OverLimitCache {
 
 impl OverLimitCache {
     /// `None` when `size_bytes` is 0 (upstream's "off").
-    pub fn with_size(size_bytes: usize) -> Option<Self> {
+    pub(super) fn with_size(size_bytes: usize) -> Option<Self> {
         let entries = size_bytes / ENTRY_BYTES;
         (entries > 0).then(|| Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
@@ -48,14 +48,14 @@ impl OverLimitCache {
     }
 
     /// Milliseconds until `key`'s window ends, if it is known to be over its limit now.
-    pub fn over_limit(&self, key: &str, now_ms: u64) -> Option<u64> {
+    pub(super) fn over_limit(&self, key: &str, now_ms: u64) -> Option<u64> {
         let id = self.id(key);
         let until = *self.shard(id).get(&id)?;
         (until > now_ms).then(|| until - now_ms)
     }
 
     /// Remembers that `key` is over its limit until `until_ms`.
-    pub fn remember(&self, key: &str, until_ms: u64, now_ms: u64) {
+    pub(super) fn remember(&self, key: &str, until_ms: u64, now_ms: u64) {
         let id = self.id(key);
         let mut shard = self.shard(id);
         if shard.len() >= self.per_shard {

@@ -15,7 +15,7 @@ use crate::proto::{
 use crate::store::Outcome;
 
 /// Unknown domain: every descriptor OK with no limit.
-pub fn all_ok(descriptors: usize) -> RateLimitResponse {
+pub(super) fn all_ok(descriptors: usize) -> RateLimitResponse {
     RateLimitResponse {
         overall_code: Code::Ok as i32,
         statuses: vec![no_limit(); descriptors],
@@ -24,7 +24,7 @@ pub fn all_ok(descriptors: usize) -> RateLimitResponse {
 }
 
 /// No limit matched (or it was replaced): `{code: OK}` and nothing else.
-pub fn no_limit() -> DescriptorStatus {
+pub(super) fn no_limit() -> DescriptorStatus {
     DescriptorStatus {
         code: Code::Ok as i32,
         ..Default::default()
@@ -33,14 +33,14 @@ pub fn no_limit() -> DescriptorStatus {
 
 /// A descriptor refused without being judged (see [`super::Refusal`]): OVER_LIMIT, nothing left,
 /// no limit named.
-pub fn refused() -> DescriptorStatus {
+pub(super) fn refused() -> DescriptorStatus {
     DescriptorStatus {
         code: Code::OverLimit as i32,
         ..Default::default()
     }
 }
 
-pub fn unlimited() -> DescriptorStatus {
+pub(super) fn unlimited() -> DescriptorStatus {
     DescriptorStatus {
         code: Code::Ok as i32,
         limit_remaining: UNLIMITED_REMAINING,
@@ -49,7 +49,7 @@ pub fn unlimited() -> DescriptorStatus {
 }
 
 /// A counted descriptor. Per-rule shadow mode turns OVER_LIMIT into OK but keeps remaining 0.
-pub fn counted(limit: &Limit, outcome: &Outcome) -> DescriptorStatus {
+pub(super) fn counted(limit: &Limit, outcome: &Outcome) -> DescriptorStatus {
     let Quota::PerUnit {
         requests_per_unit,
         unit,
@@ -126,7 +126,7 @@ impl HeaderNames {
 /// `RateLimit-Policy: "<name>";q=<quota>;w=<window seconds>` and
 /// `RateLimit: "<name>";r=<remaining>;t=<seconds to reset>`, for the same status the
 /// `RateLimit-*` headers describe. An unnamed limit is called `default`.
-pub fn draft_headers(status: &DescriptorStatus) -> Vec<HeaderValue> {
+pub(super) fn draft_headers(status: &DescriptorStatus) -> Vec<HeaderValue> {
     let Some(limit) = &status.current_limit else {
         return Vec::new();
     };
@@ -171,7 +171,7 @@ pub fn draft_headers(status: &DescriptorStatus) -> Vec<HeaderValue> {
 
 /// The status the headers describe: the last non-quota OVER_LIMIT one if any, else the limited
 /// one with the least remaining (the first of equals).
-pub fn header_source(
+pub(super) fn header_source(
     statuses: &[DescriptorStatus],
     is_quota: impl Fn(usize) -> bool,
 ) -> Option<&DescriptorStatus> {
@@ -192,7 +192,7 @@ pub fn header_source(
 /// Upstream's dynamic metadata: the domain, each request descriptor (entries as `key=value`,
 /// its override and cost when present), the request's cost when non-zero, and the deep merge of
 /// the config `metadata` of every descriptor that is not over the limit (first value wins).
-pub fn dynamic_metadata(
+pub(super) fn dynamic_metadata(
     request: &RateLimitRequest,
     statuses: &[DescriptorStatus],
     limits: &[Option<&Limit>],

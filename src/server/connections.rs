@@ -94,7 +94,7 @@ impl ConnectionLimit {
 
 /// The admitted connections of `listener`, as the stream tonic serves from, each closed
 /// `lifetime` after it is handed over (`None`: never).
-pub fn incoming(
+pub(crate) fn incoming(
     listener: TcpListener,
     limit: ConnectionLimit,
     lifetime: Option<Duration>,
@@ -106,7 +106,7 @@ pub fn incoming(
 }
 
 /// A listener for axum that admits connections under `limit`.
-pub struct LimitedListener {
+pub(crate) struct LimitedListener {
     pub listener: TcpListener,
     pub limit: ConnectionLimit,
 }
@@ -188,7 +188,7 @@ impl tonic::transport::server::Connected for Admitted<TcpStream> {
 /// Why an [`Expiring`] connection stopped working.
 #[derive(Debug, thiserror::Error)]
 #[error("the connection reached GRPC_MAX_CONNECTION_AGE plus GRPC_MAX_CONNECTION_AGE_GRACE")]
-pub struct Expired;
+pub(crate) struct Expired;
 
 /// A connection that fails every read, write and flush once its lifetime has passed, so the
 /// HTTP/2 server serving it gives up and drops it (closing the socket), whatever calls it still

@@ -8,7 +8,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 /// The gRPC health service name upstream registers.
-pub const SERVICE_NAME: &str = "ratelimit";
+pub(super) const SERVICE_NAME: &str = "ratelimit";
 
 /// SERVING while the store answers and the service is not shutting down (upstream's health is
 /// likewise the AND of its components).

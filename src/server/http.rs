@@ -35,7 +35,7 @@ struct AppState {
 
 /// What `/metrics` reads.
 #[derive(Clone)]
-pub struct Observability {
+pub(crate) struct Observability {
     pub metrics: Arc<Metrics>,
     /// Sampled at scrape time, when the memory store is in use.
     pub memory_store: Option<Arc<MemoryStore>>,
@@ -81,7 +81,7 @@ impl JsonMapping {
     }
 }
 
-pub fn serve(
+pub(crate) fn serve(
     listener: LimitedListener,
     limiter: Arc<RateLimiter>,
     health: Health,
@@ -105,7 +105,7 @@ pub fn serve(
 
 /// Upstream's separate metrics listener (`USE_PROMETHEUS`): only `path`, the same text as
 /// `/metrics` on the HTTP port.
-pub fn serve_metrics(
+pub(crate) fn serve_metrics(
     listener: LimitedListener,
     path: &str,
     observability: Observability,

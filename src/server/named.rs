@@ -32,16 +32,16 @@ use crate::proto::sluice::v1::{
 use crate::store::SetMode;
 use crate::util::LogThrottle;
 
-pub struct NamedApi {
+pub(crate) struct NamedApi {
     limiters: Arc<NamedLimiters>,
 }
 
 /// The native API as a gRPC service, behind its token check.
-pub type NamedApiService = InterceptedService<LimiterServer<NamedApi>, BearerToken>;
+pub(crate) type NamedApiService = InterceptedService<LimiterServer<NamedApi>, BearerToken>;
 
 /// The service for `limiters`; with `token`, every call must carry it as a bearer token.
 /// Messages are capped like RLS requests (`super::rls::MAX_REQUEST_BYTES`).
-pub fn service(limiters: Arc<NamedLimiters>, token: Option<&str>) -> NamedApiService {
+pub(crate) fn service(limiters: Arc<NamedLimiters>, token: Option<&str>) -> NamedApiService {
     let server = LimiterServer::new(NamedApi { limiters })
         .max_decoding_message_size(super::rls::MAX_REQUEST_BYTES);
     InterceptedService::new(server, BearerToken::new(token))
@@ -50,7 +50,7 @@ pub fn service(limiters: Arc<NamedLimiters>, token: Option<&str>) -> NamedApiSer
 /// Checks `authorization: Bearer <token>`. The comparison runs over SHA-256 digests in constant
 /// time, so neither the token's bytes nor its length can be learnt from response times.
 #[derive(Clone)]
-pub struct BearerToken {
+pub(crate) struct BearerToken {
     expected: Option<[u8; 32]>,
 }
 

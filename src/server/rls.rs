@@ -32,12 +32,12 @@ use crate::rls::{RateLimiter, RlsError};
 
 /// Largest encoded `RateLimitRequest` accepted (tonic's default is 4 MiB): Envoy's requests are
 /// a few hundred bytes. Checked while decoding, before the per-field input limits.
-pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+pub(crate) const MAX_REQUEST_BYTES: usize = 1 << 20;
 
 /// Concurrent requests on one HTTP/2 connection (Envoy multiplexes many on few connections).
-pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 
-pub struct RateLimitService {
+pub(crate) struct RateLimitService {
     limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
     api: ApiMetrics,
@@ -93,14 +93,14 @@ impl Extractor for Metadata<'_> {
 
 /// Upstream's `err_type` label: store failures are `redis_error`, everything else
 /// `service_error`.
-pub fn error_type(error: &RlsError) -> &'static str {
+pub(crate) fn error_type(error: &RlsError) -> &'static str {
     match error {
         RlsError::Store(_) => "redis_error",
         RlsError::InvalidRequest(_) | RlsError::NoConfig => "service_error",
     }
 }
 
-pub fn to_status(error: RlsError) -> Status {
+pub(crate) fn to_status(error: RlsError) -> Status {
     match &error {
         RlsError::InvalidRequest(message) => Status::invalid_argument(message.clone()),
         RlsError::NoConfig => Status::unavailable(error.to_string()),
@@ -111,7 +111,7 @@ pub fn to_status(error: RlsError) -> Status {
 
 /// Serves RLS, health, reflection and, when it shares the port, the native API on `listener`.
 #[allow(clippy::too_many_arguments)]
-pub fn serve<H>(
+pub(crate) fn serve<H>(
     listener: TcpListener,
     options: &GrpcOptions,
     limiter: Arc<RateLimiter>,
@@ -154,7 +154,7 @@ where
 
 /// Serves only the native API on a listener of its own (`LIMITER_GRPC_PORT`), with the gRPC
 /// port's TLS settings.
-pub fn serve_named_api(
+pub(crate) fn serve_named_api(
     listener: TcpListener,
     options: &GrpcOptions,
     service: NamedApiService,

@@ -36,7 +36,7 @@ use super::redis::{Connection, Manager, describe, fail, new_pool, redis_error};
 use super::slot::SLOTS;
 
 /// Refreshes of the slot map are at least this far apart.
-pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_millis(100);
+pub(super) const MIN_REFRESH_INTERVAL: Duration = Duration::from_millis(100);
 /// Pause before retrying a call the cluster asked us to retry (`TRYAGAIN` and the like).
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// Redirections one call may follow.
@@ -49,7 +49,7 @@ struct Topology {
     masters: Vec<String>,
 }
 
-pub struct Cluster {
+pub(super) struct Cluster {
     /// Settings to connect with (auth, TLS); the address is replaced per node.
     template: ConnectionInfo,
     seeds: Vec<String>,
@@ -79,7 +79,7 @@ enum Attempt<T> {
 
 impl Cluster {
     /// `seeds` are `host:port` addresses; `template` carries auth and TLS settings.
-    pub fn new(
+    pub(super) fn new(
         template: ConnectionInfo,
         seeds: Vec<String>,
         pool_size: u32,
@@ -100,7 +100,7 @@ impl Cluster {
     }
 
     /// The masters currently known.
-    pub fn masters(&self) -> Vec<String> {
+    pub(super) fn masters(&self) -> Vec<String> {
         self.topology.load().masters.clone()
     }
 
@@ -121,7 +121,7 @@ impl Cluster {
 
     /// A connection to `node`, from its pool. A node that could not be reached recently fails
     /// at once.
-    pub async fn connection(&self, node: &str) -> Result<Connection, StoreError> {
+    pub(super) async fn connection(&self, node: &str) -> Result<Connection, StoreError> {
         self.node(node)?.source().connect().await
     }
 
@@ -148,7 +148,7 @@ impl Cluster {
 
     /// Reloads the slot map from the first node that answers `CLUSTER SLOTS`. Calls closer
     /// together than [`MIN_REFRESH_INTERVAL`] share one refresh.
-    pub async fn refresh(&self) -> Result<(), StoreError> {
+    pub(super) async fn refresh(&self) -> Result<(), StoreError> {
         let mut last = self.refresh.lock().await;
         if last.is_some_and(|at| at.elapsed() < MIN_REFRESH_INTERVAL) {
             return Ok(());
@@ -196,7 +196,7 @@ impl Cluster {
     /// redirections until the call completes or fails for good. Calls to a node are coalesced
     /// with other requests' (see `coalesce.rs`), except after `ASK`, which needs `ASKING` sent
     /// right before the call.
-    pub async fn run(&self, slot: u16, cmd: &redis::Cmd) -> Result<Value, StoreError> {
+    pub(super) async fn run(&self, slot: u16, cmd: &redis::Cmd) -> Result<Value, StoreError> {
         let mut target: Option<(String, bool)> = None;
         for _ in 0..=MAX_REDIRECTS {
             let (node, asking) = match target.take() {

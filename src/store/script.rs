@@ -18,12 +18,12 @@ const LIBRARY: &[&str] = &[
 ];
 
 /// Integers in the decision script's reply per check.
-pub const REPLY_PER_CHECK: usize = 4;
+pub(super) const REPLY_PER_CHECK: usize = 4;
 
 /// Arguments per check after ARGV[1], as `lua/decide.lua` reads them.
 const ARGS_PER_CHECK: usize = 7;
 
-pub struct LuaScript {
+pub(super) struct LuaScript {
     pub source: String,
     pub sha1: String,
 }
@@ -39,19 +39,19 @@ impl LuaScript {
 }
 
 /// Decides a batch of RLS checks (`lua/decide.lua`).
-pub static DECISION: LazyLock<LuaScript> =
+pub(super) static DECISION: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::assemble(include_str!("../../lua/decide.lua")));
 
 /// One operation on a named limiter (`lua/limiter.lua`).
-pub static LIMITER: LazyLock<LuaScript> =
+pub(super) static LIMITER: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::assemble(include_str!("../../lua/limiter.lua")));
 
 /// One operation on the registry of named limiters (`lua/registry.lua`).
-pub static REGISTRY: LazyLock<LuaScript> =
+pub(super) static REGISTRY: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::assemble(include_str!("../../lua/registry.lua")));
 
 /// Every script, for loading at start-up.
-pub fn all() -> [&'static LuaScript; 3] {
+pub(super) fn all() -> [&'static LuaScript; 3] {
     [&DECISION, &LIMITER, &REGISTRY]
 }
 
@@ -59,7 +59,7 @@ pub fn all() -> [&'static LuaScript; 3] {
 ///
 /// `pinned_now_micros` replaces Redis's clock (tests only); `ttl_jitter_ms` is added to the expiry
 /// of each new counter, one value per check.
-pub fn encode(
+pub(super) fn encode(
     cmd: &mut redis::Cmd,
     checks: &[Check],
     pinned_now_micros: Option<u64>,
@@ -100,7 +100,7 @@ pub fn encode(
 
 /// Arguments and bytes that [`encode`] appends for `checks`: an upper bound, since a `u64` has
 /// at most 20 digits and the longest algorithm name is 22 bytes.
-pub fn capacity(checks: &[Check]) -> (usize, usize) {
+pub(super) fn capacity(checks: &[Check]) -> (usize, usize) {
     const NUMBER: usize = 20;
     const ALGORITHM_NAME: usize = 22;
     let keys: usize = checks.iter().map(|c| c.key.len()).sum();
@@ -110,7 +110,7 @@ pub fn capacity(checks: &[Check]) -> (usize, usize) {
     (arguments, 2 * NUMBER + keys + checks.len() * per_check)
 }
 
-pub fn rule_name(rule: &Rule) -> &'static str {
+pub(super) fn rule_name(rule: &Rule) -> &'static str {
     match rule {
         Rule::FixedWindow { .. } => "fixed_window",
         Rule::SlidingWindowLog { .. } => "sliding_window_log",
@@ -123,7 +123,7 @@ pub fn rule_name(rule: &Rule) -> &'static str {
 /// A rule's four parameters as a named limiter's config hash keeps them (`a`..`d`), which is
 /// also how the decision script receives them, except for the fixed window: stored as limit and
 /// window seconds, its window is picked by the script.
-pub fn stored_args(rule: &Rule) -> [String; 4] {
+pub(super) fn stored_args(rule: &Rule) -> [String; 4] {
     match *rule {
         Rule::FixedWindow {
             limit, window_secs, ..
@@ -163,7 +163,7 @@ pub fn stored_args(rule: &Rule) -> [String; 4] {
 }
 
 /// The inverse of [`rule_name`] and [`stored_args`].
-pub fn parse_rule(name: &str, args: &[String; 4]) -> Result<Rule, StoreError> {
+pub(super) fn parse_rule(name: &str, args: &[String; 4]) -> Result<Rule, StoreError> {
     let bad = || StoreError::Protocol(format!("stored limiter rule {name} {args:?}"));
     let int = |i: usize| args[i].parse::<u64>().map_err(|_| bad());
     Ok(match name {

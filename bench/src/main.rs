@@ -11,6 +11,13 @@
 //! and Redis counters, `procs.rs` starts and stops the processes, `report.rs` turns one run's
 //! measurements into figures, JSON and text.
 
+#![warn(unreachable_pub)]
+
+/// The same allocator as the `sluice` binary (src/main.rs), so the null server and the load
+/// generator are measured like the service.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod load;
 mod matrix;
 mod null_server;

@@ -18,7 +18,7 @@ use crate::procs::Endpoint;
 
 /// Everything one run measured.
 #[derive(Clone, Debug)]
-pub struct RunResult {
+pub(crate) struct RunResult {
     /// `null`, `memory`, `redis` or `target`.
     pub store: String,
     pub concurrency: u32,
@@ -60,7 +60,7 @@ pub struct RunResult {
 
 /// Latency percentiles in microseconds.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Latency {
+pub(crate) struct Latency {
     pub p50: u64,
     pub p90: u64,
     pub p99: u64,
@@ -70,7 +70,7 @@ pub struct Latency {
 }
 
 #[derive(Clone, Copy, Debug)]
-pub struct RedisFigures {
+pub(crate) struct RedisFigures {
     pub script_calls: u64,
     pub script_calls_per_req: Option<f64>,
     /// All commands but INFO, per request.
@@ -80,7 +80,7 @@ pub struct RedisFigures {
 }
 
 /// Runs `spec` against `endpoint` and collects the figures.
-pub async fn measure(
+pub(crate) async fn measure(
     store: &str,
     endpoint: &Endpoint,
     spec: &LoadSpec,
@@ -190,7 +190,7 @@ fn round_opt(x: Option<f64>, digits: i32) -> Option<f64> {
 
 impl RunResult {
     /// One JSON line per measured second, stamped with the unix second it ended in.
-    pub fn per_second_json_lines(&self) -> String {
+    pub(crate) fn per_second_json_lines(&self) -> String {
         let started = self
             .unix_time
             .saturating_sub(self.duration_s.round() as u64);
@@ -208,7 +208,7 @@ impl RunResult {
         out
     }
 
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         json!({
             "store": self.store,
             "concurrency": self.concurrency,
@@ -255,7 +255,7 @@ impl RunResult {
         })
     }
 
-    pub fn to_text(&self) -> String {
+    pub(crate) fn to_text(&self) -> String {
         let opt = |x: Option<f64>, digits: usize| match x {
             Some(x) => format!("{x:.digits$}"),
             None => "n/a".into(),

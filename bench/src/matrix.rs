@@ -34,7 +34,7 @@ use crate::report::{self, RunResult};
 use crate::{CommonArgs, SpawnKind, parse_seconds, parse_seconds_or_zero};
 
 #[derive(Args, Debug)]
-pub struct MatrixArgs {
+pub(crate) struct MatrixArgs {
     /// Smoke test: 2 s per run after 1 s of warm-up; writes quick.jsonl and quick.md.
     #[arg(long)]
     quick: bool,
@@ -161,7 +161,7 @@ fn plan(all_stores: &[SpawnKind], levels: &[u32]) -> Vec<Plan> {
     runs
 }
 
-pub async fn main(args: Box<MatrixArgs>) -> Result<()> {
+pub(crate) async fn main(args: Box<MatrixArgs>) -> Result<()> {
     run_matrix(*args).await
 }
 

@@ -24,14 +24,14 @@ use tonic::transport::{Channel, Endpoint};
 use crate::probe::{Sampler, Snapshot};
 
 /// The domain of the generated config.
-pub const DOMAIN: &str = "bench";
+pub(crate) const DOMAIN: &str = "bench";
 
 /// Highest latency the histograms track (longer ones are recorded as this).
 const MAX_LATENCY_US: u64 = 60_000_000;
 
 /// The shape of the load.
 #[derive(Clone, Debug)]
-pub struct LoadSpec {
+pub(crate) struct LoadSpec {
     pub concurrency: u32,
     pub connections: u32,
     pub keys: u64,
@@ -46,7 +46,7 @@ pub struct LoadSpec {
 
 /// One second of the measured interval.
 #[derive(Clone, Debug)]
-pub struct SecondFigures {
+pub(crate) struct SecondFigures {
     /// Seconds since the start of the measured interval (0 is the first second).
     pub second: u64,
     pub answered: u64,
@@ -59,7 +59,7 @@ pub struct SecondFigures {
 }
 
 /// What the tasks saw in the measured interval.
-pub struct LoadOutcome {
+pub(crate) struct LoadOutcome {
     /// Answers with overall code OK.
     pub ok: u64,
     pub over_limit: u64,
@@ -78,11 +78,11 @@ pub struct LoadOutcome {
 }
 
 impl LoadOutcome {
-    pub fn answered(&self) -> u64 {
+    pub(crate) fn answered(&self) -> u64 {
         self.ok + self.over_limit + self.unknown
     }
 
-    pub fn error_count(&self) -> u64 {
+    pub(crate) fn error_count(&self) -> u64 {
         self.errors.values().sum()
     }
 }
@@ -142,7 +142,11 @@ async fn collect_seconds(
 
 /// Opens the channels, checks one request, runs the load and reads `sampler` at both ends of
 /// the measured interval.
-pub async fn run(addr: SocketAddr, spec: &LoadSpec, sampler: &mut Sampler) -> Result<LoadOutcome> {
+pub(crate) async fn run(
+    addr: SocketAddr,
+    spec: &LoadSpec,
+    sampler: &mut Sampler,
+) -> Result<LoadOutcome> {
     let uri = format!("http://{addr}");
     let endpoint = Endpoint::from_shared(uri.clone())
         .with_context(|| format!("invalid address {uri}"))?

@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 
 /// One reading of every counter.
 #[derive(Clone, Debug)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub at: Instant,
     /// utime + stime of the server process, in seconds.
     pub server_cpu: Option<f64>,
@@ -24,7 +24,7 @@ pub struct Snapshot {
 }
 
 #[derive(Clone, Copy, Debug)]
-pub struct MachineCpu {
+pub(crate) struct MachineCpu {
     /// Everything but idle and iowait.
     pub busy: f64,
     /// The part of `busy` spent in interrupts and softirqs (loopback networking lands here too,
@@ -33,7 +33,7 @@ pub struct MachineCpu {
 }
 
 #[derive(Clone, Copy, Debug, Default)]
-pub struct RedisStats {
+pub(crate) struct RedisStats {
     /// Calls of EVAL, EVALSHA, EVAL_RO and EVALSHA_RO.
     pub script_calls: u64,
     /// Calls of every command except INFO (which only the bench sends).
@@ -43,13 +43,13 @@ pub struct RedisStats {
 }
 
 /// Reads snapshots of one server (and its Redis: one server, or every master of a cluster).
-pub struct Sampler {
+pub(crate) struct Sampler {
     server_pid: Option<u32>,
     redis: Vec<redis::aio::MultiplexedConnection>,
 }
 
 impl Sampler {
-    pub async fn new(server_pid: Option<u32>, redis_urls: &[String]) -> Result<Sampler> {
+    pub(crate) async fn new(server_pid: Option<u32>, redis_urls: &[String]) -> Result<Sampler> {
         let mut redis = Vec::new();
         for url in redis_urls {
             let client = redis::Client::open(url.as_str())
@@ -67,7 +67,7 @@ impl Sampler {
         Ok(Sampler { server_pid, redis })
     }
 
-    pub async fn snapshot(&mut self) -> Result<Snapshot> {
+    pub(crate) async fn snapshot(&mut self) -> Result<Snapshot> {
         let at = Instant::now();
         let server_cpu = self.server_pid.and_then(|pid| process_cpu(pid).ok());
         let generator_cpu = process_cpu(std::process::id()).ok();
@@ -97,7 +97,7 @@ impl Sampler {
 }
 
 /// Clock ticks per second of `/proc` times.
-pub fn clk_tck() -> f64 {
+pub(crate) fn clk_tck() -> f64 {
     static TCK: OnceLock<f64> = OnceLock::new();
     *TCK.get_or_init(|| {
         std::process::Command::new("getconf")
@@ -112,7 +112,7 @@ pub fn clk_tck() -> f64 {
 }
 
 /// utime + stime of a process (all its threads), in seconds.
-pub fn process_cpu(pid: u32) -> Result<f64> {
+pub(crate) fn process_cpu(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The command name (field 2) is in parentheses and may contain spaces: skip past it.
     let rest = stat
@@ -132,7 +132,7 @@ pub fn process_cpu(pid: u32) -> Result<f64> {
 }
 
 /// Busy CPUs of the whole machine, averaged over `window` (2.0 = two cores busy).
-pub async fn machine_busy_cores(window: std::time::Duration) -> Option<f64> {
+pub(crate) async fn machine_busy_cores(window: std::time::Duration) -> Option<f64> {
     let before = machine_cpu().ok()?;
     tokio::time::sleep(window).await;
     let after = machine_cpu().ok()?;
@@ -197,7 +197,7 @@ fn parse_info(info: &str) -> Result<RedisStats> {
 }
 
 /// The 1-minute load average, to flag runs on a busy machine.
-pub fn loadavg_1m() -> Option<f64> {
+pub(crate) fn loadavg_1m() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg")
         .ok()?
         .split_whitespace()
@@ -207,7 +207,7 @@ pub fn loadavg_1m() -> Option<f64> {
 }
 
 /// "AMD EPYC, 2 CPUs" from /proc/cpuinfo.
-pub fn machine_description() -> String {
+pub(crate) fn machine_description() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()

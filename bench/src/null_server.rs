@@ -18,7 +18,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 #[derive(Args, Debug)]
-pub struct NullArgs {
+pub(crate) struct NullArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: std::net::IpAddr,
@@ -65,7 +65,7 @@ impl RateLimitService for NullService {
     }
 }
 
-pub fn main(args: NullArgs) -> Result<()> {
+pub(crate) fn main(args: NullArgs) -> Result<()> {
     // Same runtime as `sluice serve`: tokio's default, one worker per CPU.
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(serve(SocketAddr::new(args.host, args.port)))
