@@ -1,7 +1,7 @@
 -- Entry point of the decision script: decides a batch of checks in one atomic call.
 --
 -- The other files in this directory are prepended to this one to form a single script (see
--- src/store/script.rs), so it can call their functions.
+-- src/store/redis/script.rs), so it can call their functions.
 --
 -- ARGV[1] is empty in production, and Redis's clock (TIME) is used; tests that pin time put
 -- microseconds there. Then follow the checks, ARGS_PER_CHECK arguments each: the algorithm name,

@@ -1,4 +1,4 @@
--- Runs one algorithm on one key: the algorithm name and its arguments as src/store/script.rs
+-- Runs one algorithm on one key: the algorithm name and its arguments as src/store/redis/script.rs
 -- lays them out. Shared by both entry points (decide.lua, limiter.lua). `record` (true to charge
 -- refused hits too) is nil from the named-limiter script, which never does.
 local function run_rule(key, now_us, algorithm, hits, a, b, c, d, record)

@@ -5,7 +5,7 @@
 --
 -- ARGV[1] is the pinned time or '', ARGV[2] the operation, ARGV[3] 1 when a client was named.
 --
--- The config hash holds the rule as src/store/script.rs stores it (rule, a..d), the capacity
+-- The config hash holds the rule as src/store/redis/script.rs stores it (rule, a..d), the capacity
 -- (cap), per-client mode (pc), the API's encoded config (desc) and the generation (gen). A reset
 -- starts a new generation; states of the old one (other clients', which this call cannot name)
 -- are dropped the next time they are used, and expire meanwhile. A keep-state update that

@@ -423,7 +423,7 @@ fn evalsha_calls(redis: &RedisServer) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Concurrent decisions leave in shared writes (src/store/coalesce.rs), and every caller still
+/// Concurrent decisions leave in shared writes (src/store/redis/coalesce.rs), and every caller still
 /// gets the answer for its own counter.
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_decisions_share_writes_and_keep_their_own_answers() {

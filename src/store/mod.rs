@@ -8,12 +8,8 @@
 
 pub mod algorithms;
 pub mod breaker;
-mod cluster;
-mod coalesce;
 pub mod memory;
 pub mod redis;
-mod script;
-pub mod slot;
 
 use std::fmt::Debug;
 use std::future::Future;

@@ -3,18 +3,18 @@
 
 use std::sync::LazyLock;
 
-use super::{Check, Rule, StoreError};
+use crate::store::{Check, Rule, StoreError};
 
 /// Helpers and algorithms, shared by both entry points; each script is one chunk so its entry
 /// point can call them.
 const LIBRARY: &[&str] = &[
-    include_str!("../../lua/common.lua"),
-    include_str!("../../lua/fixed_window.lua"),
-    include_str!("../../lua/sliding_window_log.lua"),
-    include_str!("../../lua/sliding_window_counter.lua"),
-    include_str!("../../lua/gcra.lua"),
-    include_str!("../../lua/warm_up.lua"),
-    include_str!("../../lua/dispatch.lua"),
+    include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/fixed_window.lua"),
+    include_str!("../../../lua/sliding_window_log.lua"),
+    include_str!("../../../lua/sliding_window_counter.lua"),
+    include_str!("../../../lua/gcra.lua"),
+    include_str!("../../../lua/warm_up.lua"),
+    include_str!("../../../lua/dispatch.lua"),
 ];
 
 /// Integers in the decision script's reply per check.
@@ -40,15 +40,15 @@ impl LuaScript {
 
 /// Decides a batch of RLS checks (`lua/decide.lua`).
 pub(super) static DECISION: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::assemble(include_str!("../../lua/decide.lua")));
+    LazyLock::new(|| LuaScript::assemble(include_str!("../../../lua/decide.lua")));
 
 /// One operation on a named limiter (`lua/limiter.lua`).
 pub(super) static LIMITER: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::assemble(include_str!("../../lua/limiter.lua")));
+    LazyLock::new(|| LuaScript::assemble(include_str!("../../../lua/limiter.lua")));
 
 /// One operation on the registry of named limiters (`lua/registry.lua`).
 pub(super) static REGISTRY: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::assemble(include_str!("../../lua/registry.lua")));
+    LazyLock::new(|| LuaScript::assemble(include_str!("../../../lua/registry.lua")));
 
 /// Every script, for loading at start-up.
 pub(super) fn all() -> [&'static LuaScript; 3] {

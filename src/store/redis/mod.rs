@@ -11,212 +11,40 @@
 //! the store loads it again and retries once (`coalesce::send_on`), and the caller sees no
 //! error.
 
+//!
+//! Its parts import in one direction: `options`, `slot` and `script` are leaves; `conn` (pools,
+//! connections, errors) ← `coalesce` (one pipelined write for concurrent calls) ← `cluster` (the
+//! slot map and a pool and batcher per master) ← this module (the [`Store`] implementation).
+
+mod cluster;
+mod coalesce;
+mod conn;
+mod options;
+mod script;
+pub mod slot;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use bb8_redis::RedisConnectionManager;
 use rand::Rng;
-use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{
-    ClientTlsConfig, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
-    TlsCertificates, Value,
-};
+use redis::{RedisError, Value};
 
-use super::cluster::Cluster;
-use super::coalesce::Coalescer;
-use super::script::{self, DECISION, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK};
-use super::slot;
+pub use options::{RedisAuth, RedisOptions, Target, TlsFiles, redact_url};
+
+use self::cluster::Cluster;
+use self::coalesce::Coalescer;
+use self::conn::{
+    Manager, checkout, connection_info, fail, host_port, load, new_pool, redis_error,
+    sentinel_pool, with_tls_files,
+};
+use self::script::{DECISION, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK};
 use super::{
     Acquisition, Check, LimiterKeys, LimiterRecord, LimiterSet, Outcome, RegistryOp, RegistryReply,
     SetMode, Store, StoreError, StoreFuture,
 };
-use crate::clock::Clock;
-
-/// Credentials from `REDIS_AUTH` (`password` or `user:password`). `Debug` never shows them.
-#[derive(Clone)]
-pub struct RedisAuth {
-    pub username: Option<String>,
-    pub password: String,
-}
-
-impl RedisAuth {
-    /// Parses upstream's `REDIS_AUTH` form.
-    pub fn parse(text: &str) -> Self {
-        match text.split_once(':') {
-            Some((user, password)) => Self {
-                username: Some(user.to_string()),
-                password: password.to_string(),
-            },
-            None => Self {
-                username: None,
-                password: text.to_string(),
-            },
-        }
-    }
-}
-
-impl fmt::Debug for RedisAuth {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisAuth")
-            .field("username", &self.username)
-            .field("password", &"<redacted>")
-            .finish()
-    }
-}
-
-/// PEM files for TLS to Redis (`rediss://`). Without a CA file the bundled public roots are used.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TlsFiles {
-    pub ca_cert: Option<PathBuf>,
-    /// Client certificate and key, for Redis servers that require mutual TLS.
-    pub client_cert_and_key: Option<(PathBuf, PathBuf)>,
-}
-
-/// Which Redis deployment to talk to.
-#[derive(Clone, PartialEq, Eq)]
-pub enum Target {
-    /// One server (or a proxy): `redis://host:port`, `rediss://…` (TLS) or `unix:///path`.
-    Single(String),
-    /// A Redis Cluster, by the URLs of some of its nodes (the rest are discovered).
-    Cluster(Vec<String>),
-    /// A master watched by Redis Sentinel: its name and the sentinels' URLs.
-    Sentinel {
-        master: String,
-        sentinels: Vec<String>,
-    },
-}
-
-impl Target {
-    fn tls(&self) -> bool {
-        match self {
-            Target::Single(url) => url.starts_with("rediss://"),
-            Target::Cluster(nodes) => nodes.iter().any(|n| n.starts_with("rediss://")),
-            Target::Sentinel { .. } => false,
-        }
-    }
-}
-
-impl fmt::Debug for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Target::Single(url) => write!(f, "Single({})", redact_url(url)),
-            Target::Cluster(nodes) => {
-                let nodes: Vec<String> = nodes.iter().map(|n| redact_url(n)).collect();
-                write!(f, "Cluster({nodes:?})")
-            }
-            Target::Sentinel { master, sentinels } => {
-                let sentinels: Vec<String> = sentinels.iter().map(|n| redact_url(n)).collect();
-                write!(f, "Sentinel({master}, {sentinels:?})")
-            }
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct RedisOptions {
-    pub target: Target,
-    pub auth: Option<RedisAuth>,
-    /// `REDIS_SENTINEL_AUTH`: credentials for the sentinels themselves.
-    pub sentinel_auth: Option<RedisAuth>,
-    pub tls: TlsFiles,
-    pub pool_size: u32,
-    /// Deadline of one decision, connection checkout included.
-    pub timeout: Duration,
-    /// Upper bound (exclusive) of the random extra TTL given to new counters, so that counters
-    /// created together do not all expire in the same instant.
-    pub expiration_jitter_max: Duration,
-    /// Replaces Redis's clock in the script. Only for tests that need pinned time.
-    pub pinned_clock: Option<Arc<dyn Clock>>,
-}
-
-impl fmt::Debug for RedisOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisOptions")
-            .field("target", &self.target)
-            .field("auth", &self.auth)
-            .field("sentinel_auth", &self.sentinel_auth)
-            .field("tls", &self.tls)
-            .field("pool_size", &self.pool_size)
-            .field("timeout", &self.timeout)
-            .field("expiration_jitter_max", &self.expiration_jitter_max)
-            .field("pinned_clock", &self.pinned_clock.is_some())
-            .finish()
-    }
-}
-
-/// The URL with any password replaced, for logs.
-pub fn redact_url(url: &str) -> String {
-    let (scheme, rest) = match url.split_once("://") {
-        Some((scheme, rest)) => (format!("{scheme}://"), rest),
-        None => (String::new(), url),
-    };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}{user}:<redacted>@{host}")
-        }
-        None => url.to_string(),
-    }
-}
-
-/// A pooled connection and the flag that retires it from the pool.
-#[derive(Clone)]
-pub struct Connection {
-    pub(super) redis: MultiplexedConnection,
-    broken: Arc<AtomicBool>,
-}
-
-/// bb8-redis's manager, plus broken-connection tracking.
-pub(super) struct Manager {
-    source: Source,
-}
-
-/// Where new connections go.
-enum Source {
-    /// A fixed address, through bb8-redis.
-    Direct(RedisConnectionManager),
-    /// Whichever server the sentinels name as master right now, so a new connection after a
-    /// failover reaches the new master.
-    Sentinel(tokio::sync::Mutex<SentinelClient>),
-}
-
-impl bb8::ManageConnection for Manager {
-    type Connection = Connection;
-    type Error = RedisError;
-
-    async fn connect(&self) -> Result<Connection, RedisError> {
-        let redis = match &self.source {
-            Source::Direct(manager) => manager.connect().await?,
-            Source::Sentinel(client) => client.lock().await.get_async_connection().await?,
-        };
-        Ok(Connection {
-            redis,
-            broken: Arc::new(AtomicBool::new(false)),
-        })
-    }
-
-    /// Called on checkout: cheap, because a failed call has already set the flag.
-    async fn is_valid(&self, conn: &mut Connection) -> Result<(), RedisError> {
-        if conn.broken.load(Ordering::Relaxed) {
-            Err(RedisError::from((
-                ErrorKind::Io,
-                "connection failed earlier",
-            )))
-        } else {
-            Ok(())
-        }
-    }
-
-    fn has_broken(&self, conn: &mut Connection) -> bool {
-        conn.broken.load(Ordering::Relaxed)
-    }
-}
 
 pub struct RedisStore {
     connector: Connector,
@@ -444,18 +272,6 @@ fn parse<T: redis::FromRedisValue>(value: Value) -> Result<T, StoreError> {
     T::from_redis_value(value).map_err(|e| StoreError::Protocol(e.to_string()))
 }
 
-/// `SCRIPT LOAD` on the node `conn` is connected to.
-pub(super) async fn load<C: ConnectionLike>(
-    conn: &mut C,
-    script: &LuaScript,
-) -> redis::RedisResult<String> {
-    redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(script.source.as_str())
-        .query_async(conn)
-        .await
-}
-
 /// The stored fields of a limiter (`rule`, `a`..`d`, `cap`, `pc`, `desc`), as HMGET returns
 /// them.
 type RecordFields = (
@@ -484,128 +300,6 @@ fn parse_record(fields: RecordFields) -> Result<Option<LimiterRecord>, StoreErro
     }))
 }
 
-fn connection_info(url: &str, options: &RedisOptions) -> Result<ConnectionInfo, StoreError> {
-    let mut info = url
-        .into_connection_info()
-        .map_err(|e| StoreError::Setup(format!("invalid redis url ({:?})", e.kind())))?;
-    if let Some(auth) = &options.auth {
-        let mut settings = info.redis_settings().clone().set_password(&auth.password);
-        if let Some(user) = &auth.username {
-            settings = settings.set_username(user);
-        }
-        info = info.set_redis_settings(settings);
-    }
-    Ok(info)
-}
-
-/// A bb8 pool of connections to one server (or one cluster node).
-pub(super) fn new_pool(
-    info: ConnectionInfo,
-    pool_size: u32,
-    connect_timeout: Duration,
-) -> Result<bb8::Pool<Manager>, StoreError> {
-    let manager = Manager {
-        source: Source::Direct(RedisConnectionManager::new(info).map_err(redis_error)?),
-    };
-    Ok(pool_of(manager, pool_size, connect_timeout))
-}
-
-/// A pool of connections to the master the sentinels name (`Target::Sentinel`).
-fn sentinel_pool(
-    master: &str,
-    sentinels: &[String],
-    options: &RedisOptions,
-) -> Result<bb8::Pool<Manager>, StoreError> {
-    let sentinel_infos = sentinels
-        .iter()
-        .map(|s| {
-            let mut info = s.as_str().into_connection_info().map_err(|e| {
-                StoreError::Setup(format!("invalid sentinel address ({:?})", e.kind()))
-            })?;
-            if let Some(auth) = &options.sentinel_auth {
-                let mut settings = info.redis_settings().clone().set_password(&auth.password);
-                if let Some(user) = &auth.username {
-                    settings = settings.set_username(user);
-                }
-                info = info.set_redis_settings(settings);
-            }
-            Ok(info)
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    let mut node = redis::RedisConnectionInfo::default();
-    if let Some(auth) = &options.auth {
-        node = node.set_password(&auth.password);
-        if let Some(user) = &auth.username {
-            node = node.set_username(user);
-        }
-    }
-    let client = SentinelClient::build(
-        sentinel_infos,
-        master,
-        Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(node)),
-        SentinelServerType::Master,
-    )
-    .map_err(|e| StoreError::Setup(format!("invalid sentinel settings: {}", describe(&e))))?;
-    let manager = Manager {
-        source: Source::Sentinel(tokio::sync::Mutex::new(client)),
-    };
-    Ok(pool_of(
-        manager,
-        options.pool_size,
-        options.timeout.max(Duration::from_secs(1)),
-    ))
-}
-
-fn pool_of(manager: Manager, pool_size: u32, connect_timeout: Duration) -> bb8::Pool<Manager> {
-    bb8::Pool::builder()
-        .max_size(pool_size.max(1))
-        .test_on_check_out(true)
-        // Fail fast and let the caller decide: start-up retries with backoff, requests answer
-        // UNAVAILABLE at once instead of waiting out their deadline.
-        .retry_connection(false)
-        .connection_timeout(connect_timeout)
-        .build_unchecked(manager)
-}
-
-/// `host:port` of a node URL.
-fn host_port(url: &str) -> Result<String, StoreError> {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
-    let rest = rest.split('/').next().unwrap_or(rest);
-    if rest.contains(':') {
-        Ok(rest.to_string())
-    } else {
-        Err(StoreError::Setup(format!(
-            "cluster node {} needs host:port",
-            redact_url(url)
-        )))
-    }
-}
-
-/// Attaches CA and client certificates to the connection info (read once, at start-up).
-fn with_tls_files(info: ConnectionInfo, files: &TlsFiles) -> Result<ConnectionInfo, StoreError> {
-    let client = redis::Client::build_with_tls(info, tls_certificates(files)?)
-        .map_err(|e| StoreError::Setup(format!("invalid TLS files: {}", describe(&e))))?;
-    Ok(client.get_connection_info().clone())
-}
-
-fn tls_certificates(files: &TlsFiles) -> Result<TlsCertificates, StoreError> {
-    let read = |path: &PathBuf| {
-        std::fs::read(path)
-            .map_err(|e| StoreError::Setup(format!("cannot read {}: {e}", path.display())))
-    };
-    Ok(TlsCertificates {
-        root_cert: files.ca_cert.as_ref().map(read).transpose()?,
-        client_tls: match &files.client_cert_and_key {
-            Some((cert, key)) => Some(ClientTlsConfig {
-                client_cert: read(cert)?,
-                client_key: read(key)?,
-            }),
-            None => None,
-        },
-    })
-}
-
 fn decode(reply: &[i64], checks: usize) -> Result<Vec<Outcome>, StoreError> {
     if reply.len() != checks * REPLY_PER_CHECK {
         return Err(StoreError::Protocol(format!(
@@ -624,57 +318,6 @@ fn decode(reply: &[i64], checks: usize) -> Result<Vec<Outcome>, StoreError> {
             used: as_u64(r[3]),
         })
         .collect())
-}
-
-/// Records a failed call: connection-level failures retire the connection.
-pub(super) fn fail(conn: &Connection, e: RedisError) -> StoreError {
-    retire_if_broken(conn, &e);
-    redis_error(e)
-}
-
-/// Retires the connection when `e` says it cannot serve more calls.
-pub(super) fn retire_if_broken(conn: &Connection, e: &RedisError) {
-    // READONLY: the server was demoted to replica by a failover; a new connection (through the
-    // sentinels) reaches the new master.
-    let demoted = e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
-    if demoted || e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
-        conn.broken.store(true, Ordering::Relaxed);
-    }
-}
-
-/// A connection from `pool`, handed back at once: the multiplexed handle is shared by clones.
-pub(super) async fn checkout(pool: &bb8::Pool<Manager>) -> Result<Connection, StoreError> {
-    let pooled = pool.get().await.map_err(|e| match e {
-        bb8::RunError::User(e) => StoreError::Unavailable(describe(&e)),
-        bb8::RunError::TimedOut => {
-            StoreError::Unavailable("timed out waiting for a connection".into())
-        }
-    })?;
-    Ok(Connection::clone(&pooled))
-}
-
-pub(super) fn redis_error(e: RedisError) -> StoreError {
-    if is_script_error(&e) {
-        StoreError::Script(describe(&e))
-    } else {
-        StoreError::Redis(describe(&e))
-    }
-}
-
-/// An error reply about this call's work (`ERR` from a script or command, `WRONGTYPE`,
-/// `CROSSSLOT`, `EXECABORT`), as opposed to one saying the server cannot serve now (`BUSY`,
-/// `LOADING`, `READONLY`, `OOM`, cluster states, authentication) or a transport failure.
-fn is_script_error(e: &RedisError) -> bool {
-    matches!(
-        e.code(),
-        Some("ERR" | "WRONGTYPE" | "CROSSSLOT" | "EXECABORT")
-    )
-}
-
-/// Error text for logs and clients. redis-rs errors carry the server's message or an I/O error,
-/// never the connection URL or credentials.
-pub(super) fn describe(e: &RedisError) -> String {
-    e.to_string()
 }
 
 impl RedisStore {

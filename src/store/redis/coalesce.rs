@@ -21,9 +21,9 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisError, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use super::StoreError;
-use super::redis::{Connection, Manager, checkout, fail, load, retire_if_broken};
+use super::conn::{Connection, Manager, checkout, fail, load, retire_if_broken};
 use super::script;
+use crate::store::StoreError;
 
 /// Commands per pipeline at most, so one write stays a few kilobytes to a few hundred.
 const MAX_BATCH: usize = 256;

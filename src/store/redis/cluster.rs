@@ -30,10 +30,10 @@ use redis::{
     ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value,
 };
 
-use super::StoreError;
 use super::coalesce::{CallError, Coalescer, Connect, send_on};
-use super::redis::{Connection, Manager, describe, fail, new_pool, redis_error};
+use super::conn::{Connection, Manager, describe, fail, new_pool, redis_error};
 use super::slot::SLOTS;
+use crate::store::StoreError;
 
 /// Refreshes of the slot map are at least this far apart.
 pub(super) const MIN_REFRESH_INTERVAL: Duration = Duration::from_millis(100);

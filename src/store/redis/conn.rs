@@ -1,0 +1,269 @@
+//! Connections to Redis: the `bb8` pool of multiplexed connections (standalone, or through
+//! Sentinel), the [`Manager`] that marks a connection broken when a call fails on it (bb8-redis
+//! never does), `SCRIPT LOAD`, and how a redis-rs error becomes a [`StoreError`] (an error reply
+//! to a script is [`StoreError::Script`], never an outage).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bb8_redis::RedisConnectionManager;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{
+    ClientTlsConfig, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
+    TlsCertificates,
+};
+
+use super::options::{RedisOptions, TlsFiles, redact_url};
+use super::script::LuaScript;
+use crate::store::StoreError;
+
+/// A pooled connection and the flag that retires it from the pool.
+#[derive(Clone)]
+pub(super) struct Connection {
+    pub(super) redis: MultiplexedConnection,
+    broken: Arc<AtomicBool>,
+}
+
+/// bb8-redis's manager, plus broken-connection tracking.
+pub(super) struct Manager {
+    source: Source,
+}
+
+/// Where new connections go.
+enum Source {
+    /// A fixed address, through bb8-redis.
+    Direct(RedisConnectionManager),
+    /// Whichever server the sentinels name as master right now, so a new connection after a
+    /// failover reaches the new master.
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
+}
+
+impl bb8::ManageConnection for Manager {
+    type Connection = Connection;
+    type Error = RedisError;
+
+    async fn connect(&self) -> Result<Connection, RedisError> {
+        let redis = match &self.source {
+            Source::Direct(manager) => manager.connect().await?,
+            Source::Sentinel(client) => client.lock().await.get_async_connection().await?,
+        };
+        Ok(Connection {
+            redis,
+            broken: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// Called on checkout: cheap, because a failed call has already set the flag.
+    async fn is_valid(&self, conn: &mut Connection) -> Result<(), RedisError> {
+        if conn.broken.load(Ordering::Relaxed) {
+            Err(RedisError::from((
+                ErrorKind::Io,
+                "connection failed earlier",
+            )))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn has_broken(&self, conn: &mut Connection) -> bool {
+        conn.broken.load(Ordering::Relaxed)
+    }
+}
+
+/// `SCRIPT LOAD` on the node `conn` is connected to.
+pub(super) async fn load<C: ConnectionLike>(
+    conn: &mut C,
+    script: &LuaScript,
+) -> redis::RedisResult<String> {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(script.source.as_str())
+        .query_async(conn)
+        .await
+}
+
+pub(super) fn connection_info(
+    url: &str,
+    options: &RedisOptions,
+) -> Result<ConnectionInfo, StoreError> {
+    let mut info = url
+        .into_connection_info()
+        .map_err(|e| StoreError::Setup(format!("invalid redis url ({:?})", e.kind())))?;
+    if let Some(auth) = &options.auth {
+        let mut settings = info.redis_settings().clone().set_password(&auth.password);
+        if let Some(user) = &auth.username {
+            settings = settings.set_username(user);
+        }
+        info = info.set_redis_settings(settings);
+    }
+    Ok(info)
+}
+
+/// A bb8 pool of connections to one server (or one cluster node).
+pub(super) fn new_pool(
+    info: ConnectionInfo,
+    pool_size: u32,
+    connect_timeout: Duration,
+) -> Result<bb8::Pool<Manager>, StoreError> {
+    let manager = Manager {
+        source: Source::Direct(RedisConnectionManager::new(info).map_err(redis_error)?),
+    };
+    Ok(pool_of(manager, pool_size, connect_timeout))
+}
+
+/// A pool of connections to the master the sentinels name (`Target::Sentinel`).
+pub(super) fn sentinel_pool(
+    master: &str,
+    sentinels: &[String],
+    options: &RedisOptions,
+) -> Result<bb8::Pool<Manager>, StoreError> {
+    let sentinel_infos = sentinels
+        .iter()
+        .map(|s| {
+            let mut info = s.as_str().into_connection_info().map_err(|e| {
+                StoreError::Setup(format!("invalid sentinel address ({:?})", e.kind()))
+            })?;
+            if let Some(auth) = &options.sentinel_auth {
+                let mut settings = info.redis_settings().clone().set_password(&auth.password);
+                if let Some(user) = &auth.username {
+                    settings = settings.set_username(user);
+                }
+                info = info.set_redis_settings(settings);
+            }
+            Ok(info)
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let mut node = redis::RedisConnectionInfo::default();
+    if let Some(auth) = &options.auth {
+        node = node.set_password(&auth.password);
+        if let Some(user) = &auth.username {
+            node = node.set_username(user);
+        }
+    }
+    let client = SentinelClient::build(
+        sentinel_infos,
+        master,
+        Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(node)),
+        SentinelServerType::Master,
+    )
+    .map_err(|e| StoreError::Setup(format!("invalid sentinel settings: {}", describe(&e))))?;
+    let manager = Manager {
+        source: Source::Sentinel(tokio::sync::Mutex::new(client)),
+    };
+    Ok(pool_of(
+        manager,
+        options.pool_size,
+        options.timeout.max(Duration::from_secs(1)),
+    ))
+}
+
+pub(super) fn pool_of(
+    manager: Manager,
+    pool_size: u32,
+    connect_timeout: Duration,
+) -> bb8::Pool<Manager> {
+    bb8::Pool::builder()
+        .max_size(pool_size.max(1))
+        .test_on_check_out(true)
+        // Fail fast and let the caller decide: start-up retries with backoff, requests answer
+        // UNAVAILABLE at once instead of waiting out their deadline.
+        .retry_connection(false)
+        .connection_timeout(connect_timeout)
+        .build_unchecked(manager)
+}
+
+/// `host:port` of a node URL.
+pub(super) fn host_port(url: &str) -> Result<String, StoreError> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let rest = rest.split('/').next().unwrap_or(rest);
+    if rest.contains(':') {
+        Ok(rest.to_string())
+    } else {
+        Err(StoreError::Setup(format!(
+            "cluster node {} needs host:port",
+            redact_url(url)
+        )))
+    }
+}
+
+/// Attaches CA and client certificates to the connection info (read once, at start-up).
+pub(super) fn with_tls_files(
+    info: ConnectionInfo,
+    files: &TlsFiles,
+) -> Result<ConnectionInfo, StoreError> {
+    let client = redis::Client::build_with_tls(info, tls_certificates(files)?)
+        .map_err(|e| StoreError::Setup(format!("invalid TLS files: {}", describe(&e))))?;
+    Ok(client.get_connection_info().clone())
+}
+
+pub(super) fn tls_certificates(files: &TlsFiles) -> Result<TlsCertificates, StoreError> {
+    let read = |path: &PathBuf| {
+        std::fs::read(path)
+            .map_err(|e| StoreError::Setup(format!("cannot read {}: {e}", path.display())))
+    };
+    Ok(TlsCertificates {
+        root_cert: files.ca_cert.as_ref().map(read).transpose()?,
+        client_tls: match &files.client_cert_and_key {
+            Some((cert, key)) => Some(ClientTlsConfig {
+                client_cert: read(cert)?,
+                client_key: read(key)?,
+            }),
+            None => None,
+        },
+    })
+}
+
+/// Records a failed call: connection-level failures retire the connection.
+pub(super) fn fail(conn: &Connection, e: RedisError) -> StoreError {
+    retire_if_broken(conn, &e);
+    redis_error(e)
+}
+
+/// Retires the connection when `e` says it cannot serve more calls.
+pub(super) fn retire_if_broken(conn: &Connection, e: &RedisError) {
+    // READONLY: the server was demoted to replica by a failover; a new connection (through the
+    // sentinels) reaches the new master.
+    let demoted = e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
+    if demoted || e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+        conn.broken.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A connection from `pool`, handed back at once: the multiplexed handle is shared by clones.
+pub(super) async fn checkout(pool: &bb8::Pool<Manager>) -> Result<Connection, StoreError> {
+    let pooled = pool.get().await.map_err(|e| match e {
+        bb8::RunError::User(e) => StoreError::Unavailable(describe(&e)),
+        bb8::RunError::TimedOut => {
+            StoreError::Unavailable("timed out waiting for a connection".into())
+        }
+    })?;
+    Ok(Connection::clone(&pooled))
+}
+
+pub(super) fn redis_error(e: RedisError) -> StoreError {
+    if is_script_error(&e) {
+        StoreError::Script(describe(&e))
+    } else {
+        StoreError::Redis(describe(&e))
+    }
+}
+
+/// An error reply about this call's work (`ERR` from a script or command, `WRONGTYPE`,
+/// `CROSSSLOT`, `EXECABORT`), as opposed to one saying the server cannot serve now (`BUSY`,
+/// `LOADING`, `READONLY`, `OOM`, cluster states, authentication) or a transport failure.
+pub(super) fn is_script_error(e: &RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("ERR" | "WRONGTYPE" | "CROSSSLOT" | "EXECABORT")
+    )
+}
+
+/// Error text for logs and clients. redis-rs errors carry the server's message or an I/O error,
+/// never the connection URL or credentials.
+pub(super) fn describe(e: &RedisError) -> String {
+    e.to_string()
+}

@@ -1,0 +1,137 @@
+//! What a Redis store is told at start-up: where Redis is (standalone, Sentinel, Cluster), how to
+//! authenticate, TLS files, pool size and deadline. `Debug` never shows credentials, and
+//! [`redact_url`] strips them from URLs for logs.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Clock;
+
+/// Credentials from `REDIS_AUTH` (`password` or `user:password`). `Debug` never shows them.
+#[derive(Clone)]
+pub struct RedisAuth {
+    pub username: Option<String>,
+    pub password: String,
+}
+
+impl RedisAuth {
+    /// Parses upstream's `REDIS_AUTH` form.
+    pub fn parse(text: &str) -> Self {
+        match text.split_once(':') {
+            Some((user, password)) => Self {
+                username: Some(user.to_string()),
+                password: password.to_string(),
+            },
+            None => Self {
+                username: None,
+                password: text.to_string(),
+            },
+        }
+    }
+}
+
+impl fmt::Debug for RedisAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisAuth")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// PEM files for TLS to Redis (`rediss://`). Without a CA file the bundled public roots are used.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub ca_cert: Option<PathBuf>,
+    /// Client certificate and key, for Redis servers that require mutual TLS.
+    pub client_cert_and_key: Option<(PathBuf, PathBuf)>,
+}
+
+/// Which Redis deployment to talk to.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Target {
+    /// One server (or a proxy): `redis://host:port`, `rediss://…` (TLS) or `unix:///path`.
+    Single(String),
+    /// A Redis Cluster, by the URLs of some of its nodes (the rest are discovered).
+    Cluster(Vec<String>),
+    /// A master watched by Redis Sentinel: its name and the sentinels' URLs.
+    Sentinel {
+        master: String,
+        sentinels: Vec<String>,
+    },
+}
+
+impl Target {
+    pub(super) fn tls(&self) -> bool {
+        match self {
+            Target::Single(url) => url.starts_with("rediss://"),
+            Target::Cluster(nodes) => nodes.iter().any(|n| n.starts_with("rediss://")),
+            Target::Sentinel { .. } => false,
+        }
+    }
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Single(url) => write!(f, "Single({})", redact_url(url)),
+            Target::Cluster(nodes) => {
+                let nodes: Vec<String> = nodes.iter().map(|n| redact_url(n)).collect();
+                write!(f, "Cluster({nodes:?})")
+            }
+            Target::Sentinel { master, sentinels } => {
+                let sentinels: Vec<String> = sentinels.iter().map(|n| redact_url(n)).collect();
+                write!(f, "Sentinel({master}, {sentinels:?})")
+            }
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct RedisOptions {
+    pub target: Target,
+    pub auth: Option<RedisAuth>,
+    /// `REDIS_SENTINEL_AUTH`: credentials for the sentinels themselves.
+    pub sentinel_auth: Option<RedisAuth>,
+    pub tls: TlsFiles,
+    pub pool_size: u32,
+    /// Deadline of one decision, connection checkout included.
+    pub timeout: Duration,
+    /// Upper bound (exclusive) of the random extra TTL given to new counters, so that counters
+    /// created together do not all expire in the same instant.
+    pub expiration_jitter_max: Duration,
+    /// Replaces Redis's clock in the script. Only for tests that need pinned time.
+    pub pinned_clock: Option<Arc<dyn Clock>>,
+}
+
+impl fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field("target", &self.target)
+            .field("auth", &self.auth)
+            .field("sentinel_auth", &self.sentinel_auth)
+            .field("tls", &self.tls)
+            .field("pool_size", &self.pool_size)
+            .field("timeout", &self.timeout)
+            .field("expiration_jitter_max", &self.expiration_jitter_max)
+            .field("pinned_clock", &self.pinned_clock.is_some())
+            .finish()
+    }
+}
+
+/// The URL with any password replaced, for logs.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}{user}:<redacted>@{host}")
+        }
+        None => url.to_string(),
+    }
+}
