@@ -13,13 +13,15 @@
 -- Needed on Redis 3.2-4.x to write after reading TIME; a no-op from Redis 5 on.
 if redis.replicate_commands then redis.replicate_commands() end
 
+-- Both mirrored in src/store/redis/script.rs (a test checks they agree).
 local ARGS_PER_CHECK = 7
+local REPLY_PER_CHECK = 4
 
 local now_us = script_now()
 local reply = {}
 for check = 1, #KEYS do
   local arg = 2 + (check - 1) * ARGS_PER_CHECK
-  local at = (check - 1) * 4
+  local at = (check - 1) * REPLY_PER_CHECK
   reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = run_rule(KEYS[check], now_us,
     ARGV[arg], ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3], ARGV[arg + 4], ARGV[arg + 5],
     ARGV[arg + 6] == '1')

@@ -12,6 +12,9 @@
 --
 -- Arguments: hits (decimal string, 0 = look without counting), limit, window_ms, window_end_ms,
 -- ttl_ms (window plus expiry jitter). Returns admitted (0/1), remaining, reset_ms, count.
+-- Mirrored in Rust as store::redis::TTL_REPAIR_PERIOD (a test checks they agree).
+local TTL_REPAIR_PERIOD = 64
+
 local function fixed_window(key, now_ms, hits, limit, window_ms, window_end_ms, ttl_ms)
   local count
   if hits == '0' then
@@ -20,7 +23,7 @@ local function fixed_window(key, now_ms, hits, limit, window_ms, window_end_ms, 
     -- hits stays a string: INCRBY takes it verbatim, with no float formatting on the way.
     count = call('INCRBY', key, hits)
     local added = tonumber(hits)
-    if count == added or (count % 64 < added and call('PTTL', key) < 0) then
+    if count == added or (count % TTL_REPAIR_PERIOD < added and call('PTTL', key) < 0) then
       call('PEXPIRE', key, ttl_ms)
     end
   end

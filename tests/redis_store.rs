@@ -64,7 +64,7 @@ async fn keys_are_upstreams_and_always_expire() {
 
 /// Another writer of the same keys (upstream sends INCRBY and EXPIRE separately) may leave a
 /// counter without a TTL; the script gives it one back at the latest when the count passes the
-/// next multiple of 64 (see lua/fixed_window.lua).
+/// next multiple of `TTL_REPAIR_PERIOD` (64; see lua/fixed_window.lua).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_counter_left_without_a_ttl_gets_one_back() {
     let redis = RedisServer::start();
@@ -81,11 +81,12 @@ async fn a_counter_left_without_a_ttl_gets_one_back() {
     // Not 0: a count equal to the hits is taken for a new key, which gets its TTL anyway.
     let () = conn.set(&key, 10).unwrap();
     let bob = || request("app", vec![descriptor(&[("user", "bob")])]);
-    for _ in 10..64 {
+    let period = sluice::store::redis::TTL_REPAIR_PERIOD;
+    for _ in 10..period {
         ask(&mut c, bob()).await;
     }
-    let count: i64 = conn.get(&key).unwrap();
-    assert_eq!(count, 64, "every hit is counted, over the limit too");
+    let count: u64 = conn.get(&key).unwrap();
+    assert_eq!(count, period, "every hit is counted, over the limit too");
     let ttl: i64 = conn.pttl(&key).unwrap();
     assert!((1..=60_000).contains(&ttl), "{key} has TTL {ttl} ms");
 }

@@ -33,6 +33,7 @@ use rand::Rng;
 use redis::{RedisError, Value};
 
 pub use options::{RedisAuth, RedisOptions, Target, TlsFiles, redact_url};
+pub use script::TTL_REPAIR_PERIOD;
 
 use self::cluster::Cluster;
 use self::coalesce::Coalescer;

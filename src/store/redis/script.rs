@@ -20,6 +20,11 @@ const LIBRARY: &[&str] = &[
 /// Integers in the decision script's reply per check.
 pub(super) const REPLY_PER_CHECK: usize = 4;
 
+/// A fixed-window counter that another writer left without a TTL gets one back at the latest
+/// when its count passes a multiple of this (`lua/fixed_window.lua`): checking on every hit cost
+/// a `PTTL` per descriptor.
+pub const TTL_REPAIR_PERIOD: u64 = 64;
+
 /// Arguments per check after ARGV[1], as `lua/decide.lua` reads them.
 const ARGS_PER_CHECK: usize = 7;
 
@@ -197,6 +202,26 @@ pub(super) fn parse_rule(name: &str, args: &[String; 4]) -> Result<Rule, StoreEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The numbers Rust and Lua must agree on are written once on each side, and equal.
+    #[test]
+    fn the_lua_constants_are_the_ones_rust_mirrors() {
+        let decide = include_str!("../../../lua/decide.lua");
+        let fixed_window = include_str!("../../../lua/fixed_window.lua");
+        for (source, line) in [
+            (decide, format!("local ARGS_PER_CHECK = {ARGS_PER_CHECK}\n")),
+            (
+                decide,
+                format!("local REPLY_PER_CHECK = {REPLY_PER_CHECK}\n"),
+            ),
+            (
+                fixed_window,
+                format!("local TTL_REPAIR_PERIOD = {TTL_REPAIR_PERIOD}\n"),
+            ),
+        ] {
+            assert!(source.contains(&line), "the Lua source lacks {line:?}");
+        }
+    }
 
     #[test]
     fn stored_rules_read_back() {
