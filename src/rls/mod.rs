@@ -143,8 +143,9 @@ enum Plan<'c> {
     /// Could not be judged: answered OVER_LIMIT without counting (see [`Refusal`]).
     Refused,
     Unlimited,
-    /// Counted: the limit and the index of its check.
-    Counted(Cow<'c, Limit>, usize),
+    /// Counted: the limit, its rate (so the answer needs no second look at its quota) and the
+    /// index of its check.
+    Counted(Cow<'c, Limit>, response::Rate, usize),
 }
 
 impl RateLimiter {
@@ -264,7 +265,11 @@ impl RateLimiter {
                     rule,
                     record_refused: limit.record_refused_hits,
                 });
-                Plan::Counted(limit, checks.len() - 1)
+                let rate = response::Rate {
+                    requests_per_unit,
+                    unit,
+                };
+                Plan::Counted(limit, rate, checks.len() - 1)
             })
             .collect();
 
@@ -298,7 +303,7 @@ impl RateLimiter {
                 Plan::NoLimit => (response::no_limit(), None),
                 Plan::Refused => (response::refused(), None),
                 Plan::Unlimited => (response::unlimited(), None),
-                Plan::Counted(limit, index) => {
+                Plan::Counted(limit, rate, index) => {
                     if let Some(metrics) = &self.metrics {
                         let descriptor = &request.descriptors[statuses.len()];
                         let hits = checks[*index].hits;
@@ -322,7 +327,7 @@ impl RateLimiter {
                         }
                     }
                     (
-                        response::counted(limit, &outcomes[*index].0),
+                        response::counted(limit, *rate, &outcomes[*index].0),
                         Some(&**limit),
                     )
                 }
@@ -514,7 +519,7 @@ impl RateLimiter {
         );
         if let Rule::FixedWindow { window_start, .. } = &mut rule {
             // Upstream's keys name the window, picked on the service clock.
-            *window_start = now_secs / window_secs * window_secs;
+            *window_start = crate::store::window_start(now_secs, window_secs);
             let key = self
                 .keys
                 .fixed_window(domain, entries, limit, *window_start);

@@ -7,7 +7,7 @@ use prost_types::value::Kind;
 use prost_types::{ListValue, Struct, Value};
 
 use super::UNLIMITED_REMAINING;
-use crate::config::{Limit, Quota, Unit};
+use crate::config::{Limit, Unit};
 use crate::proto::{
     Code, CurrentLimit, DescriptorStatus, HeaderValue, RateLimitRequest, RateLimitResponse,
     ResponseUnit,
@@ -48,16 +48,19 @@ pub(super) fn unlimited() -> DescriptorStatus {
     }
 }
 
+/// The rate of a counted limit, taken from its quota when the check was planned.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Rate {
+    pub(super) requests_per_unit: u32,
+    pub(super) unit: Unit,
+}
+
 /// A counted descriptor. Per-rule shadow mode turns OVER_LIMIT into OK but keeps remaining 0.
-pub(super) fn counted(limit: &Limit, outcome: &Outcome) -> DescriptorStatus {
-    let Quota::PerUnit {
+pub(super) fn counted(limit: &Limit, rate: Rate, outcome: &Outcome) -> DescriptorStatus {
+    let Rate {
         requests_per_unit,
         unit,
-        ..
-    } = limit.quota
-    else {
-        unreachable!("unlimited descriptors are answered before the store call");
-    };
+    } = rate;
     let over = !outcome.admitted;
     let code = if over && !limit.shadow_mode {
         Code::OverLimit

@@ -693,7 +693,7 @@ impl Store for MemoryStore {
                             // The window is picked on the store's clock; the state expires when
                             // it ends.
                             let now_secs = now / 1_000_000;
-                            *window_start = now_secs / *window_secs * *window_secs;
+                            *window_start = super::window_start(now_secs, *window_secs);
                         }
                         let check = Check {
                             key: format!("{}#{generation}", state.state),

@@ -270,6 +270,13 @@ pub trait Store: Send + Sync + Debug {
     fn kind(&self) -> &'static str;
 }
 
+/// The start (unix seconds) of the fixed window of `window_secs` that holds `now_secs`:
+/// upstream's rule, which its keys name, so both services count in the same windows. The one
+/// place it is written in Rust (the named limiters' script computes it on Redis's clock).
+pub fn window_start(now_secs: u64, window_secs: u64) -> u64 {
+    now_secs / window_secs * window_secs
+}
+
 /// Shared fixed-window arithmetic, so both stores (and the Lua script, by the same formula)
 /// derive admitted/remaining/reset identically from the count (after this request's hits, which
 /// upstream's fixed window counts even when it refuses them).
