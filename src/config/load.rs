@@ -14,7 +14,7 @@ use prost_types::value::Kind;
 use super::yaml::{self, Node, Value};
 use super::{
     Algorithm, AlgorithmField, Children, ConfigError, ConfigErrors, Domain, Level, Limit, Origin,
-    Quota, RateLimitConfig, Stats, TreeNode, Unit, Wildcard,
+    Quota, RateLimitConfig, Stats, TreeNode, Unit, WarmUpProblem, Wildcard,
 };
 
 /// Loader switches that come from the environment (upstream's variable names in brackets).
@@ -608,26 +608,19 @@ impl FileChecker<'_> {
                 };
                 let text = self.string(node, "warmup_period")?;
                 let warmup = match crate::util::parse_go_duration(&text) {
-                    Ok(d) if d >= std::time::Duration::from_millis(1) => d,
-                    Ok(_) => {
-                        self.error(node.line, "warmup_period must be at least 1ms");
-                        return None;
-                    }
+                    Ok(d) => d,
                     Err(reason) => {
                         self.error(node.line, format!("warmup_period: {reason}"));
                         return None;
                     }
                 };
                 let cold_factor = match fields.get("cold_factor") {
-                    None => 3.0,
+                    None => None,
                     Some(n) => match &n.value {
                         Value::Scalar { text, plain: true } => match text.parse::<f64>() {
-                            Ok(f) if f > 1.0 && f <= 1000.0 => f,
-                            _ => {
-                                self.error(
-                                    n.line,
-                                    format!("cold_factor must be a number above 1 and at most 1000, found '{text}'"),
-                                );
+                            Ok(f) => Some((f, n.line, text.clone())),
+                            Err(_) => {
+                                self.error(n.line, "cold_factor must be a number");
                                 return None;
                             }
                         },
@@ -637,9 +630,18 @@ impl FileChecker<'_> {
                         }
                     },
                 };
-                Algorithm::WarmUp {
-                    warmup,
-                    cold_factor,
+                match Algorithm::warm_up(warmup, cold_factor.as_ref().map(|c| c.0)) {
+                    Ok(algorithm) => algorithm,
+                    Err(problem @ WarmUpProblem::PeriodTooShort) => {
+                        self.error(node.line, problem.to_string());
+                        return None;
+                    }
+                    Err(problem @ WarmUpProblem::ColdFactor) => {
+                        let (line, text) =
+                            cold_factor.map_or((line, String::new()), |c| (c.1, c.2));
+                        self.error(line, format!("{problem}, found '{text}'"));
+                        return None;
+                    }
                 }
             }
             other => {

@@ -193,7 +193,37 @@ pub struct AlgorithmProblem {
     pub reason: String,
 }
 
+/// Why warm-up settings were refused; the message is the same from the YAML loader and the
+/// native API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WarmUpProblem {
+    #[error("warmup_period must be at least 1ms")]
+    PeriodTooShort,
+    #[error("cold_factor must be a number above 1 and at most 1000")]
+    ColdFactor,
+}
+
 impl Algorithm {
+    /// The warm-up algorithm: `warmup` of at least 1 ms, `cold_factor` above 1 and at most 1000
+    /// (`None`: 3, Guava's). The one statement of these rules, for the YAML loader and the
+    /// native API.
+    pub fn warm_up(
+        warmup: std::time::Duration,
+        cold_factor: Option<f64>,
+    ) -> Result<Algorithm, WarmUpProblem> {
+        if warmup < std::time::Duration::from_millis(1) {
+            return Err(WarmUpProblem::PeriodTooShort);
+        }
+        let cold_factor = cold_factor.unwrap_or(3.0);
+        if !(cold_factor > 1.0 && cold_factor <= 1000.0) {
+            return Err(WarmUpProblem::ColdFactor);
+        }
+        Ok(Algorithm::WarmUp {
+            warmup,
+            cold_factor,
+        })
+    }
+
     /// Checks `limit` permits per `window` microseconds (and the burst) against what the
     /// algorithm can represent exactly. Shared by the config loader and the native API.
     pub fn check_numbers(&self, limit: u64, window: u64) -> Result<(), AlgorithmProblem> {

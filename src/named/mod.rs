@@ -534,20 +534,17 @@ fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), 
         ApiAlgorithm::Gcra => ConfigAlgorithm::Gcra { burst },
         ApiAlgorithm::LeakyBucket => ConfigAlgorithm::LeakyBucket { burst },
         ApiAlgorithm::WarmUp => {
-            let warmup = match config.warmup_period.map(Duration::try_from) {
-                Some(Ok(d)) if d >= Duration::from_millis(1) => d,
-                _ => return invalid("warm_up needs a warmup_period of at least 1ms".into()),
+            let Some(Ok(warmup)) = config.warmup_period.map(Duration::try_from) else {
+                return invalid("warm_up needs a warmup_period of at least 1ms".into());
             };
-            if config.cold_factor == 0.0 {
-                config.cold_factor = 3.0;
+            // 0 is proto3's "not set".
+            let cold_factor = (config.cold_factor != 0.0).then_some(config.cold_factor);
+            let algorithm = ConfigAlgorithm::warm_up(warmup, cold_factor)
+                .map_err(|p| NamedError::Invalid(p.to_string()))?;
+            if let ConfigAlgorithm::WarmUp { cold_factor, .. } = algorithm {
+                config.cold_factor = cold_factor;
             }
-            if !(config.cold_factor > 1.0 && config.cold_factor <= 1000.0) {
-                return invalid("cold_factor must be above 1 and at most 1000".into());
-            }
-            ConfigAlgorithm::WarmUp {
-                warmup,
-                cold_factor: config.cold_factor,
-            }
+            algorithm
         }
     };
     if algorithm.burst().is_none() {
