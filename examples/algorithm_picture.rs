@@ -11,7 +11,7 @@ use std::sync::Arc;
 use sluice::clock::{Clock, ManualClock};
 use sluice::config::Algorithm;
 use sluice::rls::rule_for;
-use sluice::store::{Check, MemoryStore, MemoryStoreOptions, Rule, Store};
+use sluice::store::{Check, CounterStore, MemoryStore, MemoryStoreOptions, Rule};
 
 const SECOND: u64 = 1_000_000;
 const LIMIT: u64 = 10;

@@ -18,7 +18,7 @@ use sluice::config::Algorithm;
 use sluice::rls::rule_for;
 use sluice::store::redis::Target;
 use sluice::store::{
-    Check, MemoryStore, MemoryStoreOptions, RedisOptions, RedisStore, Rule, Store,
+    Check, CounterStore, MemoryStore, MemoryStoreOptions, RedisOptions, RedisStore, Rule,
 };
 
 const SECOND: u64 = 1_000_000;

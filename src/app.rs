@@ -21,7 +21,7 @@ use crate::server::connections::{ConnectionLimit, LimitedListener};
 use crate::server::{GrpcOptions, Health, ServeError, bind, http, named, reload, rls};
 use crate::settings::{Backend, Settings};
 use crate::store::breaker::Breaker;
-use crate::store::{MemoryStore, RedisOptions, RedisStore, Store};
+use crate::store::{CounterStore, LimiterStore, MemoryStore, RedisOptions, RedisStore};
 
 /// Starts the service and runs it until `shutdown` completes.
 pub async fn serve(
@@ -35,7 +35,12 @@ pub async fn serve(
     let keys = KeyBuilder::new(&settings.cache_key_prefix)?;
     let clock = Arc::new(SystemClock);
     let metrics = Arc::new(Metrics::new(settings.near_limit_ratio));
-    let measured = |store: Arc<dyn Store>, name| -> Arc<dyn Store> {
+    // Every store is measured; the RLS path sees it as a counter store, the named limiters as a
+    // limiter store.
+    let counters = |store: Arc<dyn CounterStore>, name| -> Arc<dyn CounterStore> {
+        Arc::new(Instrumented::new(store, name, metrics.clone()))
+    };
+    let limiters = |store: Arc<dyn LimiterStore>, name| -> Arc<dyn LimiterStore> {
         Arc::new(Instrumented::new(store, name, metrics.clone()))
     };
     // Redis stores sit behind a circuit breaker; the RLS path's breakers make the health
@@ -45,11 +50,12 @@ pub async fn serve(
     let mut per_second_store = None;
     let mut memory_store = None;
     let mut named_store = None;
-    let store: Arc<dyn Store> = match &settings.backend {
+    let store: Arc<dyn CounterStore> = match &settings.backend {
         Backend::Memory(options) => {
             let store = Arc::new(MemoryStore::new(options.clone(), clock.clone()));
             memory_store = Some(store.clone());
-            measured(store, "memory")
+            named_store = Some(limiters(store.clone(), "memory"));
+            counters(store, "memory")
         }
         Backend::Redis {
             options,
@@ -69,17 +75,18 @@ pub async fn serve(
             if let Some(options) = per_second {
                 let store = open_redis(options, wait, degraded, &settings).await?;
                 store_usable.push(("redis_per_second", store.usable(), HealthRole::Counts));
-                per_second_store = Some(measured(Arc::new(store), "redis_per_second"));
+                per_second_store = Some(counters(Arc::new(store), "redis_per_second"));
             }
             if settings.limiter_api.is_some() {
                 let store = open_redis(options, wait, true, &settings).await?;
                 store_usable.push(("redis_limiter_api", store.usable(), HealthRole::Ignored));
-                named_store = Some(measured(Arc::new(store), "redis"));
+                named_store = Some(limiters(Arc::new(store), "redis"));
             }
-            measured(Arc::new(main), "redis")
+            counters(Arc::new(main), "redis")
         }
     };
-    let named = settings.limiter_api.as_ref().map(|api| {
+    let api_and_store = settings.limiter_api.as_ref().zip(named_store);
+    let named = api_and_store.map(|(api, store)| {
         if api.token.is_none()
             && settings
                 .grpc_tls
@@ -91,7 +98,6 @@ pub async fn serve(
                  (GRPC_CLIENT_TLS_CACERT): anyone who reaches its port can create limiters"
             );
         }
-        let store = named_store.clone().unwrap_or_else(|| store.clone());
         let limiters = Arc::new(
             NamedLimiters::new(store, keys.clone(), settings.limiter_max_wait)
                 .with_bounds(api.bounds),

@@ -14,7 +14,8 @@ use sluice::proto::sluice::v1::{Algorithm, LimiterConfig, Mode};
 use sluice::rls::KeyBuilder;
 use sluice::store::redis::Target;
 use sluice::store::{
-    Check, MemoryStore, MemoryStoreOptions, Outcome, RedisOptions, RedisStore, Rule, SetMode, Store,
+    Check, CounterStore, MemoryStore, MemoryStoreOptions, Outcome, RedisOptions, RedisStore, Rule,
+    SetMode,
 };
 
 /// Microseconds; 20 s into the minute window that starts at 1 699 999 980 s.

@@ -9,13 +9,15 @@ use prometheus::Histogram;
 
 use super::Metrics;
 use crate::store::{
-    Acquisition, Check, LimiterKeys, LimiterRecord, LimiterSet, RegistryOp, RegistryReply, SetMode,
-    Store, StoreError, StoreFuture,
+    Acquisition, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet, LimiterStore,
+    RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
 };
 
+/// `S` is the store's trait object (`dyn CounterStore` or `dyn LimiterStore`): the wrapper is
+/// whichever of the two it wraps.
 #[derive(Debug)]
-pub struct Instrumented {
-    store: Arc<dyn Store>,
+pub struct Instrumented<S: ?Sized> {
+    store: Arc<S>,
     /// The `store` label: which store this is (`memory`, `redis`, `redis_per_second`).
     name: &'static str,
     metrics: Arc<Metrics>,
@@ -24,8 +26,8 @@ pub struct Instrumented {
     check_time: Histogram,
 }
 
-impl Instrumented {
-    pub fn new(store: Arc<dyn Store>, name: &'static str, metrics: Arc<Metrics>) -> Self {
+impl<S: Store + ?Sized> Instrumented<S> {
+    pub fn new(store: Arc<S>, name: &'static str, metrics: Arc<Metrics>) -> Self {
         Self {
             check_time: metrics.store_call.with_label_values(&[name, "check"]),
             store,
@@ -61,11 +63,19 @@ impl Instrumented {
     }
 }
 
-impl Store for Instrumented {
+impl<S: Store + ?Sized> Store for Instrumented<S> {
+    fn kind(&self) -> &'static str {
+        self.store.kind()
+    }
+}
+
+impl<S: CounterStore + ?Sized> CounterStore for Instrumented<S> {
     fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
         self.measured("check", self.store.check(checks))
     }
+}
 
+impl<S: LimiterStore + ?Sized> LimiterStore for Instrumented<S> {
     fn set_limiter<'a>(
         &'a self,
         keys: &'a LimiterKeys,
@@ -89,9 +99,5 @@ impl Store for Instrumented {
 
     fn registry<'a>(&'a self, key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply> {
         self.measured("registry", self.store.registry(key, op))
-    }
-
-    fn kind(&self) -> &'static str {
-        self.store.kind()
     }
 }

@@ -31,7 +31,8 @@ use crate::config::Algorithm as ConfigAlgorithm;
 use crate::proto::sluice::v1::{Algorithm as ApiAlgorithm, LimiterConfig, Mode};
 use crate::rls::{KeyBuilder, rule_for};
 use crate::store::{
-    Acquisition, LimiterRecord, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError,
+    Acquisition, LimiterRecord, LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode,
+    StoreError,
 };
 
 /// Longest limiter name, in bytes.
@@ -114,7 +115,7 @@ pub struct Acquired {
 
 #[derive(Debug)]
 pub struct NamedLimiters {
-    store: Arc<dyn Store>,
+    store: Arc<dyn LimiterStore>,
     keys: KeyBuilder,
     /// Bound of `Acquire` (and of any `TryAcquire` timeout).
     max_wait: Duration,
@@ -150,7 +151,7 @@ struct Hint {
 }
 
 impl NamedLimiters {
-    pub fn new(store: Arc<dyn Store>, keys: KeyBuilder, max_wait: Duration) -> Self {
+    pub fn new(store: Arc<dyn LimiterStore>, keys: KeyBuilder, max_wait: Duration) -> Self {
         Self {
             store,
             registry: keys.limiter_registry(),

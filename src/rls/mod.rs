@@ -30,7 +30,7 @@ use crate::metrics::{ConfigCounters, Metrics};
 use crate::proto::{
     Code, DescriptorStatus, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
 };
-use crate::store::{Check, Outcome, Rule, Store, StoreError};
+use crate::store::{Check, CounterStore, Outcome, Rule, StoreError};
 use crate::util::LogThrottle;
 
 /// Remaining count reported for `unlimited` descriptors, as upstream does.
@@ -113,9 +113,9 @@ pub enum RlsError {
 #[derive(Debug)]
 pub struct RateLimiter {
     active: ArcSwapOption<Active>,
-    store: Arc<dyn Store>,
+    store: Arc<dyn CounterStore>,
     /// Where limits whose unit is the second go, when set (upstream's `REDIS_PERSECOND`).
-    per_second: Option<Arc<dyn Store>>,
+    per_second: Option<Arc<dyn CounterStore>>,
     metrics: Option<Arc<Metrics>>,
     keys: KeyBuilder,
     clock: Arc<dyn Clock>,
@@ -150,7 +150,7 @@ enum Plan<'c> {
 
 impl RateLimiter {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn CounterStore>,
         keys: KeyBuilder,
         clock: Arc<dyn Clock>,
         options: RlsOptions,
@@ -178,7 +178,7 @@ impl RateLimiter {
     }
 
     /// Sends limits whose unit is the second to `store` (upstream's per-second Redis).
-    pub fn with_per_second_store(mut self, store: Arc<dyn Store>) -> Self {
+    pub fn with_per_second_store(mut self, store: Arc<dyn CounterStore>) -> Self {
         self.per_second = Some(store);
         self
     }

@@ -639,47 +639,16 @@ struct CountingStore {
     checks: std::sync::atomic::AtomicUsize,
 }
 
-impl Store for CountingStore {
+impl crate::store::Store for CountingStore {
+    fn kind(&self) -> &'static str {
+        "counting"
+    }
+}
+
+impl CounterStore for CountingStore {
     fn check<'a>(&'a self, checks: &'a [Check]) -> crate::store::StoreFuture<'a> {
         self.checks.fetch_add(checks.len(), Ordering::SeqCst);
         self.inner.check(checks)
-    }
-    fn set_limiter<'a>(
-        &'a self,
-        keys: &'a crate::store::LimiterKeys,
-        record: &'a crate::store::LimiterRecord,
-        mode: crate::store::SetMode,
-    ) -> crate::store::StoreFuture<'a, crate::store::LimiterSet> {
-        self.inner.set_limiter(keys, record, mode)
-    }
-    fn get_limiter<'a>(
-        &'a self,
-        keys: &'a crate::store::LimiterKeys,
-    ) -> crate::store::StoreFuture<'a, Option<crate::store::LimiterRecord>> {
-        self.inner.get_limiter(keys)
-    }
-    fn delete_limiter<'a>(
-        &'a self,
-        keys: &'a crate::store::LimiterKeys,
-    ) -> crate::store::StoreFuture<'a, bool> {
-        self.inner.delete_limiter(keys)
-    }
-    fn acquire<'a>(
-        &'a self,
-        keys: &'a crate::store::LimiterKeys,
-        permits: u64,
-    ) -> crate::store::StoreFuture<'a, crate::store::Acquisition> {
-        self.inner.acquire(keys, permits)
-    }
-    fn registry<'a>(
-        &'a self,
-        key: &'a str,
-        op: crate::store::RegistryOp<'a>,
-    ) -> crate::store::StoreFuture<'a, crate::store::RegistryReply> {
-        self.inner.registry(key, op)
-    }
-    fn kind(&self) -> &'static str {
-        "counting"
     }
 }
 

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::{
-    Acquisition, Check, LimiterKeys, LimiterRecord, LimiterSet, RegistryOp, RegistryReply, SetMode,
-    Store, StoreError, StoreFuture,
+    Acquisition, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet, LimiterStore,
+    RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
 };
 
 #[derive(Debug, Clone)]
@@ -155,10 +155,18 @@ impl<S: Store> Breaker<S> {
 }
 
 impl<S: Store> Store for Breaker<S> {
+    fn kind(&self) -> &'static str {
+        self.store.kind()
+    }
+}
+
+impl<S: CounterStore> CounterStore for Breaker<S> {
     fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
         self.guarded(|| self.store.check(checks))
     }
+}
 
+impl<S: LimiterStore> LimiterStore for Breaker<S> {
     fn set_limiter<'a>(
         &'a self,
         keys: &'a LimiterKeys,
@@ -183,10 +191,6 @@ impl<S: Store> Store for Breaker<S> {
     fn registry<'a>(&'a self, key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply> {
         self.guarded(move || self.store.registry(key, op))
     }
-
-    fn kind(&self) -> &'static str {
-        self.store.kind()
-    }
 }
 
 #[cfg(test)]
@@ -204,6 +208,12 @@ mod tests {
     }
 
     impl Store for Flaky {
+        fn kind(&self) -> &'static str {
+            "flaky"
+        }
+    }
+
+    impl CounterStore for Flaky {
         fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let result = if self.down.load(Ordering::SeqCst) {
@@ -220,29 +230,6 @@ mod tests {
                 ])
             };
             Box::pin(std::future::ready(result))
-        }
-        fn set_limiter<'a>(
-            &'a self,
-            _: &'a LimiterKeys,
-            _: &'a LimiterRecord,
-            _: SetMode,
-        ) -> StoreFuture<'a, LimiterSet> {
-            unimplemented!("not used by these tests")
-        }
-        fn get_limiter<'a>(&'a self, _: &'a LimiterKeys) -> StoreFuture<'a, Option<LimiterRecord>> {
-            unimplemented!("not used by these tests")
-        }
-        fn delete_limiter<'a>(&'a self, _: &'a LimiterKeys) -> StoreFuture<'a, bool> {
-            unimplemented!("not used by these tests")
-        }
-        fn acquire<'a>(&'a self, _: &'a LimiterKeys, _: u64) -> StoreFuture<'a, Acquisition> {
-            unimplemented!("not used by these tests")
-        }
-        fn registry<'a>(&'a self, _: &'a str, _: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply> {
-            unimplemented!("not used by these tests")
-        }
-        fn kind(&self) -> &'static str {
-            "flaky"
         }
     }
 

@@ -34,8 +34,9 @@ use rand::Rng;
 
 use super::algorithms::{self, State, Step};
 use super::{
-    Acquisition, Check, LimiterKeys, LimiterRecord, LimiterSet, Outcome, RegistryOp, RegistryReply,
-    Rule, SetMode, Store, StoreFuture, fixed_window_outcome, fixed_window_take,
+    Acquisition, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet, LimiterStore,
+    Outcome, RegistryOp, RegistryReply, Rule, SetMode, Store, StoreFuture, fixed_window_outcome,
+    fixed_window_take,
 };
 use crate::clock::Clock;
 
@@ -603,12 +604,20 @@ async fn sweep(inner: Weak<Inner>, every: Duration) {
 }
 
 impl Store for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}
+
+impl CounterStore for MemoryStore {
     fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
         let now = self.inner.clock.now_micros();
         let outcomes = checks.iter().map(|c| self.decide(c, now, false)).collect();
         Box::pin(std::future::ready(Ok(outcomes)))
     }
+}
 
+impl LimiterStore for MemoryStore {
     fn set_limiter<'a>(
         &'a self,
         keys: &'a LimiterKeys,
@@ -750,10 +759,6 @@ impl Store for MemoryStore {
             }
         };
         Box::pin(std::future::ready(Ok(reply)))
-    }
-
-    fn kind(&self) -> &'static str {
-        "memory"
     }
 }
 

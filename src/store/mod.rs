@@ -241,10 +241,22 @@ pub enum RegistryReply {
     Removed,
 }
 
+/// What every store is: shareable across tasks, with a short name.
 pub trait Store: Send + Sync + Debug {
+    /// A short name for logs and health output.
+    fn kind(&self) -> &'static str;
+}
+
+/// What the Envoy decision path (`rls`) needs of a store: one atomic decision per batch of
+/// checks. Wrappers and test doubles of the RLS path implement only this.
+pub trait CounterStore: Store {
     /// Decides every check, returning one outcome per check in the same order.
     fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a>;
+}
 
+/// What the named limiters (`named`) need of a store: limiter configs, acquisitions and the
+/// registry, each atomic with what it reads.
+pub trait LimiterStore: Store {
     /// Creates or changes a named limiter.
     fn set_limiter<'a>(
         &'a self,
@@ -259,15 +271,12 @@ pub trait Store: Send + Sync + Debug {
     fn delete_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, bool>;
 
     /// Takes `permits` (0: only looks) under the limiter's current config, atomically with
-    /// reading it. Unlike [`Store::check`], a refused acquisition never changes the state, for
+    /// reading it. Unlike [`CounterStore::check`], a refused acquisition never changes the state, for
     /// every algorithm including the fixed window.
     fn acquire<'a>(&'a self, keys: &'a LimiterKeys, permits: u64) -> StoreFuture<'a, Acquisition>;
 
     /// Changes or reads the registry of named limiters kept under `key`.
     fn registry<'a>(&'a self, key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply>;
-
-    /// A short name for logs and health output.
-    fn kind(&self) -> &'static str;
 }
 
 /// The start (unix seconds) of the fixed window of `window_secs` that holds `now_secs`:

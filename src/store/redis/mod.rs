@@ -43,8 +43,8 @@ use self::conn::{
 };
 use self::script::{DECISION, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK};
 use super::{
-    Acquisition, Check, LimiterKeys, LimiterRecord, LimiterSet, Outcome, RegistryOp, RegistryReply,
-    SetMode, Store, StoreError, StoreFuture,
+    Acquisition, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet, LimiterStore,
+    Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
 };
 
 pub struct RedisStore {
@@ -346,10 +346,18 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+}
+
+impl CounterStore for RedisStore {
     fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
         self.bounded(self.run(checks))
     }
+}
 
+impl LimiterStore for RedisStore {
     fn set_limiter<'a>(
         &'a self,
         keys: &'a LimiterKeys,
@@ -458,10 +466,6 @@ impl Store for RedisStore {
                 }
             }
         })
-    }
-
-    fn kind(&self) -> &'static str {
-        "redis"
     }
 }
 
