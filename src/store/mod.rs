@@ -1,6 +1,8 @@
-//! Where counters live: the [`Store`] trait and its two implementations.
+//! Where counters live: the store traits and their two implementations (memory, Redis).
 //!
-//! A store receives every counted descriptor of one request as a batch of [`Check`]s and answers
+//! [`CounterStore`] is what the Envoy decision path needs, [`LimiterStore`] what the named
+//! limiters need; both stores implement both, and wrappers (the circuit breaker, the metrics)
+//! implement whichever they wrap. A counter store receives every counted descriptor of one request as a batch of [`Check`]s and answers
 //! them in one atomic step per key (one Lua script call on Redis, one shard lock per key in
 //! memory). The algorithm runs inside the store because only there can the read-modify-write be
 //! atomic across service replicas; the memory store and the scripts in `lua/` implement the same
