@@ -63,6 +63,89 @@ fn micros_to_ms(us: u64) -> u64 {
     us.div_ceil(1000).max(1)
 }
 
+/// Upstream's fixed window on the count `state` of the window the key names (`window_start`,
+/// unix seconds, picked by the caller). For the RLS path (`take` false) the hits are counted
+/// even when refused, as upstream counts them; for a named limiter (`take` true) only when they
+/// fit, so a refused acquisition takes nothing. A zero-hit look creates nothing. The state lives
+/// until the window ends. Twin of `fixed_window` and `fixed_window_take` in
+/// `lua/fixed_window.lua`.
+pub fn fixed_window(
+    state: Option<State>,
+    hits: u64,
+    take: bool,
+    limit: u64,
+    (window_secs, window_start): (u64, u64),
+    now: u64,
+) -> Step {
+    let before = match state {
+        Some(State::Count(count)) => count,
+        _ => 0,
+    };
+    let expires_at = (window_start + window_secs) * 1_000_000;
+    let now_ms = now / 1000;
+    let (outcome, count) = if take {
+        fixed_window_take(before, hits, limit, window_secs, window_start, now_ms)
+    } else {
+        let count = before.saturating_add(hits);
+        let outcome = fixed_window_outcome(count, limit, window_secs, window_start, now_ms);
+        (outcome, (hits > 0).then_some(count))
+    };
+    Step {
+        outcome,
+        keep: count
+            .filter(|_| expires_at > now)
+            .map(|count| (State::Count(count), expires_at - now)),
+    }
+}
+
+/// Fixed-window arithmetic, so the memory store and the Lua script (by the same formula)
+/// derive admitted/remaining/reset identically from the count (after this request's hits, which
+/// upstream's fixed window counts even when it refuses them).
+fn fixed_window_outcome(
+    count: u64,
+    limit: u64,
+    window_secs: u64,
+    window_start: u64,
+    now_ms: u64,
+) -> Outcome {
+    let window_ms = window_secs * 1000;
+    let end_ms = (window_start + window_secs) * 1000;
+    let reset_ms = end_ms.saturating_sub(now_ms).clamp(1, window_ms);
+    Outcome {
+        admitted: count <= limit,
+        remaining: limit.saturating_sub(count),
+        reset_ms,
+        used: count,
+    }
+}
+
+/// A named limiter's fixed window (native API): the hits are counted only when they fit
+/// (`before + hits <= limit`), so a refused acquisition takes nothing. Returns the outcome and
+/// the count to store, if any (none for a refusal or a zero-permit look). Twin of
+/// `fixed_window_take` in `lua/fixed_window.lua`.
+fn fixed_window_take(
+    before: u64,
+    hits: u64,
+    limit: u64,
+    window_secs: u64,
+    window_start: u64,
+    now_ms: u64,
+) -> (Outcome, Option<u64>) {
+    match before.checked_add(hits).filter(|&after| after <= limit) {
+        Some(after) => (
+            fixed_window_outcome(after, limit, window_secs, window_start, now_ms),
+            (hits > 0).then_some(after),
+        ),
+        None => (
+            Outcome {
+                admitted: false,
+                ..fixed_window_outcome(before, limit, window_secs, window_start, now_ms)
+            },
+            None,
+        ),
+    }
+}
+
 /// Sliding-window log: admitted iff fewer than `limit` admissions (counting this one's hits)
 /// lie in the window `(now - window, now]`. Only admitted hits are logged, so the log never holds
 /// more than `limit` entries.

@@ -32,11 +32,10 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use super::algorithms::{self, State, Step};
+use super::algorithms::{self, State};
 use super::{
     Acquisition, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet, LimiterStore,
-    Outcome, RegistryOp, RegistryReply, Rule, SetMode, Store, StoreFuture, fixed_window_outcome,
-    fixed_window_take,
+    Outcome, RegistryOp, RegistryReply, Rule, SetMode, Store, StoreFuture,
 };
 use crate::clock::Clock;
 
@@ -384,35 +383,14 @@ impl MemoryStore {
                 limit,
                 window_secs,
                 window_start,
-            } => {
-                let before = match found {
-                    Some(State::Count(count)) => count,
-                    _ => 0,
-                };
-                let expires_at = (window_start + window_secs) * 1_000_000;
-                let (outcome, count) = if take {
-                    fixed_window_take(
-                        before,
-                        check.hits,
-                        limit,
-                        window_secs,
-                        window_start,
-                        now / 1000,
-                    )
-                } else {
-                    let count = before.saturating_add(check.hits);
-                    let outcome =
-                        fixed_window_outcome(count, limit, window_secs, window_start, now / 1000);
-                    // A zero-hit look creates nothing.
-                    (outcome, (check.hits > 0).then_some(count))
-                };
-                Step {
-                    outcome,
-                    keep: count
-                        .filter(|_| expires_at > now)
-                        .map(|count| (State::Count(count), expires_at - now)),
-                }
-            }
+            } => algorithms::fixed_window(
+                found,
+                check.hits,
+                take,
+                limit,
+                (window_secs, window_start),
+                now,
+            ),
             Rule::SlidingWindowLog { limit, window } => algorithms::sliding_window_log(
                 found,
                 check.hits,
