@@ -156,6 +156,7 @@ const SERIES: &[&str] = &[
     "sluice_connections_rejected_total",
     "sluice_descriptors_refused_total",
     "sluice_long_descriptor_parts_total",
+    "sluice_script_errors_total",
 ];
 /// Histograms: only their `_bucket`, `_sum` and `_count` series exist.
 const HISTOGRAMS: &[&str] = &[

@@ -57,6 +57,12 @@ impl<S: Store + ?Sized> Instrumented<S> {
                     .store_errors
                     .with_label_values(&[self.name, operation, e.kind()])
                     .inc();
+                if matches!(e, StoreError::Script(_)) {
+                    self.metrics
+                        .script_errors
+                        .with_label_values(&[self.name, operation])
+                        .inc();
+                }
             }
             result
         })

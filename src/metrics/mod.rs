@@ -47,6 +47,9 @@ pub struct Metrics {
     pub response_time: HistogramVec,
     pub store_call: HistogramVec,
     pub store_errors: IntCounterVec,
+    /// Error replies to a script: a bug or an input the script cannot represent, never an
+    /// outage (they do not count toward a circuit breaker).
+    pub script_errors: IntCounterVec,
     pub failed_open: IntCounter,
     pub breaker_open: IntGaugeVec,
     pub memory_entries: IntGauge,
@@ -183,6 +186,13 @@ impl Metrics {
             ),
             response_time,
             store_call,
+            script_errors: counter_vec(
+                &r,
+                "sluice_script_errors_total",
+                "Store operations answered with an error reply by the script (a bug or an input it \
+                 cannot represent; never counted toward a circuit breaker), by store and operation",
+                &["store", "operation"],
+            ),
             store_errors: counter_vec(
                 &r,
                 "sluice_store_errors_total",
