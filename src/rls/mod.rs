@@ -128,6 +128,14 @@ pub struct RateLimiter {
     refusal_log: LogThrottle,
 }
 
+/// What one request asks of the store: a slot per descriptor, in request order, and the checks
+/// of the counted ones (with whether each goes to the per-second store).
+struct RequestPlan<'c> {
+    slots: Vec<Plan<'c>>,
+    checks: Vec<Check>,
+    per_second: Vec<bool>,
+}
+
 /// The configuration in force and the metric handles of its limits, swapped together.
 #[derive(Debug)]
 struct Active {
@@ -220,8 +228,26 @@ impl RateLimiter {
             return Ok(response::all_ok(request.descriptors.len()));
         };
 
-        // Match, then apply `replaces` across the whole request. A descriptor that cannot be
-        // judged is refused on its own; the others are still decided.
+        let plan = self.plan(domain, request);
+        let outcomes = match self.ask_store(&plan).await {
+            Ok(outcomes) => outcomes,
+            Err(e) if self.options.failure_policy == FailurePolicy::FailOpen => {
+                return Ok(self.fail_open(request, &e));
+            }
+            Err(e) => {
+                if let Some(held_back) = self.store_error_log.allow(self.clock.now_secs()) {
+                    tracing::warn!(error = %e, held_back, "store failed; answering UNAVAILABLE");
+                }
+                return Err(e.into());
+            }
+        };
+        let (statuses, limits) = self.answer(request, counters, &plan, &outcomes);
+        Ok(self.finish(request, statuses, &limits))
+    }
+
+    /// Step 1: each descriptor's slot (matched, with `replaces` applied across the request; a
+    /// descriptor that cannot be judged is refused on its own) and the checks for the store.
+    fn plan<'c>(&self, domain: &'c Domain, request: &RateLimitRequest) -> RequestPlan<'c> {
         let mut matched: Vec<Result<Option<Cow<Limit>>, Refusal>> = request
             .descriptors
             .iter()
@@ -230,11 +256,10 @@ impl RateLimiter {
             .collect();
         drop_replaced(&mut matched);
 
-        // Plan the store call.
         let now_secs = self.clock.now_secs();
         let mut checks = Vec::with_capacity(request.descriptors.len());
         let mut per_second = Vec::with_capacity(request.descriptors.len());
-        let plans: Vec<Plan> = matched
+        let slots = matched
             .into_iter()
             .zip(&request.descriptors)
             .map(|(limit, descriptor)| {
@@ -272,70 +297,67 @@ impl RateLimiter {
                 Plan::Counted(limit, rate, checks.len() - 1)
             })
             .collect();
+        RequestPlan {
+            slots,
+            checks,
+            per_second,
+        }
+    }
 
-        let outcomes = if checks.is_empty() {
-            Vec::new()
-        } else {
-            let span =
-                tracing::debug_span!("store", kind = self.store.kind(), checks = checks.len());
-            let decided = self
-                .decide_with_cache(&checks, &per_second)
-                .instrument(span)
-                .await;
-            match decided {
-                Ok(decided) => decided,
-                Err(e) if self.options.failure_policy == FailurePolicy::FailOpen => {
-                    return Ok(self.fail_open(request, &e));
-                }
-                Err(e) => {
-                    if let Some(held_back) = self.store_error_log.allow(self.clock.now_secs()) {
-                        tracing::warn!(error = %e, held_back, "store failed; answering UNAVAILABLE");
-                    }
-                    return Err(e.into());
-                }
-            }
-        };
+    /// Step 2: one store call (or two, with a per-second store) for every counted descriptor;
+    /// none when nothing is counted.
+    async fn ask_store(&self, plan: &RequestPlan<'_>) -> Result<Vec<(Outcome, bool)>, StoreError> {
+        if plan.checks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let span = tracing::debug_span!(
+            "store",
+            kind = self.store.kind(),
+            checks = plan.checks.len()
+        );
+        self.decide_with_cache(&plan.checks, &plan.per_second)
+            .instrument(span)
+            .await
+    }
 
-        let mut statuses = Vec::with_capacity(plans.len());
-        let mut limits: Vec<Option<&Limit>> = Vec::with_capacity(plans.len());
-        for plan in &plans {
-            let (status, limit) = match plan {
+    /// Step 3: each descriptor's status, in request order, with its per-rule metrics.
+    fn answer<'p>(
+        &self,
+        request: &RateLimitRequest,
+        counters: &ConfigCounters,
+        plan: &'p RequestPlan<'_>,
+        outcomes: &[(Outcome, bool)],
+    ) -> (Vec<DescriptorStatus>, Vec<Option<&'p Limit>>) {
+        let mut statuses = Vec::with_capacity(plan.slots.len());
+        let mut limits: Vec<Option<&Limit>> = Vec::with_capacity(plan.slots.len());
+        for (slot, descriptor) in plan.slots.iter().zip(&request.descriptors) {
+            let (status, limit) = match slot {
                 Plan::NoLimit => (response::no_limit(), None),
                 Plan::Refused => (response::refused(), None),
                 Plan::Unlimited => (response::unlimited(), None),
                 Plan::Counted(limit, rate, index) => {
+                    let (outcome, from_cache) = &outcomes[*index];
                     if let Some(metrics) = &self.metrics {
-                        let descriptor = &request.descriptors[statuses.len()];
-                        let hits = checks[*index].hits;
-                        let (outcome, from_cache) = &outcomes[*index];
-                        metrics.record(
-                            counters,
-                            &request.domain,
-                            &descriptor.entries,
-                            limit,
-                            hits,
-                            outcome,
-                        );
+                        let hits = plan.checks[*index].hits;
+                        let entries = &descriptor.entries;
+                        metrics.record(counters, &request.domain, entries, limit, hits, outcome);
                         if *from_cache {
                             metrics.record_local_cache(
                                 counters,
                                 &request.domain,
-                                &descriptor.entries,
+                                entries,
                                 limit,
                                 hits,
                             );
                         }
                     }
-                    (
-                        response::counted(limit, *rate, &outcomes[*index].0),
-                        Some(&**limit),
-                    )
+                    (response::counted(limit, *rate, outcome), Some(&**limit))
                 }
             };
             statuses.push(status);
             limits.push(limit);
         }
-        Ok(self.finish(request, statuses, &limits))
+        (statuses, limits)
     }
 
     /// Answers the checks the over-limit cache knows are refused, asks the store(s) for the
