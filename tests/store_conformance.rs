@@ -305,14 +305,22 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     RUNTIME.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
 }
 
-/// One Redis for all proptest cases (starting one per case would dominate the run time).
+/// The value in `cell`, made by `make` the first time: one Redis for all proptest cases
+/// (starting one per case would dominate the run time).
+async fn shared<T: Sync, F: std::future::Future<Output = T>>(
+    cell: &'static std::sync::OnceLock<T>,
+    make: impl FnOnce() -> F,
+) -> &'static T {
+    if let Some(value) = cell.get() {
+        return value;
+    }
+    let value = make().await;
+    cell.get_or_init(|| value)
+}
+
 async fn shared_pair() -> &'static Pair {
     static PAIR: std::sync::OnceLock<Pair> = std::sync::OnceLock::new();
-    if let Some(p) = PAIR.get() {
-        return p;
-    }
-    let p = pair().await;
-    PAIR.get_or_init(|| p)
+    shared(&PAIR, pair).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -688,11 +696,7 @@ proptest::proptest! {
 
 async fn shared_limiters() -> &'static Limiters {
     static LIMITERS: std::sync::OnceLock<Limiters> = std::sync::OnceLock::new();
-    if let Some(l) = LIMITERS.get() {
-        return l;
-    }
-    let l = limiters().await;
-    LIMITERS.get_or_init(|| l)
+    shared(&LIMITERS, limiters).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

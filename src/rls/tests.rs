@@ -70,6 +70,13 @@ fn harness(options: RlsOptions) -> Harness {
     Harness { limiter, clock }
 }
 
+fn harness_with_limits(input_limits: InputLimits) -> Harness {
+    harness(RlsOptions {
+        input_limits,
+        ..RlsOptions::default()
+    })
+}
+
 fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
         entries: pairs
@@ -501,13 +508,10 @@ async fn a_long_value_is_judged_and_cannot_hide_another_descriptor() {
 
 #[tokio::test]
 async fn long_keys_and_domains_are_judged_too() {
-    let h = harness(RlsOptions {
-        input_limits: InputLimits {
-            max_key_bytes: 2,
-            max_domain_bytes: 2,
-            ..InputLimits::default()
-        },
-        ..RlsOptions::default()
+    let h = harness_with_limits(InputLimits {
+        max_key_bytes: 2,
+        max_domain_bytes: 2,
+        ..InputLimits::default()
     });
     // "user" and "app" are over the (tiny) limits: matched on their text, counted under digests.
     let one = request(vec![descriptor(&[("user", "a")])]);
@@ -521,13 +525,10 @@ async fn long_keys_and_domains_are_judged_too() {
 
 #[tokio::test]
 async fn descriptors_beyond_the_input_limits_are_refused_alone() {
-    let h = harness(RlsOptions {
-        input_limits: InputLimits {
-            max_descriptors: 2,
-            max_entries: 2,
-            ..InputLimits::default()
-        },
-        ..RlsOptions::default()
+    let h = harness_with_limits(InputLimits {
+        max_descriptors: 2,
+        max_entries: 2,
+        ..InputLimits::default()
     });
     // The third descriptor is past the count: refused (OVER_LIMIT, not counted); the first two
     // are decided as usual.
