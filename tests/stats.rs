@@ -103,7 +103,8 @@ async fn default_mapping_and_extra_tags_on_every_series() {
         pairs.iter().chain(&tags).copied().collect()
     };
     let (_, text) = sluice.http("GET", "/metrics", "");
-    let checks: Vec<(&str, Vec<(&str, &str)>, f64)> = vec![
+    type Check<'a> = (&'a str, Vec<(&'a str, &'a str)>, f64);
+    let checks: Vec<Check> = vec![
         // 1 level: domain and key1.
         (
             "ratelimit_service_rate_limit_total_hits",
@@ -474,16 +475,14 @@ async fn grafana_dashboard_queries_find_series() {
         Some(1.0),
         "{text}"
     );
+    let variable = regex::Regex::new(r"\$\{?\w+\}?").unwrap();
     for expr in &exprs {
         for (name, matchers) in selectors(expr) {
             let found = all.iter().any(|(n, labels, _)| {
                 *n == name
                     && matchers.iter().all(|(label, op, value)| {
                         // Dashboard variables stand for "All" here.
-                        let value = regex::Regex::new(r"\$\{?\w+\}?")
-                            .unwrap()
-                            .replace_all(value, ".*")
-                            .into_owned();
+                        let value = variable.replace_all(value, ".*").into_owned();
                         let have = labels.get(label).map(String::as_str).unwrap_or("");
                         let re = regex::Regex::new(&format!("^(?:{value})$")).unwrap();
                         match op.as_str() {

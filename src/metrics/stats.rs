@@ -58,6 +58,9 @@ impl Stat {
 /// A handle to one stat.
 pub type Counter = Arc<Stat>;
 
+/// Timer samples (stat name, milliseconds) waiting for the next statsd flush.
+type TimerSamples = Vec<(Arc<str>, f64)>;
+
 /// Timer samples kept between two statsd flushes at most; more are dropped (and counted).
 const MAX_TIMER_SAMPLES: usize = 10_000;
 
@@ -71,7 +74,7 @@ pub struct StatStore {
     extra_tags: Vec<(String, String)>,
     counters: RwLock<HashMap<Box<str>, Counter>>,
     /// Timer samples in milliseconds, kept only while a statsd sink drains them.
-    timers: Option<Mutex<Vec<(Arc<str>, f64)>>>,
+    timers: Option<Mutex<TimerSamples>>,
     timers_dropped: AtomicU64,
 }
 
@@ -129,7 +132,7 @@ impl StatStore {
     }
 
     /// The timer samples since the last call, and how many were dropped.
-    pub(super) fn take_timers(&self) -> (Vec<(Arc<str>, f64)>, u64) {
+    pub(super) fn take_timers(&self) -> (TimerSamples, u64) {
         let samples = self
             .timers
             .as_ref()
