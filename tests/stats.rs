@@ -235,25 +235,36 @@ fn read_until(
     seen
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn statsd_sink_sends_counters_and_timers_over_tcp() {
+/// Sluice with one rule and a statsd (or DogStatsD) sink on `port`, flushing every 100 ms,
+/// after one request.
+async fn start_with_statsd(port: u16, dog: bool) -> (Sluice, tempfile::TempDir) {
     let dir = config_dir(&format!(
         "domain: app\ndescriptors:\n  - key: k\n    rate_limit: {{{HOUR}, requests_per_unit: 9}}\n"
     ));
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port().to_string();
-    let sluice = Sluice::start(
-        dir.path(),
-        None,
-        &[
-            ("STATSD_HOST", "127.0.0.1"),
-            ("STATSD_PORT", &port),
-            ("STATS_FLUSH_INTERVAL", "100ms"),
-            ("EXTRA_TAGS", "env:t"),
-        ],
-    );
+    let port = port.to_string();
+    let sinks = if dog {
+        [("USE_STATSD", "false"), ("USE_DOG_STATSD", "true")]
+    } else {
+        [("USE_STATSD", "true"), ("USE_DOG_STATSD", "false")]
+    };
+    let mut env = vec![
+        ("STATSD_HOST", "127.0.0.1"),
+        ("STATSD_PORT", port.as_str()),
+        ("STATS_FLUSH_INTERVAL", "100ms"),
+        ("EXTRA_TAGS", "env:t"),
+    ];
+    env.extend(sinks);
+    let sluice = Sluice::start(dir.path(), None, &env);
     let mut c = sluice.client().await;
     ask(&mut c, request("app", vec![descriptor(&[("k", "x")])])).await;
+    (sluice, dir)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn statsd_sink_sends_counters_and_timers_over_tcp() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (sluice, _dir) = start_with_statsd(port, false).await;
     let (stream, _) = listener.accept().unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(20)))
@@ -284,28 +295,11 @@ async fn statsd_sink_sends_counters_and_timers_over_tcp() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dogstatsd_sink_sends_tags() {
-    let dir = config_dir(&format!(
-        "domain: app\ndescriptors:\n  - key: k\n    rate_limit: {{{HOUR}, requests_per_unit: 9}}\n"
-    ));
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     socket
         .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
-    let port = socket.local_addr().unwrap().port().to_string();
-    let sluice = Sluice::start(
-        dir.path(),
-        None,
-        &[
-            ("USE_STATSD", "false"),
-            ("USE_DOG_STATSD", "true"),
-            ("STATSD_HOST", "127.0.0.1"),
-            ("STATSD_PORT", &port),
-            ("STATS_FLUSH_INTERVAL", "100ms"),
-            ("EXTRA_TAGS", "env:t"),
-        ],
-    );
-    let mut c = sluice.client().await;
-    ask(&mut c, request("app", vec![descriptor(&[("k", "x")])])).await;
+    let (sluice, _dir) = start_with_statsd(socket.local_addr().unwrap().port(), true).await;
     let want = "ratelimit.service.rate_limit.app.k.total_hits:1|c|#env:t";
     let datagrams = std::iter::from_fn(|| {
         let mut buf = [0u8; 2048];
