@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use super::mapper::{Mapped, Mapper, StatKind};
+use super::mapper::{Mapped, Mapper, StatKind, escape_metric_name};
 
 /// One counter, named as upstream's statsd stat.
 #[derive(Debug)]
@@ -157,31 +157,34 @@ impl StatStore {
         if !self.enabled {
             return;
         }
-        let mut families: BTreeMap<&str, Vec<(String, u64)>> = BTreeMap::new();
+        // Stats that map to the same series add up, as statsd_exporter adds their events
+        // (an unanchored regex rule can take in a longer name, e.g. `over_limit_with_local_cache`
+        // under the default `over_limit` rule).
+        let mut families: BTreeMap<&str, BTreeMap<String, u64>> = BTreeMap::new();
         let counters = self.counters();
         for c in &counters {
             let Mapped::Series { name, labels } = &c.mapped else {
                 continue;
             };
             let mut text = String::new();
-            let mut seen: Vec<&str> = Vec::new();
+            let mut seen: Vec<String> = Vec::new();
             let extra = self
                 .extra_tags
                 .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()));
+                .map(|(k, v)| (escape_metric_name(k), v.as_str()));
             for (k, v) in labels
                 .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .map(|(k, v)| (k.clone(), v.as_str()))
                 .chain(extra)
             {
                 if seen.contains(&k) {
                     continue;
                 }
-                seen.push(k);
                 let sep = if text.is_empty() { "" } else { "," };
                 let _ = write!(text, "{sep}{k}=\"{}\"", escape_label_value(v));
+                seen.push(k);
             }
-            families.entry(name).or_default().push((text, c.get()));
+            *families.entry(name).or_default().entry(text).or_default() += c.get();
         }
         let mut text = String::new();
         for (name, series) in families {
@@ -294,5 +297,30 @@ mod tests {
         assert!(text.contains("cc_three{env=\"prod\"} 1\n"), "{text}");
         assert!(!text.contains("two"), "{text}");
         assert_eq!(stats.render_text(), "aa.one: 3\nbb.two: 1\ncc.three: 1\n");
+    }
+
+    #[test]
+    fn stats_mapped_to_one_series_add_up() {
+        // Upstream's default over_limit regex is not anchored, so it also takes in the local
+        // cache's stat of a three-level key; statsd_exporter adds both into one series.
+        let stats = StatStore::new(
+            true,
+            Mapper::upstream_default(),
+            vec![("my-tag".into(), "x".into())],
+            false,
+        );
+        let name = "ratelimit.service.rate_limit.app.a.b.c";
+        stats.counter(&format!("{name}.over_limit")).inc_by(2);
+        stats
+            .counter(&format!("{name}.over_limit_with_local_cache"))
+            .inc();
+        let mut out = Vec::new();
+        stats.render_prometheus(&mut out);
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("ratelimit_service_rate_limit_over_limit{domain=\"app\",key1=\"a\",key2=\"b\",my_tag=\"x\"} 3\n"),
+            "{text}"
+        );
+        assert_eq!(text.matches("# TYPE").count(), 1, "{text}");
     }
 }
