@@ -386,6 +386,12 @@ fn metrics(settings: &Settings) -> Result<Metrics, ServeError> {
     if !stats.enabled {
         tracing::info!("upstream's stats are off (DISABLE_STATS=true)");
     }
+    if stats.mogrifiers_set {
+        tracing::warn!(
+            "USE_DOG_STATSD_MOGRIFIERS is not supported: DogStatsD stats keep upstream's names, \
+             with EXTRA_TAGS as tags"
+        );
+    }
     if let Some(sink) = &stats.statsd {
         tracing::info!(
             addr = %sink.addr,

@@ -74,6 +74,8 @@ pub struct StatsSettings {
     pub extra_tags: Vec<(String, String)>,
     /// `DEBUG_HOST:DEBUG_PORT`: `/`, `/rlconfig`, `/stats`.
     pub debug_addr: SocketAddr,
+    /// `USE_DOG_STATSD_MOGRIFIERS` is set: not supported, logged at start-up.
+    pub mogrifiers_set: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -664,6 +666,7 @@ fn stats_settings<F: Fn(&str) -> Option<String>>(
         mapper_file: env.raw("PROMETHEUS_MAPPER_YAML").map(PathBuf::from),
         extra_tags,
         debug_addr: env.addr("DEBUG_HOST", "DEBUG_PORT", 6070)?,
+        mogrifiers_set: env.raw("USE_DOG_STATSD_MOGRIFIERS").is_some(),
     })
 }
 

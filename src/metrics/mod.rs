@@ -204,7 +204,7 @@ impl Metrics {
             connections_open: gauge_vec(
                 &r,
                 "sluice_connections_open",
-                "Connections open now, by listener (grpc, http, metrics)",
+                "Connections open now, by listener (grpc, http, metrics, debug, limiter_api)",
                 &["listener"],
             ),
             connections_rejected: counter_vec(

@@ -20,7 +20,6 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UdpSocket};
 
 use super::stats::StatStore;
-use crate::util::LogThrottle;
 
 /// Which statsd server and dialect (built by `app` from upstream's variables).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,11 +120,16 @@ pub async fn run(
     }
 }
 
+/// How often a failing sink logs.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
 struct Sender {
     options: StatsdOptions,
     tcp: Option<TcpStream>,
     udp: Option<UdpSocket>,
-    log: LogThrottle,
+    /// When the sink last logged a failure, and the failures since.
+    logged: Option<std::time::Instant>,
+    held_back: u64,
 }
 
 impl Sender {
@@ -134,7 +138,8 @@ impl Sender {
             options,
             tcp: None,
             udp: None,
-            log: LogThrottle::default(),
+            logged: None,
+            held_back: 0,
         }
     }
 
@@ -147,20 +152,23 @@ impl Sender {
         } else {
             self.send_tcp(&lines).await
         };
-        if let Err(error) = result {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            if let Some(held_back) = self.log.allow(now) {
-                tracing::warn!(
-                    addr = %self.options.addr,
-                    %error,
-                    held_back,
-                    lost_lines = lines.len(),
-                    "statsd sink could not send; these stats are lost (decisions are not affected)"
-                );
-            }
+        let Err(error) = result else {
+            return;
+        };
+        if self.logged.is_some_and(|at| at.elapsed() < LOG_EVERY) {
+            self.held_back += 1;
+            return;
         }
+        let first = self.logged.is_none();
+        self.logged = Some(std::time::Instant::now());
+        tracing::warn!(
+            addr = %self.options.addr,
+            %error,
+            held_back = std::mem::take(&mut self.held_back),
+            lost_lines = lines.len(),
+            "statsd sink could not send; these stats are lost, decisions are not affected{}",
+            if first { " (USE_STATSD=false turns the sink off)" } else { "" }
+        );
     }
 
     async fn send_tcp(&mut self, lines: &[String]) -> io::Result<()> {
