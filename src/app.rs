@@ -262,6 +262,14 @@ pub async fn serve(
         observability,
         stopped(),
     );
+    // Poll `shutdown` once before telling anyone we listen: the SIGTERM handler is installed on
+    // its first poll, and a SIGTERM that came before it would kill the process outright.
+    tokio::pin!(shutdown);
+    tokio::select! {
+        biased;
+        () = &mut shutdown => return Ok(()),
+        () = std::future::ready(()) => {}
+    }
     match limiter_api_addr {
         Some(limiter) => tracing::info!(
             grpc = %grpc_addr, http = %http_addr, debug = %debug_addr, %limiter,
@@ -291,7 +299,7 @@ pub async fn serve(
             result?;
             return Ok(());
         }
-        () = shutdown => {}
+        () = &mut shutdown => {}
     }
 
     tracing::info!(grace = ?settings.shutdown_grace, "shutting down");
