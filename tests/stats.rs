@@ -165,9 +165,6 @@ async fn default_mapping_and_extra_tags_on_every_series() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn mapper_file_drops_and_maps_by_regex() {
-    let dir = config_dir(&format!(
-        "domain: app\ndescriptors:\n  - key: k\n    rate_limit: {{{HOUR}, requests_per_unit: 9}}\n"
-    ));
     let mapper = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(
         mapper.path(),
@@ -182,16 +179,11 @@ async fn mapper_file_drops_and_maps_by_regex() {
 "#,
     )
     .unwrap();
-    let sluice = Sluice::start(
-        dir.path(),
-        None,
-        &[
-            ("PROMETHEUS_MAPPER_YAML", mapper.path().to_str().unwrap()),
-            ("USE_STATSD", "false"),
-        ],
-    );
-    let mut c = sluice.client().await;
-    ask(&mut c, request("app", vec![descriptor(&[("k", "x")])])).await;
+    let (sluice, dir) = one_request(&[
+        ("PROMETHEUS_MAPPER_YAML", mapper.path().to_str().unwrap()),
+        ("USE_STATSD", "false"),
+    ])
+    .await;
     let (_, text) = sluice.http("GET", "/metrics", "");
     assert_eq!(
         find(&text, "rl_total_hits", &[("dom", "app"), ("path", "k")]),
@@ -239,9 +231,6 @@ fn read_until(
 /// Sluice with one rule and a statsd (or DogStatsD) sink on `port`, flushing every 100 ms,
 /// after one request.
 async fn start_with_statsd(port: u16, dog: bool) -> (Sluice, tempfile::TempDir) {
-    let dir = config_dir(&format!(
-        "domain: app\ndescriptors:\n  - key: k\n    rate_limit: {{{HOUR}, requests_per_unit: 9}}\n"
-    ));
     let port = port.to_string();
     let sinks = if dog {
         [("USE_STATSD", "false"), ("USE_DOG_STATSD", "true")]
@@ -255,7 +244,15 @@ async fn start_with_statsd(port: u16, dog: bool) -> (Sluice, tempfile::TempDir) 
         ("EXTRA_TAGS", "env:t"),
     ];
     env.extend(sinks);
-    let sluice = Sluice::start(dir.path(), None, &env);
+    one_request(&env).await
+}
+
+/// Sluice with one rule (`app`, `k`), started with `env`, after one request on it.
+async fn one_request(env: &[(&str, &str)]) -> (Sluice, tempfile::TempDir) {
+    let dir = config_dir(&format!(
+        "domain: app\ndescriptors:\n  - key: k\n    rate_limit: {{{HOUR}, requests_per_unit: 9}}\n"
+    ));
+    let sluice = Sluice::start(dir.path(), None, env);
     let mut c = sluice.client().await;
     ask(&mut c, request("app", vec![descriptor(&[("k", "x")])])).await;
     (sluice, dir)
@@ -359,12 +356,7 @@ fn two_sinks_at_once_are_refused_naming_both() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn disable_stats_hides_upstreams_stats() {
-    let dir = config_dir(&format!(
-        "domain: app\ndescriptors:\n  - key: k\n    rate_limit: {{{HOUR}, requests_per_unit: 9}}\n"
-    ));
-    let sluice = Sluice::start(dir.path(), None, &[("DISABLE_STATS", "true")]);
-    let mut c = sluice.client().await;
-    ask(&mut c, request("app", vec![descriptor(&[("k", "x")])])).await;
+    let (sluice, _dir) = one_request(&[("DISABLE_STATS", "true")]).await;
     let (_, text) = sluice.http("GET", "/metrics", "");
     assert!(!text.contains("ratelimit_service_rate_limit"), "{text}");
     assert!(!text.contains("ratelimit_service_total_requests"), "{text}");
