@@ -151,7 +151,6 @@ const SERIES: &[&str] = &[
     "sluice_memory_store_entries",
     "sluice_memory_store_evictions_total",
     "sluice_store_errors_total",
-    "ratelimit_service_rate_limit_over_limit_with_local_cache",
     "sluice_connections_open",
     "sluice_connections_rejected_total",
     "sluice_descriptors_refused_total",

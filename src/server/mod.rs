@@ -4,6 +4,7 @@
 //! needs; `app` builds them from the settings, wires them to the limiters and runs them.
 
 pub(crate) mod connections;
+pub(crate) mod debug;
 mod health;
 pub(crate) mod http;
 pub(crate) mod named;
@@ -47,6 +48,9 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+    /// `PROMETHEUS_MAPPER_YAML` names a file that does not load.
+    #[error("PROMETHEUS_MAPPER_YAML: {0}")]
+    Mapper(#[from] crate::metrics::MapperError),
 }
 
 /// What every gRPC listener needs to know (from `GRPC_*`, `MAX_CONNECTIONS` and the reload
