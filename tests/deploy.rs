@@ -1032,12 +1032,117 @@ fn istio_envoyfilter_matches_sluice_port_domain_and_limits() {
     );
 }
 
+/// The uid and gid envoyproxy/ratelimit's container runs as under Envoy Gateway
+/// (deploy/envoy-gateway/README.md); Sluice's image and chart use the same.
+const NOBODY: i64 = 65534;
+
+/// The image runs where upstream's image runs: `/bin/ratelimit` is Sluice's binary, the
+/// image's user is uid/gid 65534 by number, and the chart runs it so with a read-only root.
+#[test]
+fn image_runs_where_upstreams_runs() {
+    let docker = Dockerfile::parse(&read(DOCKERFILE));
+    assert_eq!(
+        docker.user.as_deref(),
+        Some(format!("{NOBODY}:{NOBODY}").as_str()),
+        "{DOCKERFILE}: the runtime image must run as USER {NOBODY}:{NOBODY} (numbers, no name lookup)"
+    );
+    // The binary is copied to one place and /bin/ratelimit names that same file.
+    let binary = docker
+        .copy_destinations
+        .iter()
+        .find(|d| d.ends_with("/bin/sluice"))
+        .unwrap_or_else(|| {
+            panic!(
+                "{DOCKERFILE}: no COPY installs the sluice binary ({:?})",
+                docker.copy_destinations
+            )
+        });
+    let link = format!("ln -s {binary} /bin/ratelimit");
+    assert!(
+        docker
+            .copy_destinations
+            .iter()
+            .any(|d| d == "/bin/ratelimit")
+            || docker.runtime_runs.iter().any(|r| r.contains(&link)),
+        "{DOCKERFILE}: /bin/ratelimit (where Envoy Gateway starts the rate limit service) must be \
+         the sluice binary; expected `RUN {link}` in the runtime stage, found {:?}",
+        docker.runtime_runs
+    );
+
+    let values = yaml_one(VALUES);
+    for field in ["runAsUser", "runAsGroup", "fsGroup"] {
+        assert_eq!(
+            int_at(&values, &["podSecurityContext", field], VALUES),
+            NOBODY,
+            "{VALUES}: podSecurityContext.{field} must be the image's {NOBODY}"
+        );
+    }
+    for (field, want) in [
+        ("readOnlyRootFilesystem", true),
+        ("runAsNonRoot", true),
+        ("allowPrivilegeEscalation", false),
+    ] {
+        assert_eq!(
+            values["securityContext"][field].as_bool(),
+            Some(want),
+            "{VALUES}: securityContext.{field} must be {want}"
+        );
+    }
+}
+
+/// A read-only root filesystem only works if the service writes no file: no code outside
+/// tests opens a file for writing or makes a temporary file (logs go to stdout, counters to
+/// memory or Redis). A write added later must come with a volume in the chart and this list.
+#[test]
+fn the_service_writes_no_file() {
+    const WRITES: &[&str] = &[
+        "fs::write",
+        "File::create",
+        "OpenOptions",
+        "tempfile",
+        "create_dir",
+        "fs::rename",
+        "fs::copy",
+        "fs::remove",
+        "set_permissions",
+    ];
+    let mut found = Vec::new();
+    for path in files_under(&root().join("src")) {
+        let name = rel(&path);
+        if !name.ends_with(".rs") || name.ends_with("/tests.rs") {
+            continue;
+        }
+        let text = fs::read_to_string(&path).unwrap();
+        // Unit tests sit at the end of a file, after `#[cfg(test)]`.
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (n, line) in code.lines().enumerate() {
+            let line = line.trim_start();
+            if line.starts_with("//") {
+                continue;
+            }
+            for w in WRITES {
+                if line.contains(w) {
+                    found.push(format!("{name}:{}: {w}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the service must write no file (the image runs with a read-only root): {found:#?}"
+    );
+}
+
 /// What this test reads from the Dockerfile: ENV, EXPOSE and COPY destinations (continuation
 /// lines joined, comments dropped).
 struct Dockerfile {
     env: BTreeMap<String, String>,
     expose: Vec<String>,
     copy_destinations: Vec<String>,
+    /// The `RUN` commands of the last stage (the runtime image), as written.
+    runtime_runs: Vec<String>,
+    /// The last `USER` (of the runtime image).
+    user: Option<String>,
 }
 
 impl Dockerfile {
@@ -1064,10 +1169,16 @@ impl Dockerfile {
             env: BTreeMap::new(),
             expose: Vec::new(),
             copy_destinations: Vec::new(),
+            runtime_runs: Vec::new(),
+            user: None,
         };
         for ins in instructions {
             let mut words = ins.split_whitespace();
             match words.next().map(str::to_ascii_uppercase).as_deref() {
+                // A new stage: only the last one's RUNs shape the image.
+                Some("FROM") => file.runtime_runs.clear(),
+                Some("RUN") => file.runtime_runs.push(words.collect::<Vec<_>>().join(" ")),
+                Some("USER") => file.user = words.next().map(str::to_string),
                 Some("ENV") => {
                     for w in words {
                         let (k, v) = w
