@@ -1133,6 +1133,69 @@ fn the_service_writes_no_file() {
     );
 }
 
+const ENVOY_GATEWAY: &str = "deploy/envoy-gateway/README.md";
+
+/// The `EnvoyGateway` resource of deploy/envoy-gateway/README.md: the ```yaml block with
+/// `kind: EnvoyGateway`.
+fn envoy_gateway_resource() -> Yaml {
+    let text = read(ENVOY_GATEWAY);
+    let block = text
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+        .find(|block| block.contains("kind: EnvoyGateway"))
+        .unwrap_or_else(|| panic!("{ENVOY_GATEWAY}: no ```yaml block with kind: EnvoyGateway"));
+    YamlLoader::load_from_str(block)
+        .unwrap_or_else(|e| panic!("{ENVOY_GATEWAY}: the EnvoyGateway block is not YAML: {e}"))
+        .remove(0)
+}
+
+/// The EnvoyGateway resource swaps the rate limit Deployment's image, names the Redis store
+/// (EG sets no BACKEND_TYPE), and keeps Sluice's Redis deadline below the proxies' timeout.
+#[test]
+fn envoy_gateway_resource_swaps_the_image() {
+    let eg = envoy_gateway_resource();
+    assert_eq!(
+        str_at(&eg, &["apiVersion"], ENVOY_GATEWAY),
+        "gateway.envoyproxy.io/v1alpha1"
+    );
+    let container = &eg["provider"]["kubernetes"]["rateLimitDeployment"]["container"];
+    let image = str_at(container, &["image"], ENVOY_GATEWAY);
+    assert!(
+        image.contains("sluice"),
+        "{ENVOY_GATEWAY}: provider.kubernetes.rateLimitDeployment.container.image is {image}"
+    );
+    let env: BTreeMap<&str, &str> = container["env"]
+        .as_vec()
+        .unwrap_or_else(|| panic!("{ENVOY_GATEWAY}: container.env is not a list"))
+        .iter()
+        .map(|e| {
+            (
+                str_at(e, &["name"], ENVOY_GATEWAY),
+                str_at(e, &["value"], ENVOY_GATEWAY),
+            )
+        })
+        .collect();
+    assert_eq!(
+        env.get("BACKEND_TYPE"),
+        Some(&"redis"),
+        "{ENVOY_GATEWAY}: EG sets REDIS_URL but no BACKEND_TYPE"
+    );
+    assert_eq!(
+        str_at(&eg, &["rateLimit", "backend", "type"], ENVOY_GATEWAY),
+        "Redis"
+    );
+    let proxy_timeout = duration_us(str_at(&eg, &["rateLimit", "timeout"], ENVOY_GATEWAY));
+    let redis_timeout = duration_us(
+        env.get("REDIS_TIMEOUT")
+            .unwrap_or_else(|| panic!("{ENVOY_GATEWAY}: container.env sets no REDIS_TIMEOUT")),
+    );
+    assert!(
+        redis_timeout < proxy_timeout,
+        "{ENVOY_GATEWAY}: REDIS_TIMEOUT {redis_timeout} us must be below rateLimit.timeout {proxy_timeout} us"
+    );
+}
+
 /// What this test reads from the Dockerfile: ENV, EXPOSE and COPY destinations (continuation
 /// lines joined, comments dropped).
 struct Dockerfile {

@@ -564,3 +564,379 @@ async fn hits_addend_per_descriptor_through_envoy() {
         "route-level hits_addend (Envoy 1.40 ignores it)"
     );
 }
+
+// ------------------------------------------------------------------------------------------
+// When Sluice cannot answer: failure_mode_deny
+// ------------------------------------------------------------------------------------------
+
+const FAILURE_ROUTES: &[Route] = &[
+    // Stage 0: the `ratelimit_open` filter, failure_mode_deny: false.
+    Route {
+        cluster: "open",
+        rate_limits: "- actions: [{ request_headers: { header_name: x-user, descriptor_key: user } }]",
+        per_filter: "",
+    },
+    // Stage 1: the `ratelimit_closed` filter, failure_mode_deny: true.
+    Route {
+        cluster: "closed",
+        rate_limits: "\
+- stage: 1
+  actions: [{ request_headers: { header_name: x-user, descriptor_key: user } }]",
+        per_filter: "",
+    },
+];
+
+/// The filter's counters for both routes, as one value to compare.
+fn open_and_closed(envoy: &Envoy) -> (RatelimitStats, RatelimitStats) {
+    (
+        envoy.ratelimit_stats_of("open"),
+        envoy.ratelimit_stats_of("closed"),
+    )
+}
+
+/// The sum of two sets of counters.
+fn plus(a: RatelimitStats, b: RatelimitStats) -> RatelimitStats {
+    RatelimitStats {
+        ok: a.ok + b.ok,
+        over_limit: a.over_limit + b.over_limit,
+        error: a.error + b.error,
+        failure_mode_allowed: a.failure_mode_allowed + b.failure_mode_allowed,
+    }
+}
+
+/// Errors Envoy saw: `allowed` of them let through (fail open).
+fn failed(error: u64, failure_mode_allowed: u64) -> RatelimitStats {
+    RatelimitStats {
+        ok: 0,
+        over_limit: 0,
+        error,
+        failure_mode_allowed,
+    }
+}
+
+/// With Redis killed (Sluice answers UNAVAILABLE) and with Sluice stopped (no answer at all),
+/// a `failure_mode_deny: false` filter lets requests through and counts each in `error` and
+/// `failure_mode_allowed`; a `failure_mode_deny: true` filter answers 500 and counts `error`.
+/// Between the two, Redis comes back and both routes are limited again, with the counters
+/// Redis lost starting over.
+#[tokio::test]
+async fn failure_mode_deny_with_redis_killed_and_sluice_stopped() {
+    let mut redis = RedisServer::start();
+    let config = config_dir(LIMITS);
+    // With Redis gone, each call waits up to REDIS_TIMEOUT for a connection before it
+    // fails (the harness's 5 s would make this test slow); 500 ms is still a hundred times
+    // a call to a live Redis here.
+    let sluice = Sluice::start(config.path(), Some(&redis), &[("REDIS_TIMEOUT", "500ms")]);
+    let app = Upstream::start();
+    let envoy = Envoy::start_with(sluice.grpc, app.addr, |listener, admin| {
+        filter_config(listener, admin, sluice.grpc, app.addr, FAILURE_ROUTES)
+    });
+    stay_in_one_day().await;
+    let user = [("x-user", "fm")];
+
+    // Healthy: the limit of 4 per user holds on both routes.
+    assert_eq!(
+        statuses(&envoy, 5, "/open", &user),
+        admitted_then_refused(4, 1)
+    );
+    assert_eq!(statuses(&envoy, 5, "/closed", &user), [429; 5]);
+    let mut want = (answered(4, 1), answered(0, 5));
+    assert_eq!(open_and_closed(&envoy), want, "healthy");
+
+    // Redis killed: Sluice answers UNAVAILABLE.
+    redis.kill();
+    assert_eq!(
+        statuses(&envoy, 3, "/open", &user),
+        [200; 3],
+        "fail open, Redis down"
+    );
+    assert_eq!(
+        statuses(&envoy, 3, "/closed", &user),
+        [500; 3],
+        "fail closed, Redis down"
+    );
+    want = (plus(want.0, failed(3, 3)), plus(want.1, failed(3, 0)));
+    assert_eq!(open_and_closed(&envoy), want, "Redis down");
+
+    // Redis back (empty): once Sluice reconnects, both routes are limited again.
+    redis.restart();
+    let started = std::time::Instant::now();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let (open, closed) = (envoy.get("/open", &user), envoy.get("/closed", &user));
+        if (open, closed) == (200, 200) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "Sluice did not answer again after Redis came back (last: {open}, {closed})"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "answers again {:?} after Redis restarted, {tries} tries",
+        started.elapsed()
+    );
+    let (open, closed) = open_and_closed(&envoy);
+    assert_eq!(
+        (open.over_limit, closed.over_limit),
+        (want.0.over_limit, want.1.over_limit),
+        "nothing over the limit while recovering"
+    );
+    want = (open, closed);
+
+    // Sluice stopped: no answer at all.
+    drop(sluice);
+    assert_eq!(
+        statuses(&envoy, 3, "/open", &user),
+        [200; 3],
+        "fail open, Sluice down"
+    );
+    assert_eq!(
+        statuses(&envoy, 3, "/closed", &user),
+        [500; 3],
+        "fail closed, Sluice down"
+    );
+    want = (plus(want.0, failed(3, 3)), plus(want.1, failed(3, 0)));
+    assert_eq!(open_and_closed(&envoy), want, "Sluice down");
+}
+
+// ------------------------------------------------------------------------------------------
+// The shipped example, as shipped
+// ------------------------------------------------------------------------------------------
+
+/// The walk-through in deploy/envoy/README.md ("Try it"), whose expected header lines this
+/// test reads from there.
+const SHIPPED_README: &str = include_str!("../deploy/envoy/README.md");
+
+/// The `# name: value` lines the README shows for the refused request of its walk-through
+/// (fixed values only: the reset varies).
+fn readme_refused_headers() -> Vec<(String, String)> {
+    let after = SHIPPED_README
+        .split_once("# HTTP/1.1 429 Too Many Requests")
+        .expect("deploy/envoy/README.md shows a 429 response")
+        .1;
+    after
+        .lines()
+        .skip(1)
+        .map_while(|l| l.strip_prefix("# "))
+        .filter_map(|l| l.split_once(": "))
+        .filter(|(_, v)| !v.starts_with('<'))
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect()
+}
+
+/// deploy/envoy/envoy.yaml as shipped, nothing changed but its addresses (its timeout stays),
+/// with Sluice on deploy/envoy/limits.yaml: the README's walk-through gets what the README
+/// says, response headers included, and Envoy saw no failed call until Sluice is stopped,
+/// when requests pass (fail open).
+#[tokio::test]
+async fn shipped_envoy_yaml_as_is_does_what_its_readme_says() {
+    let config = config_dir(SHIPPED_LIMITS_YAML);
+    let sluice = Sluice::start(config.path(), None, &[]);
+    let app = Upstream::start();
+    let envoy = Envoy::start_with(sluice.grpc, app.addr, |listener, admin| {
+        shipped_config_as_is(listener, admin, sluice.grpc, app.addr)
+    });
+    // The limits count per minute; the walk-through takes well under a second.
+    avoid_window_edge(60, 5).await;
+    let timeouts = || envoy.stat("cluster.sluice.upstream_rq_timeout");
+
+    assert_eq!(
+        statuses(&envoy, 7, "/login", &[]),
+        admitted_then_refused(5, 2),
+        "/login (Envoy timeouts: {})",
+        timeouts()
+    );
+    let alice = [("x-user-id", "alice")];
+    assert_eq!(
+        statuses(&envoy, 12, "/", &alice),
+        admitted_then_refused(10, 2),
+        "x-user-id: alice (Envoy timeouts: {})",
+        timeouts()
+    );
+    let refused = envoy.request("/", &alice);
+    assert_eq!(refused.status, 429, "{refused:?}");
+    let shown = readme_refused_headers();
+    assert!(shown.len() >= 3, "README's header lines: {shown:?}");
+    for (name, value) in &shown {
+        assert_eq!(
+            refused.header(name),
+            Some(value.as_str()),
+            "deploy/envoy/README.md shows `{name}: {value}`; Envoy sent {refused:?}"
+        );
+    }
+    assert!(
+        refused.header("x-ratelimit-reset").is_some(),
+        "no x-ratelimit-reset: {refused:?}"
+    );
+    // batch-importer has no per-user limit.
+    let batch = [("x-user-id", "batch-importer")];
+    assert_eq!(
+        statuses(&envoy, 15, "/", &batch),
+        [200; 15],
+        "batch-importer"
+    );
+    assert_eq!(
+        envoy.ratelimit_stats(),
+        answered(5 + 10 + 15, 2 + 2 + 1),
+        "Envoy's ratelimit stats (Envoy timeouts: {})",
+        timeouts()
+    );
+
+    // Fail open: with Sluice gone, alice's requests pass.
+    drop(sluice);
+    assert_eq!(statuses(&envoy, 2, "/", &alice), [200; 2], "Sluice stopped");
+    assert_eq!(
+        envoy.ratelimit_stats(),
+        RatelimitStats {
+            ok: 30,
+            over_limit: 5,
+            error: 2,
+            failure_mode_allowed: 2
+        },
+        "Envoy's ratelimit stats after Sluice stopped"
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// How long the rate limit call takes through Envoy (a measurement, not a check)
+// ------------------------------------------------------------------------------------------
+
+/// p50, p99 and max of `samples`, in milliseconds.
+fn quantiles_ms(mut samples: Vec<Duration>) -> (f64, f64, f64) {
+    samples.sort();
+    let at = |q: f64| {
+        let i = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1;
+        samples[i].as_secs_f64() * 1000.0
+    };
+    (at(0.50), at(0.99), at(1.0))
+}
+
+/// Envoy's own histogram of its calls to the `sluice` cluster (whole milliseconds, as Envoy
+/// records them): p50, p99, max.
+fn envoy_call_time_ms(envoy: &Envoy) -> (f64, f64, f64) {
+    let (_, body) = common::http_request(
+        envoy.admin,
+        "GET",
+        "/stats?filter=^cluster\\.sluice\\.upstream_rq_time$",
+        "",
+    );
+    let value = |q: &str| -> f64 {
+        body.split_whitespace()
+            .find_map(|part| part.strip_prefix(&format!("P{q}(")))
+            .and_then(|rest| rest.trim_end_matches(')').split(',').nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    (value("50"), value("99"), value("100"))
+}
+
+/// Sends `n` requests from `threads` threads, paced to `rate` per second in all; the time each
+/// took, as the client saw it.
+fn timed_requests(envoy: &Envoy, n: usize, threads: usize, rate: f64) -> Vec<Duration> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let start = std::time::Instant::now();
+    let times = std::sync::Mutex::new(Vec::with_capacity(n));
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= n {
+                        return;
+                    }
+                    let slot = start + Duration::from_secs_f64(i as f64 / rate);
+                    std::thread::sleep(slot.saturating_duration_since(std::time::Instant::now()));
+                    // A user per request: every call is a Redis round trip that admits.
+                    let user = format!("u{i}");
+                    let t = std::time::Instant::now();
+                    let status = envoy.get("/", &[("x-user-id", user.as_str())]);
+                    let took = t.elapsed();
+                    // The shipped per-address limit refuses most of these; both answers took
+                    // a full call to Sluice.
+                    assert!(matches!(status, 200 | 429), "status {status}");
+                    times.lock().unwrap().push(took);
+                }
+            });
+        }
+    });
+    times.into_inner().unwrap()
+}
+
+/// Measures the rate limit call through Envoy on the shipped envoy.yaml with Sluice on Redis,
+/// quiet and with one core kept busy by a shell loop, for pairs of (Envoy's `timeout`,
+/// Sluice's `REDIS_TIMEOUT`): first both long, so that no call is cut short and the figures
+/// are the call's own; then Envoy's default and Sluice's (20 ms, 15 ms); then the recommended
+/// pair (50 ms, 30 ms), counting the calls that failed (Envoy then fails open). Prints a
+/// table; run it with scripts/envoy-latency.sh. The figures in deploy/envoy/README.md and
+/// docs/reliability.md come from it.
+#[tokio::test]
+#[ignore = "a measurement: scripts/envoy-latency.sh runs it"]
+async fn measure_ratelimit_call_latency() {
+    let redis = RedisServer::start();
+    let config = config_dir(SHIPPED_LIMITS_YAML);
+    let app = Upstream::start();
+    let requests: usize = std::env::var("SLUICE_LATENCY_REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000);
+    let rate = 500.0;
+    println!(
+        "{requests} requests per row at {rate}/s from 4 client threads, through Envoy to Sluice on Redis"
+    );
+    println!(
+        "| Envoy timeout / REDIS_TIMEOUT | load | Envoy's call to Sluice p50 / p99 / max (ms) \
+         | client round trip p50 / p99 / max (ms) | failed calls (of them Envoy timeouts) |"
+    );
+    println!("|---|---|---|---|---|");
+    for (envoy_timeout, redis_timeout) in [("5s", "1s"), ("0.02s", "15ms"), ("0.05s", "30ms")] {
+        let sluice = Sluice::start(
+            config.path(),
+            Some(&redis),
+            &[("REDIS_TIMEOUT", redis_timeout)],
+        );
+        for busy in [false, true] {
+            // Killed on drop, also when a request below panics.
+            let _spinner = busy.then(Spinner::start);
+            // A new Envoy per row: its histogram holds this row's calls only.
+            let envoy = Envoy::start(
+                sluice.grpc,
+                app.addr,
+                &[("timeout: 5s", &format!("timeout: {envoy_timeout}"))],
+            );
+            let times = timed_requests(&envoy, requests, 4, rate);
+            let (e50, e99, emax) = envoy_call_time_ms(&envoy);
+            let (c50, c99, cmax) = quantiles_ms(times);
+            let errors = envoy.ratelimit_stats().error;
+            let timeouts = envoy.stat("cluster.sluice.upstream_rq_timeout");
+            println!(
+                "| {envoy_timeout} / {redis_timeout} | {} | {e50:.1} / {e99:.1} / {emax:.1} \
+                 | {c50:.2} / {c99:.2} / {cmax:.2} | {errors} ({timeouts}) |",
+                if busy { "one core busy" } else { "quiet" }
+            );
+        }
+    }
+}
+
+/// A shell loop that keeps one core busy until dropped.
+struct Spinner(std::process::Child);
+
+impl Spinner {
+    fn start() -> Spinner {
+        Spinner(
+            std::process::Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .unwrap(),
+        )
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
