@@ -51,8 +51,8 @@ descriptors:
 const TIMEOUT: &str = "5s";
 
 /// One route of the test bootstrap: requests whose path starts with `/<cluster>` go to the
-/// cluster `<cluster>` (the upstream), with `rate_limits` (YAML list items, indented by the
-/// caller as the list under `rate_limits:`) and optional per-route filter config.
+/// cluster `<cluster>` (the upstream), with the route's `rate_limits` (a YAML list, written
+/// from column 0; `filter_config` indents it) and optional per-route filter config.
 struct Route {
     cluster: &'static str,
     rate_limits: &'static str,
@@ -198,7 +198,7 @@ struct Setup {
     envoy: Envoy,
     // Dropped after Envoy, in this order.
     _app: Upstream,
-    sluice: Sluice,
+    _sluice: Sluice,
     _config: tempfile::TempDir,
 }
 
@@ -212,7 +212,7 @@ fn setup(redis: Option<&RedisServer>, env: &[(&str, &str)], routes: &[Route]) ->
     Setup {
         envoy,
         _app: app,
-        sluice,
+        _sluice: sluice,
         _config: config,
     }
 }
@@ -639,24 +639,14 @@ async fn failure_mode_deny_with_redis_killed_and_sluice_stopped() {
         statuses(&envoy, 5, "/open", &user),
         admitted_then_refused(4, 1)
     );
+    // The same descriptor: the open route spent the limit.
     assert_eq!(statuses(&envoy, 5, "/closed", &user), [429; 5]);
     let mut want = (answered(4, 1), answered(0, 5));
     assert_eq!(open_and_closed(&envoy), want, "healthy");
 
     // Redis killed: Sluice answers UNAVAILABLE.
     redis.kill();
-    assert_eq!(
-        statuses(&envoy, 3, "/open", &user),
-        [200; 3],
-        "fail open, Redis down"
-    );
-    assert_eq!(
-        statuses(&envoy, 3, "/closed", &user),
-        [500; 3],
-        "fail closed, Redis down"
-    );
-    want = (plus(want.0, failed(3, 3)), plus(want.1, failed(3, 0)));
-    assert_eq!(open_and_closed(&envoy), want, "Redis down");
+    want = three_calls_fail(&envoy, want, "Redis down");
 
     // Redis back (empty): once Sluice reconnects, both routes are limited again.
     redis.restart();
@@ -688,18 +678,31 @@ async fn failure_mode_deny_with_redis_killed_and_sluice_stopped() {
 
     // Sluice stopped: no answer at all.
     drop(sluice);
+    three_calls_fail(&envoy, want, "Sluice down");
+}
+
+/// Three requests on each route while Sluice cannot answer: the open route lets them through,
+/// the closed one answers 500, and Envoy counts an error for each (and, on the open route, a
+/// request let through). Returns the counters now expected, `before` plus those.
+fn three_calls_fail(
+    envoy: &Envoy,
+    before: (RatelimitStats, RatelimitStats),
+    phase: &str,
+) -> (RatelimitStats, RatelimitStats) {
+    let user = [("x-user", "fm")];
     assert_eq!(
-        statuses(&envoy, 3, "/open", &user),
+        statuses(envoy, 3, "/open", &user),
         [200; 3],
-        "fail open, Sluice down"
+        "fail open, {phase}"
     );
     assert_eq!(
-        statuses(&envoy, 3, "/closed", &user),
+        statuses(envoy, 3, "/closed", &user),
         [500; 3],
-        "fail closed, Sluice down"
+        "fail closed, {phase}"
     );
-    want = (plus(want.0, failed(3, 3)), plus(want.1, failed(3, 0)));
-    assert_eq!(open_and_closed(&envoy), want, "Sluice down");
+    let want = (plus(before.0, failed(3, 3)), plus(before.1, failed(3, 0)));
+    assert_eq!(open_and_closed(envoy), want, "{phase}");
+    want
 }
 
 // ------------------------------------------------------------------------------------------

@@ -228,19 +228,7 @@ impl Envoy {
     /// The ratelimit filter's counters for requests routed to the `backend` cluster
     /// (`cluster.<route target cluster>.ratelimit.*` in Envoy's docs).
     pub fn ratelimit_stats(&self) -> RatelimitStats {
-        let stats = self.stats();
-        let get = |name: &str| {
-            stats
-                .get(&format!("cluster.backend.ratelimit.{name}"))
-                .copied()
-                .unwrap_or(0)
-        };
-        RatelimitStats {
-            ok: get("ok"),
-            over_limit: get("over_limit"),
-            error: get("error"),
-            failure_mode_allowed: get("failure_mode_allowed"),
-        }
+        self.ratelimit_stats_of("backend")
     }
 
     /// Sends one GET through the listener on a connection of its own; returns the status.
@@ -345,12 +333,9 @@ pub fn http_response(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> 
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    let mut head = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).unwrap();
+    stream
+        .write_all(get_request(path, headers).as_bytes())
+        .unwrap();
     let mut raw = Vec::new();
     let _ = stream.read_to_end(&mut raw);
     let text = String::from_utf8_lossy(&raw);
@@ -419,6 +404,16 @@ impl StatusCounts {
     }
 }
 
+/// The text of a GET over HTTP/1.1 with `headers`, asking the server to close afterwards.
+fn get_request(path: &str, headers: &[(&str, &str)]) -> String {
+    let mut head = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    head
+}
+
 /// A GET over HTTP/1.1 on a connection of its own, `Connection: close`; returns the status.
 /// Status 0 stands for a connection Envoy closed without an answer, so a test counts it
 /// instead of panicking in a worker thread.
@@ -430,12 +425,10 @@ pub fn http_status(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> u1
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    let mut head = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    if stream.write_all(head.as_bytes()).is_err() {
+    if stream
+        .write_all(get_request(path, headers).as_bytes())
+        .is_err()
+    {
         return 0;
     }
     let mut raw = Vec::new();
