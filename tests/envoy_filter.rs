@@ -781,9 +781,25 @@ async fn shipped_envoy_yaml_as_is_does_what_its_readme_says() {
         [200; 15],
         "batch-importer"
     );
+    // The client's own x-forwarded-for is not trusted (use_remote_address, no trusted hops):
+    // two requests claiming two addresses spend the one counter of this host, whose
+    // remaining count (the only limit of a plain request) goes down by one.
+    let remaining = |claimed: &str| -> u64 {
+        let r = envoy.request("/", &[("x-forwarded-for", claimed)]);
+        assert_eq!(r.status, 200, "{r:?}");
+        r.header("x-ratelimit-remaining")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no x-ratelimit-remaining: {r:?}"))
+    };
+    let first = remaining("10.9.9.1");
+    assert_eq!(
+        remaining("10.9.9.2"),
+        first - 1,
+        "x-forwarded-for picked a counter"
+    );
     assert_eq!(
         envoy.ratelimit_stats(),
-        answered(5 + 10 + 15, 2 + 2 + 1),
+        answered(5 + 10 + 15 + 2, 2 + 2 + 1),
         "Envoy's ratelimit stats (Envoy timeouts: {})",
         timeouts()
     );
@@ -794,7 +810,7 @@ async fn shipped_envoy_yaml_as_is_does_what_its_readme_says() {
     assert_eq!(
         envoy.ratelimit_stats(),
         RatelimitStats {
-            ok: 30,
+            ok: 32,
             over_limit: 5,
             error: 2,
             failure_mode_allowed: 2
