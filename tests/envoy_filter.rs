@@ -206,9 +206,12 @@ fn setup(redis: Option<&RedisServer>, env: &[(&str, &str)], routes: &[Route]) ->
     let config = config_dir(LIMITS);
     let sluice = Sluice::start(config.path(), redis, env);
     let app = Upstream::start();
-    let envoy = Envoy::start_with(sluice.grpc, app.addr, |listener, admin| {
-        filter_config(listener, admin, sluice.grpc, app.addr, routes)
-    });
+    let envoy = Envoy::start_bootstrap(
+        |listener, admin| filter_config(listener, admin, sluice.grpc, app.addr, routes),
+        "sluice",
+        sluice.grpc,
+        app.addr,
+    );
     Setup {
         envoy,
         _app: app,
@@ -628,9 +631,12 @@ async fn failure_mode_deny_with_redis_killed_and_sluice_stopped() {
     // a call to a live Redis here.
     let sluice = Sluice::start(config.path(), Some(&redis), &[("REDIS_TIMEOUT", "500ms")]);
     let app = Upstream::start();
-    let envoy = Envoy::start_with(sluice.grpc, app.addr, |listener, admin| {
-        filter_config(listener, admin, sluice.grpc, app.addr, FAILURE_ROUTES)
-    });
+    let envoy = Envoy::start_bootstrap(
+        |listener, admin| filter_config(listener, admin, sluice.grpc, app.addr, FAILURE_ROUTES),
+        "sluice",
+        sluice.grpc,
+        app.addr,
+    );
     stay_in_one_day().await;
     let user = [("x-user", "fm")];
 
@@ -739,9 +745,12 @@ async fn shipped_envoy_yaml_as_is_does_what_its_readme_says() {
     let config = config_dir(SHIPPED_LIMITS_YAML);
     let sluice = Sluice::start(config.path(), None, &[]);
     let app = Upstream::start();
-    let envoy = Envoy::start_with(sluice.grpc, app.addr, |listener, admin| {
-        shipped_config_as_is(listener, admin, sluice.grpc, app.addr)
-    });
+    let envoy = Envoy::start_bootstrap(
+        |listener, admin| shipped_config_as_is(listener, admin, sluice.grpc, app.addr),
+        "sluice",
+        sluice.grpc,
+        app.addr,
+    );
     // The limits count per minute; the walk-through takes well under a second.
     avoid_window_edge(60, 5).await;
     let timeouts = || envoy.stat("cluster.sluice.upstream_rq_timeout");
