@@ -459,14 +459,18 @@ fn seconds_to_midnight() -> u64 {
 
 /// Envoy's DRAFT_VERSION_03 `X-RateLimit-*` headers carry what it computes from Sluice's
 /// statuses (the limit and reset of the status with the least remaining, that least
-/// remaining, and every limit's quota policy with its window and name), and the
-/// `RateLimit-*` headers Sluice adds with LIMIT_RESPONSE_HEADERS_ENABLED reach the client
-/// unchanged, on admitted (200) and refused (429) responses alike.
+/// remaining, and every limit's quota policy with its window and name), and the headers
+/// Sluice adds itself reach the client unchanged, on admitted (200) and refused (429)
+/// responses alike: `RateLimit-Limit/Remaining/Reset` (LIMIT_RESPONSE_HEADERS_ENABLED) and
+/// the IETF draft's `RateLimit-Policy` and `RateLimit` (LIMIT_RESPONSE_HEADERS_DRAFT).
 #[tokio::test]
 async fn ratelimit_headers_reach_the_client() {
     let s = setup(
         None,
-        &[("LIMIT_RESPONSE_HEADERS_ENABLED", "true")],
+        &[
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_RESPONSE_HEADERS_DRAFT", "true"),
+        ],
         HEADER_ROUTES,
     );
     stay_in_one_day().await;
@@ -497,11 +501,23 @@ async fn ratelimit_headers_reach_the_client() {
             Some(remaining.as_str()),
             "request {i}: {r:?}"
         );
-        // Both resets are the day window's, in whole seconds (a second may tick between).
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some("\"per_cost_user\";q=10;w=86400"),
+            "request {i}: {r:?}"
+        );
+        let draft = r.header("ratelimit").unwrap_or_default();
+        let draft_reset = draft
+            .strip_prefix(&format!("\"per_cost_user\";r={remaining};t="))
+            .unwrap_or_else(|| panic!("request {i}: RateLimit is {draft:?}: {r:?}"));
+        // Every reset is the day window's, in whole seconds (a second may tick between).
         let midnight = seconds_to_midnight();
-        for name in ["x-ratelimit-reset", "ratelimit-reset"] {
-            let reset: u64 = r
-                .header(name)
+        for (name, value) in [
+            ("x-ratelimit-reset", r.header("x-ratelimit-reset")),
+            ("ratelimit-reset", r.header("ratelimit-reset")),
+            ("ratelimit's t", Some(draft_reset)),
+        ] {
+            let reset: u64 = value
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_else(|| panic!("request {i}: no number in {name}: {r:?}"));
             assert!(
