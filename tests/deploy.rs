@@ -1092,9 +1092,17 @@ fn image_runs_where_upstreams_runs() {
 
 /// A read-only root filesystem only works if the service writes no file: no code outside
 /// tests opens a file for writing or makes a temporary file (logs go to stdout, counters to
-/// memory or Redis). A write added later must come with a volume in the chart and this list.
+/// memory or Redis). A write added later must come with a volume in the chart and an entry in
+/// ALLOWED saying why it is fine.
 #[test]
 fn the_service_writes_no_file() {
+    /// (file, call, why): writes the service makes only where the operator asked for a file.
+    const ALLOWED: &[(&str, &str, &str)] = &[
+        // GRPC_UDS (off by default): the gRPC Unix socket, at a path the operator picks (a
+        // mounted volume); a stale socket there is replaced, and removed on exit.
+        ("src/server/mod.rs", "fs::remove", "GRPC_UDS socket"),
+        ("src/app.rs", "fs::remove", "GRPC_UDS socket"),
+    ];
     const WRITES: &[&str] = &[
         "fs::write",
         "File::create",
@@ -1121,7 +1129,8 @@ fn the_service_writes_no_file() {
                 continue;
             }
             for w in WRITES {
-                if line.contains(w) {
+                let allowed = ALLOWED.iter().any(|(f, c, _)| *f == name && c == w);
+                if line.contains(w) && !allowed {
                     found.push(format!("{name}:{}: {w}", n + 1));
                 }
             }
