@@ -47,6 +47,9 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+    /// The configuration source (the xDS client) cannot start.
+    #[error("config source: {0}")]
+    ConfigSource(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// What every gRPC listener needs to know (from `GRPC_*`, `MAX_CONNECTIONS` and the reload
