@@ -7,6 +7,7 @@
 
 pub mod envoy;
 pub mod load;
+pub mod xds;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
