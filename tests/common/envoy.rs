@@ -116,14 +116,29 @@ impl Envoy {
     /// of text, each found exactly once) applied after the rewrite, and waits until it is ready
     /// and sees Sluice healthy.
     pub fn start(sluice: SocketAddr, app: SocketAddr, patches: &[(&str, &str)]) -> Envoy {
-        let binary = envoy_binary();
-        let mut last_log = String::new();
-        for _ in 0..5 {
-            let (listener, admin) = (free_port(), free_port());
+        let make = |listener, admin| {
             let mut yaml = shipped_config(listener, admin, sluice, app);
             for (from, to) in patches {
                 yaml = replace_once(&yaml, from, to);
             }
+            yaml
+        };
+        Envoy::start_bootstrap(make, "sluice", sluice, app)
+    }
+
+    /// Starts Envoy on the bootstrap `make(listener port, admin port)` returns, and waits until it
+    /// is ready and the host `sluice` of cluster `cluster` is healthy.
+    pub fn start_bootstrap(
+        make: impl Fn(u16, u16) -> String,
+        cluster: &str,
+        sluice: SocketAddr,
+        app: SocketAddr,
+    ) -> Envoy {
+        let binary = envoy_binary();
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            let (listener, admin) = (free_port(), free_port());
+            let yaml = make(listener, admin);
             let dir = tempfile::tempdir().unwrap();
             let config = dir.path().join("envoy.yaml");
             std::fs::write(&config, yaml).unwrap();
@@ -150,7 +165,7 @@ impl Envoy {
                 child,
                 dir,
             };
-            if envoy.wait_ready(sluice) {
+            if envoy.wait_ready(cluster, sluice) {
                 return envoy;
             }
             // Most likely a port was taken between our probe and Envoy's bind: try others.
@@ -159,10 +174,10 @@ impl Envoy {
         panic!("could not start envoy; its last log:\n{last_log}");
     }
 
-    /// Waits until the admin interface says LIVE and the `sluice` cluster's host passed its
-    /// gRPC health check. False when Envoy exited (it does so on a port it cannot bind).
-    fn wait_ready(&mut self, sluice: SocketAddr) -> bool {
-        let healthy = format!("sluice::{sluice}::health_flags::healthy");
+    /// Waits until the admin interface says LIVE and the rate limit cluster's host is healthy
+    /// (passed its gRPC health check, where one is configured). False when Envoy exited (it does so on a port it cannot bind).
+    fn wait_ready(&mut self, cluster: &str, sluice: SocketAddr) -> bool {
+        let healthy = format!("{cluster}::{sluice}::health_flags::healthy");
         // Envoy starts in well under a second here; this is for a very busy machine.
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {

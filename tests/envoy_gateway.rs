@@ -1,0 +1,394 @@
+//! Sluice where Envoy Gateway puts envoyproxy/ratelimit: started as EG starts it, configured by an
+//! xDS server shaped as EG's, behind an Envoy configured as EG configures it.
+//!
+//! - Sluice: the binary with no arguments and EG's environment (`internal/infrastructure/
+//!   kubernetes/ratelimit/resource.go`): `CONFIG_TYPE=GRPC_XDS_SOTW`, node `envoy-ratelimit`,
+//!   mTLS to the xDS server, TLS on the gRPC port, `FORCE_START_WITHOUT_INITIAL_CONFIG=true`,
+//!   Redis over TCP with no `BACKEND_TYPE`, Prometheus on its own listener. What differs is
+//!   only what a test must change: file paths (a temporary directory for `/certs`), ports (free
+//!   ones for 8081/8080/19001/6070, loopback hosts), the xDS server's address, JSON logs (the
+//!   harness reads the listening addresses from them) and short xDS backoffs.
+//! - The xDS server (`tests/common/xds.rs`): EG's TLS (1.3 only, client certificate required),
+//!   go-control-plane's re-push after a NACK, and EG's resources: domain `default/eg/http`, top
+//!   descriptor key = value = the rule name, a `rule-0-match-0` header descriptor, then
+//!   `masked_remote_address` / `remote_address` with the limit on the last node.
+//! - Envoy: EG's filter (domain, 20 ms timeout, `DRAFT_VERSION_03` headers, fail open) with
+//!   per-route descriptors, and a TLS 1.3 cluster to Sluice presenting a client certificate.
+//! - Certificates: RSA 2048, PKCS#1 keys, no EKU, one CA; the xDS server's names are EG's
+//!   (plus `localhost`, the address the test dials), the rate limit service's CN is `*` with SAN
+//!   `*.envoy-gateway-system`.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::envoy::{Envoy, Upstream, http_status};
+use common::xds::*;
+use common::*;
+use sluice::proto::ratelimit::config::ratelimit::v3::RateLimitUnit as U;
+
+const DOMAIN: &str = "default/eg/http";
+const RULE: &str = "httproute/default/backend/rule/0/match/0/*";
+const NAMESPACE: &str = "envoy-gateway-system";
+
+/// EG's resource for one HTTPRoute rule limiting each client address that sends
+/// `x-user-id: one` to `per_hour` requests an hour.
+fn eg_snapshot(version: &str, per_hour: u32, unit: U) -> Snapshot {
+    let remote = limited(node("remote_address", ""), unit, per_hour);
+    let masked = with_children(node("masked_remote_address", "0.0.0.0/0"), vec![remote]);
+    let header = with_children(node("rule-0-match-0", "rule-0-match-0"), vec![masked]);
+    let top = with_children(node(RULE, RULE), vec![header]);
+    Snapshot::new(version, &[config(DOMAIN, DOMAIN, vec![top])])
+}
+
+/// Envoy as EG configures it for that route.
+fn eg_envoy_bootstrap(
+    listener: u16,
+    admin: u16,
+    sluice: SocketAddr,
+    app: SocketAddr,
+    pki: &EgPki,
+) -> String {
+    let file = |name: &str| pki.path(name).display().to_string();
+    format!(
+        r#"
+admin:
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin} }} }}
+static_resources:
+  listeners:
+  - name: default/eg/http
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {listener} }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: http
+          use_remote_address: true
+          route_config:
+            name: default/eg/http
+            virtual_hosts:
+            - name: default/eg/http/www_example_com
+              domains: ["*"]
+              routes:
+              - name: {RULE}
+                match: {{ prefix: "/" }}
+                route:
+                  cluster: backend
+                  rate_limits:
+                  - actions:
+                    - generic_key: {{ descriptor_key: "{RULE}", descriptor_value: "{RULE}" }}
+                    - header_value_match:
+                        descriptor_key: rule-0-match-0
+                        descriptor_value: rule-0-match-0
+                        expect_match: true
+                        headers:
+                        - name: x-user-id
+                          string_match: {{ exact: one }}
+                    - masked_remote_address: {{ v4_prefix_mask_len: 0, v6_prefix_mask_len: 0 }}
+                    - remote_address: {{}}
+          http_filters:
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: {DOMAIN}
+              enable_x_ratelimit_headers: DRAFT_VERSION_03
+              failure_mode_deny: false
+              timeout: 0.020s
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service:
+                  envoy_grpc: {{ cluster_name: ratelimit_cluster }}
+                  timeout: 0.020s
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: backend
+    type: STATIC
+    connect_timeout: 5s
+    load_assignment:
+      cluster_name: backend
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: {app_ip}, port_value: {app_port} }} }} }}
+  - name: ratelimit_cluster
+    type: STATIC
+    connect_timeout: 10s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}
+    load_assignment:
+      cluster_name: ratelimit_cluster
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: {rl_ip}, port_value: {rl_port} }} }} }}
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        common_tls_context:
+          tls_params: {{ tls_maximum_protocol_version: TLSv1_3 }}
+          tls_certificates:
+          - certificate_chain: {{ filename: "{envoy_cert}" }}
+            private_key: {{ filename: "{envoy_key}" }}
+          validation_context:
+            trusted_ca: {{ filename: "{ca}" }}
+"#,
+        app_ip = app.ip(),
+        app_port = app.port(),
+        rl_ip = sluice.ip(),
+        rl_port = sluice.port(),
+        envoy_cert = file("envoy.crt"),
+        envoy_key = file("envoy.key"),
+        ca = file("ca.crt"),
+    )
+}
+
+/// Sluice as EG starts it: no arguments, EG's environment (see the module comment for what a
+/// test has to change).
+fn start_sluice_as_eg(pki: &EgPki, xds: &AdsServer, redis: &RedisServer) -> (Sluice, SocketAddr) {
+    let file = |name: &str| pki.path(name).display().to_string();
+    let prometheus = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        // EG's list.
+        .env("RUNTIME_ROOT", "/data")
+        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        .env("RUNTIME_IGNOREDOTFILES", "true")
+        .env("RUNTIME_WATCH_ROOT", "false")
+        .env("LOG_LEVEL", "info")
+        .env("USE_STATSD", "false")
+        .env("CONFIG_TYPE", "GRPC_XDS_SOTW")
+        .env(
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            format!("localhost:{}", xds.addr.port()),
+        )
+        .env("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit")
+        .env("GRPC_SERVER_USE_TLS", "true")
+        .env("GRPC_SERVER_TLS_CERT", file("tls.crt"))
+        .env("GRPC_SERVER_TLS_KEY", file("tls.key"))
+        .env("GRPC_SERVER_TLS_CA_CERT", file("ca.crt"))
+        .env("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true")
+        .env("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", file("tls.crt"))
+        .env("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", file("tls.key"))
+        .env("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", file("ca.crt"))
+        .env("FORCE_START_WITHOUT_INITIAL_CONFIG", "true")
+        .env("REDIS_SOCKET_TYPE", "tcp")
+        .env("REDIS_URL", format!("127.0.0.1:{}", redis.port))
+        .env("USE_PROMETHEUS", "true")
+        .env("PROMETHEUS_ADDR", format!(":{}", prometheus.port()))
+        .env("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml")
+        // What a test changes: ports, hosts, log format, backoffs.
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", free_port().to_string())
+        .env("HOST", "127.0.0.1")
+        .env("PORT", free_port().to_string())
+        .env("DEBUG_HOST", "127.0.0.1")
+        .env("DEBUG_PORT", free_port().to_string())
+        .env("LOG_FORMAT", "json")
+        .env("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "100ms")
+        .env("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "500ms");
+    (Sluice::spawn(cmd), prometheus)
+}
+
+/// Status and headers of one GET through Envoy with `x-user-id: one`.
+fn get_limited(envoy: &Envoy) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(envoy.listener).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: www.example.com\r\nx-user-id: one\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut raw = String::new();
+    let _ = stream.read_to_string(&mut raw);
+    let status = raw.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, raw.to_ascii_lowercase())
+}
+
+fn wait_until(what: &str, check: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(Instant::now() < deadline, "{what}: not reached in 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn envoy_gateway_deployment_end_to_end() {
+    let pki = EgPki::new();
+    let eg_names = [
+        "envoy-gateway".to_string(),
+        format!("envoy-gateway.{NAMESPACE}"),
+        format!("envoy-gateway.{NAMESPACE}.svc"),
+        format!("envoy-gateway.{NAMESPACE}.svc.cluster.local"),
+        "localhost".to_string(),
+    ];
+    let eg_names: Vec<&str> = eg_names.iter().map(String::as_str).collect();
+    pki.issue("envoy-gateway", "envoy-gateway", &eg_names);
+    let wildcard = format!("*.{NAMESPACE}");
+    // EG's secret for the rate limit service (`/certs/tls.crt`, `tls.key`) and for Envoy.
+    pki.issue("tls", "*", &[&wildcard]);
+    pki.issue("envoy", "*", &[&wildcard]);
+
+    let mut xds = AdsServer::start(Some(AdsTls {
+        cert: pki.path("envoy-gateway.crt"),
+        key: pki.path("envoy-gateway.key"),
+        client_ca: pki.path("ca.crt"),
+    }));
+    xds.set(eg_snapshot("1", 3, U::Hour));
+    let redis = RedisServer::start();
+    let (sluice, prometheus) = start_sluice_as_eg(&pki, &xds, &redis);
+    let first = xds.wait_for_request(|r| r.version_info.is_empty());
+    assert_eq!(first.node.unwrap().id, "envoy-ratelimit");
+    xds.wait_for_request(|r| r.version_info == "1" && r.error_detail.is_none());
+
+    let app = Upstream::start();
+    let envoy = Envoy::start_bootstrap(
+        |listener, admin| eg_envoy_bootstrap(listener, admin, sluice.grpc, app.addr, &pki),
+        "ratelimit_cluster",
+        sluice.grpc,
+        app.addr,
+    );
+
+    // Limits exact: 3 an hour for this client on this rule, with EG's draft-03 headers; a
+    // request the rule's header does not match is not limited.
+    let answers: Vec<(u16, String)> = (0..5).map(|_| get_limited(&envoy)).collect();
+    let statuses: Vec<u16> = answers.iter().map(|a| a.0).collect();
+    assert_eq!(statuses, [200, 200, 200, 429, 429], "{}", envoy.log());
+    assert!(
+        answers[3].1.contains("x-ratelimit-limit: 3, 3;w=3600"),
+        "{}",
+        answers[3].1
+    );
+    assert!(
+        answers[3].1.contains("x-ratelimit-remaining: 0"),
+        "{}",
+        answers[3].1
+    );
+    assert_eq!(
+        http_status(envoy.listener, "/", &[("x-user-id", "two")]),
+        200
+    );
+
+    // v2 raises the limit while requests flow: every answer is a decision (200 or 429), never
+    // an error, and the 429s stop once v2 is in force.
+    let statuses = std::sync::Mutex::new(Vec::new());
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let status = get_limited(&envoy).0;
+                    statuses.lock().unwrap().push((Instant::now(), status));
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        xds.set(eg_snapshot("2", 100_000, U::Hour));
+        xds.wait_for_request(|r| r.version_info == "2" && r.error_detail.is_none());
+        let applied = Instant::now();
+        std::thread::sleep(Duration::from_millis(500));
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let statuses = statuses.lock().unwrap();
+        let other: Vec<_> = statuses
+            .iter()
+            .filter(|(_, s)| *s != 200 && *s != 429)
+            .collect();
+        assert!(
+            other.is_empty(),
+            "failed requests under an update: {other:?}"
+        );
+        assert!(
+            statuses.iter().any(|(_, s)| *s == 429),
+            "v1 was not in force before v2"
+        );
+        // The ACK is sent after the swap, so everything started after it is let through.
+        let late_429 = statuses
+            .iter()
+            .filter(|(at, s)| *at > applied && *s == 429)
+            .count();
+        // A request started just before the ACK arrived may end after it.
+        assert!(late_429 <= 3, "{late_429} refusals after v2 was applied");
+        assert!(
+            statuses
+                .iter()
+                .filter(|(at, s)| *at > applied && *s == 200)
+                .count()
+                > 0
+        );
+    });
+    let rl = envoy.ratelimit_stats();
+    assert_eq!(
+        (rl.error, rl.failure_mode_allowed),
+        (0, 0),
+        "{rl:?}\n{}",
+        envoy.log()
+    );
+
+    // A bad snapshot is NACKed and v2 stays.
+    let mut bad = eg_snapshot("3", 5, U::Unknown);
+    bad.version = "3".into();
+    xds.set(bad);
+    let nack = xds.wait_for_request(|r| r.error_detail.is_some());
+    assert_eq!(nack.version_info, "2");
+    assert!(
+        nack.error_detail
+            .unwrap()
+            .message
+            .starts_with("default/eg/http: invalid rate limit unit")
+    );
+    assert_eq!(get_limited(&envoy).0, 200);
+
+    // The xDS server goes away: Sluice keeps answering from v2; v3 (1 an hour, so this client is
+    // over it at once: counters survived every update) arrives after the server returns.
+    xds.set(eg_snapshot("2", 100_000, U::Hour));
+    xds.stop();
+    for _ in 0..3 {
+        assert_eq!(get_limited(&envoy).0, 200);
+    }
+    xds.set(eg_snapshot("4", 1, U::Hour));
+    xds.restart();
+    xds.wait_for_request(|r| r.version_info == "4" && r.error_detail.is_none());
+    wait_until("v4 in force", || get_limited(&envoy).0 == 429);
+    let rl = envoy.ratelimit_stats();
+    assert_eq!(
+        (rl.error, rl.failure_mode_allowed),
+        (0, 0),
+        "{rl:?}\n{}",
+        envoy.log()
+    );
+
+    // ----- Observability, as EG reads it. ONE PLACE for the checks that depend on other
+    // branches (the lead switches them after merging):
+    //  * `egctl x config ratelimit` reads `/rlconfig` on the debug port 6070 (DEBUG_PORT); here it
+    //    is read on the HTTP port, where this branch serves it.
+    //  * EG's dashboards read `ratelimit_service_rate_limit_*` with labels `domain`, `key1`,
+    //    `key2` on 19001 (PROMETHEUS_ADDR); this branch labels `domain` and `key`.
+    let (status, rlconfig) = sluice.http("GET", "/rlconfig", "");
+    assert_eq!(status, 200);
+    let line = rlconfig
+        .lines()
+        .find(|l| l.starts_with(DOMAIN) && l.contains("remote_address"))
+        .unwrap_or_else(|| panic!("no EG limit in /rlconfig:\n{rlconfig}"));
+    assert!(line.contains("1/hour"), "{line}");
+    assert!(line.contains(RULE), "{line}");
+    let (status, metrics) = http_request(prometheus, "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    let over_limit = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("ratelimit_service_rate_limit_over_limit{")
+                && l.contains(&format!("domain=\"{DOMAIN}\""))
+                && l.contains("key=\"")
+        })
+        .unwrap_or_else(|| panic!("no over_limit series for {DOMAIN}:\n{metrics}"));
+    let value: f64 = over_limit.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(value >= 3.0, "{over_limit}");
+    // ----- end of the checks that depend on other branches.
+}
