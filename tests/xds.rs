@@ -223,13 +223,7 @@ async fn force_start_answers_no_config_and_health_waits_for_a_domain() {
             ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
         ],
     );
-    let mut client = sluice.client().await;
-    let error = client
-        .should_rate_limit(request("d", vec![descriptor(&[("k", "a")])]))
-        .await
-        .unwrap_err();
-    assert_eq!(error.message(), "no rate limit configuration loaded");
-    assert_eq!(sluice.http("GET", "/healthcheck", "").0, 500);
+    assert_no_config_and_unhealthy(&sluice).await;
 
     // A config with no domain loads but does not make the service healthy.
     server.set(Snapshot::new("1", &[]));
@@ -239,7 +233,9 @@ async fn force_start_answers_no_config_and_health_waits_for_a_domain() {
 
     server.set(limits("2", 1, false));
     acked(&server, "2");
-    wait_until(|| sluice.http("GET", "/healthcheck", "").0 == 200);
+    wait_until("healthy", || {
+        sluice.http("GET", "/healthcheck", "").0 == 200
+    });
     assert_eq!(code(&sluice, "k", "a").await, Code::Ok);
     assert_eq!(code(&sluice, "k", "a").await, Code::OverLimit);
 }
@@ -258,20 +254,16 @@ async fn files_follow_the_same_start_and_health_rules() {
             ("CONFIG_RELOAD_INTERVAL", "50ms"),
         ],
     );
-    let mut client = sluice.client().await;
-    let error = client
-        .should_rate_limit(request("d", vec![descriptor(&[("k", "a")])]))
-        .await
-        .unwrap_err();
-    assert_eq!(error.message(), "no rate limit configuration loaded");
-    assert_eq!(sluice.http("GET", "/healthcheck", "").0, 500);
+    assert_no_config_and_unhealthy(&sluice).await;
     assert_eq!(sluice.metric("ratelimit_service_config_load_error"), 1.0);
     std::fs::write(
         dir.path().join("config.yaml"),
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
     )
     .unwrap();
-    wait_until(|| sluice.http("GET", "/healthcheck", "").0 == 200);
+    wait_until("healthy", || {
+        sluice.http("GET", "/healthcheck", "").0 == 200
+    });
     assert_eq!(code(&sluice, "k", "a").await, Code::Ok);
     assert_eq!(code(&sluice, "k", "a").await, Code::OverLimit);
 }
@@ -291,11 +283,13 @@ fn an_unknown_config_type_stops_the_service_naming_it() {
     );
 }
 
-/// Polls `check` every 20 ms for up to 30 s.
-fn wait_until(check: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check() {
-        assert!(Instant::now() < deadline, "condition not reached in 30 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// No configuration yet: requests get upstream's error and health is NOT_SERVING.
+async fn assert_no_config_and_unhealthy(sluice: &Sluice) {
+    let mut client = sluice.client().await;
+    let error = client
+        .should_rate_limit(request("d", vec![descriptor(&[("k", "a")])]))
+        .await
+        .unwrap_err();
+    assert_eq!(error.message(), "no rate limit configuration loaded");
+    assert_eq!(sluice.http("GET", "/healthcheck", "").0, 500);
 }
