@@ -188,29 +188,27 @@ async fn updates_replace_the_config_bad_snapshots_are_refused_once_and_outages_k
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_force_start_nothing_is_served_before_the_first_config() {
     let server = AdsServer::start(None);
-    let started = Instant::now();
-    let delay = Duration::from_millis(1500);
-    let pusher = {
-        let snapshot = limits("1", 1, false);
-        let server = &server;
-        std::thread::scope(|s| {
-            s.spawn(move || {
-                // The client has asked and is waiting: only then push.
-                server.wait_for_request(|r| r.version_info.is_empty());
-                std::thread::sleep(delay);
-                server.set(snapshot);
-            });
-            sluice_for(server, &[])
-        })
-    };
-    // "sluice is listening" came only after the config did.
+    let pushed = std::sync::OnceLock::new();
+    let (sluice, listening) = std::thread::scope(|s| {
+        s.spawn(|| {
+            // The client has asked and is waiting: push a while later.
+            server.wait_for_request(|r| r.version_info.is_empty());
+            std::thread::sleep(Duration::from_millis(500));
+            pushed.set(Instant::now()).unwrap();
+            server.set(limits("1", 1, false));
+        });
+        let sluice = sluice_for(&server, &[]);
+        (sluice, Instant::now())
+    });
+    // "sluice is listening" came only after the config was pushed.
+    let pushed = *pushed.get().unwrap();
     assert!(
-        started.elapsed() >= delay,
-        "served after {:?}",
-        started.elapsed()
+        listening > pushed,
+        "listening {:?} before the config",
+        pushed - listening
     );
-    assert_eq!(code(&pusher, "k", "a").await, Code::Ok);
-    assert_eq!(code(&pusher, "k", "a").await, Code::OverLimit);
+    assert_eq!(code(&sluice, "k", "a").await, Code::Ok);
+    assert_eq!(code(&sluice, "k", "a").await, Code::OverLimit);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
