@@ -291,3 +291,47 @@ async fn assert_no_config_and_unhealthy(sluice: &Sluice) {
     assert_eq!(error.message(), "no rate limit configuration loaded");
     assert_eq!(sluice.http("GET", "/healthcheck", "").0, 500);
 }
+
+#[test]
+fn unreadable_tls_files_stop_the_service_naming_them() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .env_clear()
+        .env("CONFIG_TYPE", "GRPC_XDS_SOTW")
+        .env("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true")
+        .env("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/nonexistent/ca.crt")
+        .env("GRPC_PORT", "0")
+        .env("PORT", "0")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cannot read CA certificate /nonexistent/ca.crt"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_over_the_size_limit_is_refused_and_the_config_stays() {
+    let server = AdsServer::start(None);
+    server.set(limits("1", 1, false));
+    let sluice = sluice_for(&server, &[("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "400")]);
+    acked(&server, "1");
+    // About 1 KiB of descriptors: over the 400 bytes allowed.
+    let many: Vec<_> = (0..40)
+        .map(|i| limited(node(&format!("key-{i}"), ""), U::Hour, 5))
+        .collect();
+    server.set(Snapshot::new("2", &[config("big", "d", many)]));
+    // The stream fails; Sluice reconnects (asking for version 1 again) and keeps version 1.
+    let reconnects = || {
+        server
+            .requests()
+            .iter()
+            .filter(|(_, r)| r.version_info == "1" && r.response_nonce.is_empty())
+            .count()
+    };
+    wait_until("a reconnect", || reconnects() >= 2);
+    assert_eq!(code(&sluice, "k", "a").await, Code::Ok);
+    assert_eq!(code(&sluice, "k", "a").await, Code::OverLimit);
+    assert!(server.requests().iter().all(|(_, r)| r.version_info != "2"));
+}
