@@ -397,7 +397,12 @@ fn xds_options<F: Fn(&str) -> Option<String>>(
             Some((k, v)) if !k.trim().is_empty() => {
                 Ok((k.trim().to_string(), v.trim().to_string()))
             }
-            _ => Err(env.error(headers_var, "expected name:value[,name:value…]")),
+            // The value may hold credentials: never shown.
+            _ => Err(SettingsError {
+                variable: headers_var.to_string(),
+                value: "<redacted>".to_string(),
+                reason: "expected name:value[,name:value…]".to_string(),
+            }),
         })
         .collect::<Result<_, _>>()?;
     // Accepted for compatibility; upstream's value has no effect either.
@@ -805,6 +810,15 @@ mod tests {
         ])
         .unwrap_err();
         assert_eq!(err.variable, "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS");
+        let secret = settings(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            (
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+                "authorization:Bearer s3cret",
+            ),
+        ])
+        .unwrap();
+        assert!(!format!("{secret:?}").contains("s3cret"));
     }
 
     #[test]

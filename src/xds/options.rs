@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::config::LoadOptions;
 
 /// The xDS client's options.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct XdsOptions {
     /// `CONFIG_GRPC_XDS_SERVER_URL`: `host:port` (a scheme, if given, is dropped; TLS follows
     /// `tls`).
@@ -16,7 +16,8 @@ pub struct XdsOptions {
     pub node_id: String,
     /// `CONFIG_GRPC_XDS_NODE_METADATA`, as string values of the node's metadata.
     pub node_metadata: Vec<(String, String)>,
-    /// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS`, sent as gRPC metadata on the stream.
+    /// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS`, sent as gRPC metadata on the stream. The
+    /// values may be credentials, so they are never shown.
     pub headers: Vec<(String, String)>,
     /// `CONFIG_GRPC_XDS_SERVER_USE_TLS` and its files; `None`: plaintext.
     pub tls: Option<XdsTls>,
@@ -25,6 +26,22 @@ pub struct XdsOptions {
     pub max_message_bytes: Option<usize>,
     /// `MERGE_DOMAIN_CONFIG` applies within one response.
     pub load: LoadOptions,
+}
+
+impl std::fmt::Debug for XdsOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let header_names: Vec<&str> = self.headers.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("XdsOptions")
+            .field("server_url", &self.server_url)
+            .field("node_id", &self.node_id)
+            .field("node_metadata", &self.node_metadata)
+            .field("headers", &header_names)
+            .field("tls", &self.tls)
+            .field("backoff", &self.backoff)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("load", &self.load)
+            .finish()
+    }
 }
 
 /// TLS to the xDS server.
