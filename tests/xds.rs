@@ -266,18 +266,26 @@ async fn files_follow_the_same_start_and_health_rules() {
     assert_eq!(code(&sluice, "k", "a").await, Code::OverLimit);
 }
 
-#[test]
-fn an_unknown_config_type_stops_the_service_naming_it() {
+/// Runs `sluice` (no subcommand) with only `env`; it must fail, and its stderr must contain
+/// `message`.
+fn refuses_to_start(env: &[(&str, &str)], message: &str) {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .env_clear()
-        .env("CONFIG_TYPE", "GRPC_XDS_DELTA")
+        .envs(env.iter().copied())
+        .env("GRPC_PORT", "0")
+        .env("PORT", "0")
         .output()
         .unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("CONFIG_TYPE=\"GRPC_XDS_DELTA\": expected FILE or GRPC_XDS_SOTW"),
-        "{stderr}"
+    assert!(stderr.contains(message), "{stderr}");
+}
+
+#[test]
+fn an_unknown_config_type_stops_the_service_naming_it() {
+    refuses_to_start(
+        &[("CONFIG_TYPE", "GRPC_XDS_DELTA")],
+        "CONFIG_TYPE=\"GRPC_XDS_DELTA\": expected FILE or GRPC_XDS_SOTW",
     );
 }
 
@@ -294,20 +302,13 @@ async fn assert_no_config_and_unhealthy(sluice: &Sluice) {
 
 #[test]
 fn unreadable_tls_files_stop_the_service_naming_them() {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .env_clear()
-        .env("CONFIG_TYPE", "GRPC_XDS_SOTW")
-        .env("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true")
-        .env("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/nonexistent/ca.crt")
-        .env("GRPC_PORT", "0")
-        .env("PORT", "0")
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("cannot read CA certificate /nonexistent/ca.crt"),
-        "{stderr}"
+    refuses_to_start(
+        &[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/nonexistent/ca.crt"),
+        ],
+        "cannot read CA certificate /nonexistent/ca.crt",
     );
 }
 
