@@ -51,6 +51,9 @@ pub enum ServeError {
     /// `PROMETHEUS_MAPPER_YAML` names a file that does not load.
     #[error("PROMETHEUS_MAPPER_YAML: {0}")]
     Mapper(#[from] crate::metrics::MapperError),
+    /// The configuration source (the xDS client) cannot start.
+    #[error("config source: {0}")]
+    ConfigSource(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// What every gRPC listener needs to know (from `GRPC_*`, `MAX_CONNECTIONS` and the reload
