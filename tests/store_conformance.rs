@@ -73,8 +73,9 @@ fn fixed(key: &str, hits: u64, limit: u64, window_secs: u64, now_micros: u64) ->
 impl Pair {
     /// Runs `checks` on both stores and asserts equal outcomes; returns them.
     async fn both(&self, checks: &[Check]) -> Vec<Outcome> {
-        let m = self.memory.check(checks).await.unwrap();
-        let r = self.redis.check(checks).await.unwrap();
+        let checks: Vec<&Check> = checks.iter().collect();
+        let m = self.memory.check(&checks).await.unwrap();
+        let r = self.redis.check(&checks).await.unwrap();
         assert_eq!(m, r, "memory vs redis for {checks:?}");
         m
     }

@@ -76,7 +76,7 @@ impl<S: Store + ?Sized> Store for Instrumented<S> {
 }
 
 impl<S: CounterStore + ?Sized> CounterStore for Instrumented<S> {
-    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
+    fn check<'a>(&'a self, checks: &'a [&'a Check]) -> StoreFuture<'a> {
         self.measured("check", self.store.check(checks))
     }
 }

@@ -136,6 +136,15 @@ struct RequestPlan<'c> {
     per_second: Vec<bool>,
 }
 
+/// The statuses of one request, in request order, with what they add up to.
+struct Answers<'p> {
+    statuses: Vec<DescriptorStatus>,
+    /// Per status, the limit it was judged under when it is not over that limit (for the
+    /// dynamic metadata).
+    passed: Vec<Option<&'p Limit>>,
+    tally: response::Tally,
+}
+
 /// The configuration in force and the metric handles of its limits, swapped together.
 #[derive(Debug)]
 struct Active {
@@ -241,8 +250,8 @@ impl RateLimiter {
                 return Err(e.into());
             }
         };
-        let (statuses, limits) = self.answer(request, counters, &plan, &outcomes);
-        Ok(self.finish(request, statuses, &limits))
+        let answers = self.answer(request, counters, &plan, &outcomes);
+        Ok(self.finish(request, answers))
     }
 
     /// Step 1: each descriptor's slot (matched, with `replaces` applied across the request; a
@@ -315,26 +324,32 @@ impl RateLimiter {
             kind = self.store.kind(),
             checks = plan.checks.len()
         );
-        self.decide_with_cache(&plan.checks, &plan.per_second)
+        let checks: Vec<&Check> = plan.checks.iter().collect();
+        self.decide_with_cache(&checks, &plan.per_second)
             .instrument(span)
             .await
     }
 
-    /// Step 3: each descriptor's status, in request order, with its per-rule metrics.
+    /// Step 3: each descriptor's status, in request order, with its per-rule metrics; what each
+    /// status counts for (over the limit or not, quota or not) is tallied as it is built.
     fn answer<'p>(
         &self,
         request: &RateLimitRequest,
         counters: &ConfigCounters,
         plan: &'p RequestPlan<'_>,
         outcomes: &[(Outcome, bool)],
-    ) -> (Vec<DescriptorStatus>, Vec<Option<&'p Limit>>) {
-        let mut statuses = Vec::with_capacity(plan.slots.len());
-        let mut limits: Vec<Option<&Limit>> = Vec::with_capacity(plan.slots.len());
-        for (slot, descriptor) in plan.slots.iter().zip(&request.descriptors) {
-            let (status, limit) = match slot {
-                Plan::NoLimit => (response::no_limit(), None),
-                Plan::Refused => (response::refused(), None),
-                Plan::Unlimited => (response::unlimited(), None),
+    ) -> Answers<'p> {
+        let mut answers = Answers {
+            statuses: Vec::with_capacity(plan.slots.len()),
+            passed: Vec::with_capacity(plan.slots.len()),
+            tally: response::Tally::default(),
+        };
+        for (index, (slot, descriptor)) in plan.slots.iter().zip(&request.descriptors).enumerate() {
+            let (status, judged) = match slot {
+                Plan::NoLimit => (response::no_limit(), response::Judged::NO_LIMIT),
+                // Refused descriptors are never quota ones: padding must not switch a limit off.
+                Plan::Refused => (response::refused(), response::Judged::REFUSED),
+                Plan::Unlimited => (response::unlimited(), response::Judged::NO_LIMIT),
                 Plan::Counted(limit, rate, index) => {
                     let (outcome, from_cache) = &outcomes[*index];
                     if let Some(metrics) = &self.metrics {
@@ -351,13 +366,22 @@ impl RateLimiter {
                             );
                         }
                     }
-                    (response::counted(limit, *rate, outcome), Some(&**limit))
+                    let judged = response::Judged {
+                        over: !outcome.admitted && !limit.shadow_mode,
+                        quota: limit.quota_mode || self.options.quota_mode,
+                        remaining: Some(response::remaining(outcome)),
+                    };
+                    (response::counted(limit, *rate, outcome), judged)
                 }
             };
-            statuses.push(status);
-            limits.push(limit);
+            answers.tally.add(index, judged);
+            answers.passed.push(match slot {
+                Plan::Counted(limit, ..) if !judged.over => Some(&**limit),
+                _ => None,
+            });
+            answers.statuses.push(status);
         }
-        (statuses, limits)
+        answers
     }
 
     /// Answers the checks the over-limit cache knows are refused, asks the store(s) for the
@@ -365,7 +389,7 @@ impl RateLimiter {
     /// from the cache.
     async fn decide_with_cache(
         &self,
-        checks: &[Check],
+        checks: &[&Check],
         per_second: &[bool],
     ) -> Result<Vec<(Outcome, bool)>, StoreError> {
         let Some(cache) = &self.over_limit_cache else {
@@ -375,7 +399,7 @@ impl RateLimiter {
         let now_ms = self.clock.now_millis();
         let mut answers: Vec<Option<(Outcome, bool)>> = checks
             .iter()
-            .map(|check| {
+            .map(|&check| {
                 let Rule::FixedWindow { limit, .. } = check.rule else {
                     return None;
                 };
@@ -401,7 +425,7 @@ impl RateLimiter {
                     .await?
             };
             for (&i, outcome) in ask.iter().zip(asked) {
-                let check = &checks[i];
+                let check = checks[i];
                 // Refused with hits counted: the window's count is over its limit and only
                 // grows until the window (named in the key) ends.
                 if let Rule::FixedWindow {
@@ -424,7 +448,7 @@ impl RateLimiter {
     /// own store; outcomes come back in the order of `checks`.
     async fn decide(
         &self,
-        checks: &[Check],
+        checks: &[&Check],
         per_second: &[bool],
     ) -> Result<Vec<Outcome>, StoreError> {
         let Some(second_store) = &self.per_second else {
@@ -466,27 +490,15 @@ impl RateLimiter {
         response::all_ok(request.descriptors.len())
     }
 
-    /// Overall code, global shadow mode, headers and metadata.
-    fn finish(
-        &self,
-        request: &RateLimitRequest,
-        statuses: Vec<DescriptorStatus>,
-        limits: &[Option<&Limit>],
-    ) -> RateLimitResponse {
-        let is_quota =
-            |limit: Option<&Limit>| limit.is_some_and(|l| l.quota_mode || self.options.quota_mode);
-        let over = |s: &DescriptorStatus| s.code == Code::OverLimit as i32;
-        let mut non_quota_over = false;
-        let (mut quota, mut quota_over) = (0usize, 0usize);
-        for (status, limit) in statuses.iter().zip(limits) {
-            if is_quota(*limit) {
-                quota += 1;
-                quota_over += usize::from(over(status));
-            } else {
-                non_quota_over |= over(status);
-            }
-        }
-        let over_limit = non_quota_over || (quota > 0 && quota_over == quota);
+    /// Overall code, global shadow mode, headers and metadata, from what [`Self::answer`]
+    /// tallied.
+    fn finish(&self, request: &RateLimitRequest, answers: Answers<'_>) -> RateLimitResponse {
+        let Answers {
+            statuses,
+            passed,
+            tally,
+        } = answers;
+        let over_limit = tally.over_limit();
         let overall = if over_limit && !self.options.shadow_mode {
             Code::OverLimit
         } else {
@@ -504,8 +516,7 @@ impl RateLimiter {
             ..Default::default()
         };
         if self.options.response_headers.is_some() || self.options.draft_headers {
-            let chosen = response::header_source(&statuses, |i| is_quota(limits[i]));
-            if let Some(status) = chosen {
+            if let Some(status) = tally.header_source().map(|i| &statuses[i]) {
                 if let Some(names) = &self.options.response_headers {
                     reply.response_headers_to_add = names.headers(status);
                 }
@@ -517,7 +528,8 @@ impl RateLimiter {
             }
         }
         if self.options.dynamic_metadata {
-            reply.dynamic_metadata = Some(response::dynamic_metadata(request, &statuses, limits));
+            let passed = passed.into_iter().flatten();
+            reply.dynamic_metadata = Some(response::dynamic_metadata(request, passed));
         }
         reply.statuses = statuses;
         reply
@@ -724,9 +736,10 @@ fn drop_replaced<E>(matched: &mut [Result<Option<Cow<'_, Limit>>, E>]) {
     }
 }
 
-/// The items at `indexes`, in that order: the part of a request one store call answers.
-fn pick<T: Clone>(items: &[T], indexes: &[usize]) -> Vec<T> {
-    indexes.iter().map(|&i| items[i].clone()).collect()
+/// The items at `indexes`, in that order: the part of a request one store call answers. The
+/// items are references and flags, so a part copies pointers, never a check's key.
+fn pick<T: Copy>(items: &[T], indexes: &[usize]) -> Vec<T> {
+    indexes.iter().map(|&i| items[i]).collect()
 }
 
 /// Answers put back in request order, once every part has filled its places.

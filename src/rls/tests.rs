@@ -647,7 +647,7 @@ impl crate::store::Store for CountingStore {
 }
 
 impl CounterStore for CountingStore {
-    fn check<'a>(&'a self, checks: &'a [Check]) -> crate::store::StoreFuture<'a> {
+    fn check<'a>(&'a self, checks: &'a [&'a Check]) -> crate::store::StoreFuture<'a> {
         self.checks.fetch_add(checks.len(), Ordering::SeqCst);
         self.inner.check(checks)
     }

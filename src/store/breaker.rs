@@ -161,7 +161,7 @@ impl<S: Store> Store for Breaker<S> {
 }
 
 impl<S: CounterStore> CounterStore for Breaker<S> {
-    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
+    fn check<'a>(&'a self, checks: &'a [&'a Check]) -> StoreFuture<'a> {
         self.guarded(|| self.store.check(checks))
     }
 }
@@ -214,7 +214,7 @@ mod tests {
     }
 
     impl CounterStore for Flaky {
-        fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
+        fn check<'a>(&'a self, checks: &'a [&'a Check]) -> StoreFuture<'a> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let result = if self.down.load(Ordering::SeqCst) {
                 Err(StoreError::Unavailable("down".into()))

@@ -588,7 +588,7 @@ impl Store for MemoryStore {
 }
 
 impl CounterStore for MemoryStore {
-    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
+    fn check<'a>(&'a self, checks: &'a [&'a Check]) -> StoreFuture<'a> {
         let now = self.inner.clock.now_micros();
         let outcomes = checks.iter().map(|c| self.decide(c, now, false)).collect();
         Box::pin(std::future::ready(Ok(outcomes)))
@@ -769,7 +769,7 @@ mod tests {
     }
 
     async fn one(store: &MemoryStore, check: Check) -> Outcome {
-        store.check(&[check]).await.unwrap()[0]
+        store.check(&[&check]).await.unwrap()[0]
     }
 
     #[tokio::test]
@@ -1013,7 +1013,7 @@ mod tests {
         let keys: Vec<String> = (0..max).map(|i| format!("key{i}")).collect();
         let before = resident_bytes();
         for key in &keys {
-            store.check(&[hourly(key, 1)]).await.unwrap();
+            store.check(&[&hourly(key, 1)]).await.unwrap();
         }
         let bytes = resident_bytes() - before;
         println!(
@@ -1026,12 +1026,15 @@ mod tests {
         for i in 0..rounds {
             // A stride through the keys, so that consecutive checks touch unrelated memory.
             let key = &keys[i * 7919 % max];
-            store.check(&[hourly(key, 1)]).await.unwrap();
+            store.check(&[&hourly(key, 1)]).await.unwrap();
         }
         let known = started.elapsed().as_nanos() as f64 / rounds as f64;
         let started = std::time::Instant::now();
         for i in 0..rounds {
-            store.check(&[hourly(&format!("new{i}"), 1)]).await.unwrap();
+            store
+                .check(&[&hourly(&format!("new{i}"), 1)])
+                .await
+                .unwrap();
         }
         let new = started.elapsed().as_nanos() as f64 / rounds as f64;
         println!(

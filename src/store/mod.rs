@@ -252,8 +252,10 @@ pub trait Store: Send + Sync + Debug {
 /// What the Envoy decision path (`rls`) needs of a store: one atomic decision per batch of
 /// checks. Wrappers and test doubles of the RLS path implement only this.
 pub trait CounterStore: Store {
-    /// Decides every check, returning one outcome per check in the same order.
-    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a>;
+    /// Decides every check, returning one outcome per check in the same order. The checks are
+    /// borrowed: a caller that splits one request's checks into parts (the over-limit cache,
+    /// the per-second store, Redis Cluster slots) hands each part references, never copies.
+    fn check<'a>(&'a self, checks: &'a [&'a Check]) -> StoreFuture<'a>;
 }
 
 /// What the named limiters (`named`) need of a store: limiter configs, acquisitions and the

@@ -66,7 +66,7 @@ pub(super) fn all() -> [&'static LuaScript; 3] {
 /// of each new counter, one value per check.
 pub(super) fn encode(
     cmd: &mut redis::Cmd,
-    checks: &[Check],
+    checks: &[&Check],
     pinned_now_micros: Option<u64>,
     mut ttl_jitter_ms: impl FnMut() -> u64,
 ) {
@@ -105,7 +105,7 @@ pub(super) fn encode(
 
 /// Arguments and bytes that [`encode`] appends for `checks`: an upper bound, since a `u64` has
 /// at most 20 digits and the longest algorithm name is 22 bytes.
-pub(super) fn capacity(checks: &[Check]) -> (usize, usize) {
+pub(super) fn capacity(checks: &[&Check]) -> (usize, usize) {
     const NUMBER: usize = 20;
     const ALGORITHM_NAME: usize = 22;
     let keys: usize = checks.iter().map(|c| c.key.len()).sum();
@@ -281,7 +281,7 @@ mod tests {
             record_refused: false,
         };
         let mut cmd = redis::cmd("EVALSHA");
-        encode(&mut cmd, &[check.clone(), check], None, || 7);
+        encode(&mut cmd, &[&check, &check], None, || 7);
         let args: Vec<String> = cmd
             .args_iter()
             .map(|a| match a {
@@ -320,6 +320,7 @@ mod tests {
                 record_refused: false,
             },
         ];
+        let checks: Vec<&Check> = checks.iter().collect();
         let mut cmd = redis::Cmd::new();
         encode(&mut cmd, &checks, Some(u64::MAX), || 7);
         let args: Vec<usize> = cmd
