@@ -346,7 +346,16 @@ impl RateLimiter {
         };
         for (index, (slot, descriptor)) in plan.slots.iter().zip(&request.descriptors).enumerate() {
             let (status, judged) = match slot {
-                Plan::NoLimit => (response::no_limit(), response::Judged::NO_LIMIT),
+                // Upstream's `QUOTA_MODE` makes every descriptor that is not unlimited a quota
+                // one, those without a limit (unmatched, replaced, empty) too: such a request
+                // is never refused by its quota descriptors, since one of them cannot be over.
+                Plan::NoLimit => (
+                    response::no_limit(),
+                    response::Judged {
+                        quota: self.options.quota_mode,
+                        ..response::Judged::NO_LIMIT
+                    },
+                ),
                 // Refused descriptors are never quota ones: padding must not switch a limit off.
                 Plan::Refused => (response::refused(), response::Judged::REFUSED),
                 Plan::Unlimited => (response::unlimited(), response::Judged::NO_LIMIT),
@@ -714,8 +723,10 @@ fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
     hits.min(MAX_HITS)
 }
 
-/// Drops every matched limit whose name another matched limit `replaces` (unlimited ones
-/// included, as upstream does).
+/// Drops every matched limit whose name another matched limit `replaces`. The names come from
+/// every matched limit, unlimited ones included; an unlimited limit is never dropped: upstream
+/// sets unlimited descriptors aside before it applies `replaces`, so they keep their unlimited
+/// status (remaining 4294967295).
 fn drop_replaced<E>(matched: &mut [Result<Option<Cow<'_, Limit>>, E>]) {
     let replaced: Vec<String> = matched
         .iter()
@@ -727,9 +738,11 @@ fn drop_replaced<E>(matched: &mut [Result<Option<Cow<'_, Limit>>, E>]) {
     }
     for slot in matched.iter_mut() {
         if let Ok(limit) = slot
-            && limit
-                .as_ref()
-                .is_some_and(|l| !l.name.is_empty() && replaced.contains(&l.name))
+            && limit.as_ref().is_some_and(|l| {
+                !l.name.is_empty()
+                    && !matches!(l.quota, Quota::Unlimited)
+                    && replaced.contains(&l.name)
+            })
         {
             *limit = None;
         }

@@ -26,6 +26,15 @@ descriptors:
       replaces: [{name: per_user}]
   - key: health
     rate_limit: {unlimited: true}
+  - key: vip
+    rate_limit: {unlimited: true, name: vip_free}
+  - key: path
+    value: /promo
+    rate_limit:
+      unit: minute
+      requests_per_unit: 5
+      name: promo
+      replaces: [{name: vip_free}]
   - key: shadow
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
@@ -210,6 +219,23 @@ async fn replaces_drops_the_named_limit() {
 }
 
 #[tokio::test]
+async fn a_replaced_unlimited_limit_stays_unlimited() {
+    let h = harness(RlsOptions::default());
+    let req = request(vec![
+        descriptor(&[("vip", "v")]),
+        descriptor(&[("path", "/promo")]),
+    ]);
+    let r = h.ask(&req).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    // Upstream sets unlimited descriptors aside before `replaces` is applied.
+    assert_eq!(r.statuses[0].code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+    assert!(r.statuses[0].current_limit.is_none());
+    assert_eq!(r.statuses[1].current_limit.as_ref().unwrap().name, "promo");
+    assert_eq!(r.statuses[1].limit_remaining, 4);
+}
+
+#[tokio::test]
 async fn per_rule_shadow_mode_answers_ok() {
     let h = harness(RlsOptions::default());
     let req = request(vec![descriptor(&[("shadow", "s")])]);
@@ -252,6 +278,52 @@ async fn quota_mode_needs_every_quota_descriptor_over() {
     let login = descriptor(&[("path", "/login")]);
     h.ask(&request(vec![login.clone()])).await;
     assert_eq!(h.codes(&request(vec![login])).await.0, Code::OverLimit);
+}
+
+#[tokio::test]
+async fn global_quota_mode_counts_descriptors_without_a_limit() {
+    let h = harness(RlsOptions {
+        quota_mode: true,
+        ..Default::default()
+    });
+    let login = descriptor(&[("path", "/login")]);
+    h.ask(&request(vec![login.clone()])).await; // /login is now used up
+    // Alone, the one quota descriptor is over: OVER_LIMIT.
+    assert_eq!(
+        h.codes(&request(vec![login.clone()])).await,
+        (Code::OverLimit, vec![Code::OverLimit])
+    );
+    // Upstream counts every descriptor that is not unlimited as a quota descriptor: one that
+    // matches nothing is a quota descriptor not over its limit, so the request is OK.
+    let unmatched = descriptor(&[("nothing", "x")]);
+    assert_eq!(
+        h.codes(&request(vec![login.clone(), unmatched])).await,
+        (Code::Ok, vec![Code::OverLimit, Code::Ok])
+    );
+    // A replaced one and an empty one count as well.
+    let replaced = descriptor(&[("user", "q")]);
+    let replacing = descriptor(&[("path", "/special")]);
+    assert_eq!(
+        h.codes(&request(vec![login.clone(), replaced, replacing]))
+            .await,
+        (Code::Ok, vec![Code::OverLimit, Code::Ok, Code::Ok])
+    );
+    assert_eq!(
+        h.codes(&request(vec![
+            login.clone(),
+            RateLimitDescriptor::default()
+        ]))
+        .await
+        .0,
+        Code::Ok
+    );
+    // An unlimited one does not: the request is over.
+    assert_eq!(
+        h.codes(&request(vec![login, descriptor(&[("health", "x")])]))
+            .await
+            .0,
+        Code::OverLimit
+    );
 }
 
 #[tokio::test]
