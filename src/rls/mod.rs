@@ -30,7 +30,7 @@ use crate::metrics::{ConfigCounters, Metrics};
 use crate::proto::{
     Code, DescriptorStatus, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
 };
-use crate::store::{Check, CounterStore, Outcome, Rule, StoreError};
+use crate::store::{Charging, Check, CounterStore, Outcome, Rule, StoreError};
 use crate::util::LogThrottle;
 
 /// Remaining count reported for `unlimited` descriptors, as upstream does.
@@ -83,6 +83,9 @@ pub struct RlsOptions {
     /// `LOCAL_CACHE_SIZE_IN_BYTES`: memory for remembering fixed windows already over their
     /// limit, so their later requests skip the store; 0 turns it off.
     pub local_cache_bytes: usize,
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: when any descriptor of a request would go over
+    /// its limit, only those are counted (see [`Charging::StopWhenOver`]).
+    pub stop_increment_when_over: bool,
 }
 
 /// What the service answers when the store cannot decide.
@@ -396,13 +399,22 @@ impl RateLimiter {
     /// Answers the checks the over-limit cache knows are refused, asks the store(s) for the
     /// rest and remembers fixed windows the store refused. Each outcome says whether it came
     /// from the cache.
+    ///
+    /// With `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, the store charges only the checks that
+    /// would go over when any would; and once the cache refused one check, the others are only
+    /// looked at, as upstream does.
     async fn decide_with_cache(
         &self,
         checks: &[&Check],
         per_second: &[bool],
     ) -> Result<Vec<(Outcome, bool)>, StoreError> {
+        let charging = if self.options.stop_increment_when_over {
+            Charging::StopWhenOver
+        } else {
+            Charging::Each
+        };
         let Some(cache) = &self.over_limit_cache else {
-            let outcomes = self.decide(checks, per_second).await?;
+            let outcomes = self.decide(checks, per_second, charging).await?;
             return Ok(outcomes.into_iter().map(|o| (o, false)).collect());
         };
         let now_ms = self.clock.now_millis();
@@ -428,9 +440,13 @@ impl RateLimiter {
             .collect();
         if !ask.is_empty() {
             let asked = if ask.len() == checks.len() {
-                self.decide(checks, per_second).await?
+                self.decide(checks, per_second, charging).await?
             } else {
-                self.decide(&pick(checks, &ask), &pick(per_second, &ask))
+                let charging = match charging {
+                    Charging::StopWhenOver => Charging::LookOnly,
+                    other => other,
+                };
+                self.decide(&pick(checks, &ask), &pick(per_second, &ask), charging)
                     .await?
             };
             for (&i, outcome) in ask.iter().zip(asked) {
@@ -454,26 +470,29 @@ impl RateLimiter {
     }
 
     /// Asks the store(s): one call, or two concurrent ones when second-unit limits have their
-    /// own store; outcomes come back in the order of `checks`.
+    /// own store; outcomes come back in the order of `checks`. Each call applies `charging` to
+    /// its own checks (the two stores cannot decide together).
     async fn decide(
         &self,
         checks: &[&Check],
         per_second: &[bool],
+        charging: Charging,
     ) -> Result<Vec<Outcome>, StoreError> {
         let Some(second_store) = &self.per_second else {
-            return self.store.check(checks).await;
+            return self.store.check_with(checks, charging).await;
         };
         let (fast, slow): (Vec<usize>, Vec<usize>) =
             (0..checks.len()).partition(|&i| per_second[i]);
         if fast.is_empty() {
-            return self.store.check(checks).await;
+            return self.store.check_with(checks, charging).await;
         }
         let (fast_checks, slow_checks) = (pick(checks, &fast), pick(checks, &slow));
-        let (fast_out, slow_out) = tokio::try_join!(second_store.check(&fast_checks), async {
+        let fast_call = second_store.check_with(&fast_checks, charging);
+        let (fast_out, slow_out) = tokio::try_join!(fast_call, async {
             if slow_checks.is_empty() {
                 Ok(Vec::new())
             } else {
-                self.store.check(&slow_checks).await
+                self.store.check_with(&slow_checks, charging).await
             }
         })?;
         let mut outcomes = vec![None; checks.len()];
@@ -524,16 +543,15 @@ impl RateLimiter {
             overall_code: overall as i32,
             ..Default::default()
         };
-        if self.options.response_headers.is_some() || self.options.draft_headers {
-            if let Some(status) = tally.header_source().map(|i| &statuses[i]) {
-                if let Some(names) = &self.options.response_headers {
-                    reply.response_headers_to_add = names.headers(status);
-                }
-                if self.options.draft_headers {
-                    reply
-                        .response_headers_to_add
-                        .extend(response::draft_headers(status));
-                }
+        let headers = self.options.response_headers.is_some() || self.options.draft_headers;
+        if headers && let Some(status) = tally.header_source().map(|i| &statuses[i]) {
+            if let Some(names) = &self.options.response_headers {
+                reply.response_headers_to_add = names.headers(status);
+            }
+            if self.options.draft_headers {
+                reply
+                    .response_headers_to_add
+                    .extend(response::draft_headers(status));
             }
         }
         if self.options.dynamic_metadata {

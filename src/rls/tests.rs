@@ -719,9 +719,13 @@ impl crate::store::Store for CountingStore {
 }
 
 impl CounterStore for CountingStore {
-    fn check<'a>(&'a self, checks: &'a [&'a Check]) -> crate::store::StoreFuture<'a> {
+    fn check_with<'a>(
+        &'a self,
+        checks: &'a [&'a Check],
+        charging: Charging,
+    ) -> crate::store::StoreFuture<'a> {
         self.checks.fetch_add(checks.len(), Ordering::SeqCst);
-        self.inner.check(checks)
+        self.inner.check_with(checks, charging)
     }
 }
 
@@ -784,4 +788,31 @@ async fn local_cache_refuses_over_limit_windows_without_the_store() {
     let r = limiter.should_rate_limit(&alice).await.unwrap();
     assert_eq!(r.overall_code, Code::Ok as i32);
     assert_eq!(reached(), 5);
+}
+
+#[tokio::test]
+async fn stop_increment_counts_nothing_once_the_local_cache_refuses() {
+    let h = harness(RlsOptions {
+        stop_increment_when_over: true,
+        local_cache_bytes: 1 << 20,
+        ..Default::default()
+    });
+    let login = descriptor(&[("path", "/login")]);
+    h.ask(&request(vec![login.clone()])).await;
+    // Over: the store refuses it and the cache remembers the window.
+    assert_eq!(
+        h.codes(&request(vec![login.clone()])).await.0,
+        Code::OverLimit
+    );
+    // The cache refuses /login; as upstream, the other descriptor is then only looked at.
+    let r = h
+        .ask(&request(vec![descriptor(&[("user", "z")]), login]))
+        .await;
+    assert_eq!(statuses(&r), (OVER, vec![(OK, 2), (OVER, 0)]));
+    let mut look = descriptor(&[("user", "z")]);
+    look.hits_addend = Some(0);
+    assert_eq!(
+        h.ask(&request(vec![look])).await.statuses[0].limit_remaining,
+        2
+    );
 }
