@@ -74,14 +74,13 @@ async fn main() -> anyhow::Result<()> {
                 Rule::FixedWindow { window_start, .. } => format!("k_{window_start}"),
                 _ => "k".to_string(),
             };
-            let outcome = store
-                .check(&[Check {
-                    key,
-                    hits: 1,
-                    rule,
-                    record_refused: false,
-                }])
-                .await?[0];
+            let check = Check {
+                key,
+                hits: 1,
+                rule,
+                record_refused: false,
+            };
+            let outcome = store.check(&[&check]).await?[0];
             let bin = (t / BIN) as usize;
             offered[bin] += 1;
             if outcome.admitted {

@@ -141,6 +141,7 @@ async fn main() -> anyhow::Result<()> {
                     }
                 })
                 .collect();
+            let batch: Vec<&Check> = batch.iter().collect();
             store.check(&batch).await?;
             i += 500;
         }
@@ -174,7 +175,7 @@ async fn main() -> anyhow::Result<()> {
             },
             record_refused: false,
         };
-        memory.check(std::slice::from_ref(&check)).await?;
+        memory.check(&[&check]).await?;
     }
     let after = rss_bytes();
     println!();

@@ -4,6 +4,17 @@
 -- lookup, and a decision runs these once per descriptor.
 local call, tonumber, floor, ceil = redis.call, tonumber, math.floor, math.ceil
 
+-- While true, the algorithms decide without writing anything (decide.lua's trial pass for
+-- STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT): `write` skips the call, and the fixed window reads
+-- its count instead of incrementing it. Only the sliding-window log still drops members that
+-- left its window, which changes no answer.
+local dry_run = false
+
+-- A call that changes a key, skipped in a dry run.
+local function write(...)
+  if not dry_run then return call(...) end
+end
+
 -- Whole milliseconds, rounded up and at least 1: a reset is never reported as zero.
 local function micros_to_ms(us)
   local ms = ceil(us / 1000)

@@ -19,6 +19,8 @@ local function fixed_window(key, now_ms, hits, limit, window_ms, window_end_ms, 
   local count
   if hits == '0' then
     count = tonumber(call('GET', key) or '0') or 0
+  elseif dry_run then
+    count = (tonumber(call('GET', key) or '0') or 0) + tonumber(hits)
   else
     -- hits stays a string: INCRBY takes it verbatim, with no float formatting on the way.
     count = call('INCRBY', key, hits)

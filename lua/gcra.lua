@@ -19,7 +19,7 @@ local function gcra(key, now, hits, interval, burst, record)
     local charged = math.min(tat + hits * interval, now + capacity)
     if charged > tat then
       tat = charged
-      call('SET', key, string.format('%.0f', tat), 'PX', micros_to_ms(tat - now))
+      write('SET', key, string.format('%.0f', tat), 'PX', micros_to_ms(tat - now))
     end
   end
   if hits > burst then
@@ -33,7 +33,7 @@ local function gcra(key, now, hits, interval, burst, record)
     local new_tat = tat + hits * interval
     local remaining = tokens(new_tat)
     if hits > 0 and new_tat > now then
-      call('SET', key, string.format('%.0f', new_tat), 'PX', micros_to_ms(new_tat - now))
+      write('SET', key, string.format('%.0f', new_tat), 'PX', micros_to_ms(new_tat - now))
     end
     return 1, remaining, micros_to_ms(new_tat - now), burst - remaining
   end

@@ -57,8 +57,8 @@ local function sliding_window_counter(key, now, hits, limit, window, record)
   -- A reset never exceeds the window (see the twin).
   if wait > window then wait = window end
   if ((admitted and hits > 0) or recorded) and (current > 0 or previous > 0) then
-    call('HSET', key, 's', string.format('%.0f', start), 'c', current, 'p', previous)
-    call('PEXPIRE', key, micros_to_ms(ttl))
+    write('HSET', key, 's', string.format('%.0f', start), 'c', current, 'p', previous)
+    write('PEXPIRE', key, micros_to_ms(ttl))
   end
   local used = estimate
   if admitted then used = estimate + hits end

@@ -25,7 +25,7 @@ local function sliding_window_log(key, now, hits, limit, window, record)
         args[#args + 1] = score
         args[#args + 1] = score .. ':' .. (count + i)
       end
-      call('ZADD', key, unpack(args))
+      write('ZADD', key, unpack(args))
     end
   end
   -- A zero-cost check is decided as a one-hit request and counts nothing.
@@ -33,15 +33,17 @@ local function sliding_window_log(key, now, hits, limit, window, record)
   if probe <= limit and count + probe <= limit then
     log_hits(hits)
     local ttl = until_empty()
-    if ttl > 0 then call('PEXPIRE', key, micros_to_ms(ttl)) end
+    if ttl > 0 then write('PEXPIRE', key, micros_to_ms(ttl)) end
     return 1, limit - count - hits, micros_to_ms(ttl), count + hits
   end
+  -- A trial (common.lua) needs only the refusal; what follows reads members it did not add.
+  if dry_run then return 0, 0, 1, count end
   if record and hits > 0 and count < limit then
     -- Refused, still charged: up to what fills the log to the limit.
     local n = math.min(hits, limit - count)
     log_hits(n)
     count = count + n
-    call('PEXPIRE', key, micros_to_ms(until_empty()))
+    write('PEXPIRE', key, micros_to_ms(until_empty()))
   end
   local wait
   if probe > limit then

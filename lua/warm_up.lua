@@ -57,9 +57,9 @@ local function warm_up(key, now, hits, permits, window, warmup, cold_factor, rec
   local ttl = free_in + ceil((max_permits - stored) * cool_down)
   if ttl < 1 then ttl = 1 end
   if (admitted and hits > 0) or recorded then
-    call('HSET', key, 's', string.format('%.0f', floor(stored * 1e6)),
+    write('HSET', key, 's', string.format('%.0f', floor(stored * 1e6)),
       'n', string.format('%.0f', next_free))
-    call('PEXPIRE', key, micros_to_ms(ttl))
+    write('PEXPIRE', key, micros_to_ms(ttl))
   end
   -- Any request up to `permits` is admitted once the next free time has passed.
   local remaining = 0

@@ -79,6 +79,9 @@ pub async fn serve(
                 *startup_max_wait
             };
             let main = open_redis(options, wait, degraded, &settings).await?;
+            if settings.rls.stop_increment_when_over {
+                warn_partial_stop(options, per_second.is_some());
+            }
             store_usable.push(("redis", main.usable(), HealthRole::Counts));
             if let Some(options) = per_second {
                 let store = open_redis(options, wait, degraded, &settings).await?;
@@ -413,6 +416,25 @@ impl Drop for AbortOnDrop {
 }
 
 /// Connects a Redis store behind its circuit breaker, waiting for Redis as configured.
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` is decided per store call: says so when a
+/// request's descriptors can go to several calls (README, "What differs").
+fn warn_partial_stop(options: &RedisOptions, per_second: bool) {
+    if matches!(options.target, crate::store::redis::Target::Cluster(_)) {
+        tracing::warn!(
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT on a Redis Cluster: descriptors whose keys \
+             are in different slots are decided by separate script calls, so one going over \
+             stops the counting only of the descriptors in its own slot"
+        );
+    }
+    if per_second {
+        tracing::warn!(
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT with REDIS_PERSECOND: per-second limits \
+             and the others are decided by separate stores, so one going over stops the \
+             counting only of descriptors in its own store"
+        );
+    }
+}
+
 async fn open_redis(
     options: &RedisOptions,
     max_wait: Option<std::time::Duration>,

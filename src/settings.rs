@@ -334,6 +334,8 @@ impl Settings {
                     }
                 },
                 local_cache_bytes: env.number("LOCAL_CACHE_SIZE_IN_BYTES", 0usize)?,
+                stop_increment_when_over: env
+                    .bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)?,
             },
             log: LogSettings {
                 // Upstream defaults to WARN; we log start-up and config events at INFO.

@@ -253,3 +253,55 @@ async fn exact_admission_across_two_replicas_on_a_cluster() {
     }
     assert_eq!(admitted.load(Ordering::Relaxed), 50);
 }
+
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` on a cluster is decided per slot call: k1 going
+/// over freezes k10 when both keys are in one slot, and not when they are in different slots
+/// (README, "What differs").
+#[tokio::test(flavor = "multi_thread")]
+async fn stop_increment_is_decided_per_slot() {
+    use sluice::store::redis::slot::slot;
+    let cluster = RedisCluster::start(3, 0);
+    let dir = config();
+    let sluice = start(
+        &cluster,
+        &dir,
+        &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")],
+    );
+    let mut c = sluice.client().await;
+    avoid_window_edge(3600, 30).await;
+    let hour = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 3600
+        * 3600;
+    // The two keys differ in more than their values' part: k1 and k10 with one value always
+    // land a fixed CRC apart, so k10 gets a value of its own, searched for.
+    let k1_slot = |v: &str| slot(format!("c_k1_{v}_{hour}").as_bytes());
+    let k10_slot = |v: &str| slot(format!("c_k10_{v}_{hour}").as_bytes());
+    for (round, same, k10_left) in [(0, true, 9), (1, false, 8)] {
+        let k1_value = format!("a{round}");
+        let k10_value = (0..)
+            // No `_`: the key escapes it, and the slot here is computed on the raw value.
+            .map(|i| format!("b{round}x{i}"))
+            .find(|v| (k10_slot(v) == k1_slot(&k1_value)) == same)
+            .unwrap();
+        let pair = request(
+            "c",
+            vec![
+                descriptor(&[("k1", &k1_value)]),
+                descriptor(&[("k10", &k10_value)]),
+            ],
+        );
+        assert_eq!(
+            ask(&mut c, pair.clone()).await.overall_code,
+            Code::Ok as i32
+        );
+        let r = ask(&mut c, pair).await;
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+        let mut look = descriptor(&[("k10", &k10_value)]);
+        look.hits_addend = Some(0);
+        let left = ask(&mut c, request("c", vec![look])).await.statuses[0].limit_remaining;
+        assert_eq!(left, k10_left, "same slot: {same}");
+    }
+}

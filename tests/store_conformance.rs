@@ -14,8 +14,8 @@ use sluice::proto::sluice::v1::{Algorithm, LimiterConfig, Mode};
 use sluice::rls::KeyBuilder;
 use sluice::store::redis::Target;
 use sluice::store::{
-    Check, CounterStore, MemoryStore, MemoryStoreOptions, Outcome, RedisOptions, RedisStore, Rule,
-    SetMode,
+    Charging, Check, CounterStore, MemoryStore, MemoryStoreOptions, Outcome, RedisOptions,
+    RedisStore, Rule, SetMode,
 };
 
 /// Microseconds; 20 s into the minute window that starts at 1 699 999 980 s.
@@ -73,9 +73,15 @@ fn fixed(key: &str, hits: u64, limit: u64, window_secs: u64, now_micros: u64) ->
 impl Pair {
     /// Runs `checks` on both stores and asserts equal outcomes; returns them.
     async fn both(&self, checks: &[Check]) -> Vec<Outcome> {
-        let m = self.memory.check(checks).await.unwrap();
-        let r = self.redis.check(checks).await.unwrap();
-        assert_eq!(m, r, "memory vs redis for {checks:?}");
+        self.both_charging(checks, Charging::Each).await
+    }
+
+    /// [`Pair::both`] with the given charging.
+    async fn both_charging(&self, checks: &[Check], charging: Charging) -> Vec<Outcome> {
+        let checks: Vec<&Check> = checks.iter().collect();
+        let m = self.memory.check_with(&checks, charging).await.unwrap();
+        let r = self.redis.check_with(&checks, charging).await.unwrap();
+        assert_eq!(m, r, "memory vs redis for {checks:?} ({charging:?})");
         m
     }
 }
@@ -734,5 +740,87 @@ async fn a_limiter_created_again_at_the_same_instant_meets_none_of_its_old_state
             .unwrap();
         assert!(set.applied && set.state_reset);
         assert_eq!(limiters.available("again", "a").await.unwrap(), 1);
+    }
+}
+
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (`Charging::StopWhenOver`) on both stores, for every
+/// algorithm: while nothing would go over, every check is charged; once one would, only it is
+/// charged and the others' states stay as they were (a look before and after agrees), with the
+/// same answers from the memory store and the script.
+#[tokio::test(flavor = "multi_thread")]
+async fn stop_when_over_charges_only_what_would_go_over() {
+    let p = pair().await;
+    p.clock.set_micros(T0 + 250_000);
+    let now = p.clock.now_micros();
+    let mut cases = vec![(
+        "fixed",
+        fixed("w_fixed", 0, 5, 60, now).rule,
+        fixed("t_fixed", 0, 2, 60, now).rule,
+    )];
+    for (name, rule) in rules() {
+        cases.push((name, rule.clone(), rule));
+    }
+    for (name, wide_rule, tight_rule) in cases {
+        let check = |key: String, hits, rule: &Rule| Check {
+            key: if matches!(rule, Rule::FixedWindow { .. }) {
+                format!("{key}_{}", now / 60_000_000 * 60)
+            } else {
+                key
+            },
+            hits,
+            rule: rule.clone(),
+            record_refused: false,
+        };
+        let wide = check(format!("w_{name}"), 1, &wide_rule);
+        let tight = check(format!("t_{name}"), 1, &tight_rule);
+        let look = |c: &Check| Check {
+            hits: 0,
+            ..c.clone()
+        };
+        // Use up the tight one alone, charging as usual, until it refuses.
+        while p.both(std::slice::from_ref(&tight)).await[0].admitted {}
+        // Fresh, nothing would go over... except the tight one: only it is charged.
+        let wide_before = p.both(&[look(&wide)]).await[0];
+        let batch = [wide.clone(), tight.clone()];
+        for _ in 0..3 {
+            let out = p.both_charging(&batch, Charging::StopWhenOver).await;
+            assert!(
+                out[0].admitted,
+                "{name}: the one that fits is answered as a look"
+            );
+            assert_eq!(out[0], wide_before, "{name}: answered as a look");
+            assert!(!out[1].admitted, "{name}");
+        }
+        assert_eq!(
+            p.both(&[look(&wide)]).await[0],
+            wide_before,
+            "{name}: wide untouched"
+        );
+        // Nothing would go over: both are charged.
+        let other = check(format!("o_{name}"), 1, &wide_rule);
+        let other_before = p.both(&[look(&other)]).await[0];
+        let out = p
+            .both_charging(&[wide.clone(), other.clone()], Charging::StopWhenOver)
+            .await;
+        assert!(out.iter().all(|o| o.admitted), "{name}");
+        assert_ne!(
+            p.both(&[look(&wide)]).await[0],
+            wide_before,
+            "{name}: charged"
+        );
+        assert_ne!(
+            p.both(&[look(&other)]).await[0],
+            other_before,
+            "{name}: charged"
+        );
+        // Looking only charges nothing.
+        let wide_now = p.both(&[look(&wide)]).await[0];
+        p.both_charging(&[wide.clone(), tight.clone()], Charging::LookOnly)
+            .await;
+        assert_eq!(
+            p.both(&[look(&wide)]).await[0],
+            wide_now,
+            "{name}: looked at"
+        );
     }
 }

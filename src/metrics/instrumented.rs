@@ -9,8 +9,8 @@ use prometheus::Histogram;
 
 use super::Metrics;
 use crate::store::{
-    Acquisition, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet, LimiterStore,
-    RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
+    Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
+    LimiterStore, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
 };
 
 /// `S` is the store's trait object (`dyn CounterStore` or `dyn LimiterStore`): the wrapper is
@@ -76,8 +76,8 @@ impl<S: Store + ?Sized> Store for Instrumented<S> {
 }
 
 impl<S: CounterStore + ?Sized> CounterStore for Instrumented<S> {
-    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
-        self.measured("check", self.store.check(checks))
+    fn check_with<'a>(&'a self, checks: &'a [&'a Check], charging: Charging) -> StoreFuture<'a> {
+        self.measured("check", self.store.check_with(checks, charging))
     }
 }
 

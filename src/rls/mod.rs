@@ -30,7 +30,7 @@ use crate::metrics::{ConfigCounters, Metrics};
 use crate::proto::{
     Code, DescriptorStatus, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
 };
-use crate::store::{Check, CounterStore, Outcome, Rule, StoreError};
+use crate::store::{Charging, Check, CounterStore, Outcome, Rule, StoreError};
 use crate::util::LogThrottle;
 
 /// Remaining count reported for `unlimited` descriptors, as upstream does.
@@ -83,6 +83,9 @@ pub struct RlsOptions {
     /// `LOCAL_CACHE_SIZE_IN_BYTES`: memory for remembering fixed windows already over their
     /// limit, so their later requests skip the store; 0 turns it off.
     pub local_cache_bytes: usize,
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: when any descriptor of a request would go over
+    /// its limit, only those are counted (see [`Charging::StopWhenOver`]).
+    pub stop_increment_when_over: bool,
 }
 
 /// What the service answers when the store cannot decide.
@@ -134,6 +137,15 @@ struct RequestPlan<'c> {
     slots: Vec<Plan<'c>>,
     checks: Vec<Check>,
     per_second: Vec<bool>,
+}
+
+/// The statuses of one request, in request order, with what they add up to.
+struct Answers<'p> {
+    statuses: Vec<DescriptorStatus>,
+    /// Per status, the limit it was judged under when it is not over that limit (for the
+    /// dynamic metadata).
+    passed: Vec<Option<&'p Limit>>,
+    tally: response::Tally,
 }
 
 /// The configuration in force and the metric handles of its limits, swapped together.
@@ -241,8 +253,8 @@ impl RateLimiter {
                 return Err(e.into());
             }
         };
-        let (statuses, limits) = self.answer(request, counters, &plan, &outcomes);
-        Ok(self.finish(request, statuses, &limits))
+        let answers = self.answer(request, counters, &plan, &outcomes);
+        Ok(self.finish(request, answers))
     }
 
     /// Step 1: each descriptor's slot (matched, with `replaces` applied across the request; a
@@ -315,26 +327,41 @@ impl RateLimiter {
             kind = self.store.kind(),
             checks = plan.checks.len()
         );
-        self.decide_with_cache(&plan.checks, &plan.per_second)
+        let checks: Vec<&Check> = plan.checks.iter().collect();
+        self.decide_with_cache(&checks, &plan.per_second)
             .instrument(span)
             .await
     }
 
-    /// Step 3: each descriptor's status, in request order, with its per-rule metrics.
+    /// Step 3: each descriptor's status, in request order, with its per-rule metrics; what each
+    /// status counts for (over the limit or not, quota or not) is tallied as it is built.
     fn answer<'p>(
         &self,
         request: &RateLimitRequest,
         counters: &ConfigCounters,
         plan: &'p RequestPlan<'_>,
         outcomes: &[(Outcome, bool)],
-    ) -> (Vec<DescriptorStatus>, Vec<Option<&'p Limit>>) {
-        let mut statuses = Vec::with_capacity(plan.slots.len());
-        let mut limits: Vec<Option<&Limit>> = Vec::with_capacity(plan.slots.len());
-        for (slot, descriptor) in plan.slots.iter().zip(&request.descriptors) {
-            let (status, limit) = match slot {
-                Plan::NoLimit => (response::no_limit(), None),
-                Plan::Refused => (response::refused(), None),
-                Plan::Unlimited => (response::unlimited(), None),
+    ) -> Answers<'p> {
+        let mut answers = Answers {
+            statuses: Vec::with_capacity(plan.slots.len()),
+            passed: Vec::with_capacity(plan.slots.len()),
+            tally: response::Tally::default(),
+        };
+        for (index, (slot, descriptor)) in plan.slots.iter().zip(&request.descriptors).enumerate() {
+            let (status, judged) = match slot {
+                // Upstream's `QUOTA_MODE` makes every descriptor that is not unlimited a quota
+                // one, those without a limit (unmatched, replaced, empty) too: such a request
+                // is never refused by its quota descriptors, since one of them cannot be over.
+                Plan::NoLimit => (
+                    response::no_limit(),
+                    response::Judged {
+                        quota: self.options.quota_mode,
+                        ..response::Judged::NO_LIMIT
+                    },
+                ),
+                // Refused descriptors are never quota ones: padding must not switch a limit off.
+                Plan::Refused => (response::refused(), response::Judged::REFUSED),
+                Plan::Unlimited => (response::unlimited(), response::Judged::NO_LIMIT),
                 Plan::Counted(limit, rate, index) => {
                     let (outcome, from_cache) = &outcomes[*index];
                     if let Some(metrics) = &self.metrics {
@@ -351,31 +378,49 @@ impl RateLimiter {
                             );
                         }
                     }
-                    (response::counted(limit, *rate, outcome), Some(&**limit))
+                    let judged = response::Judged {
+                        over: !outcome.admitted && !limit.shadow_mode,
+                        quota: limit.quota_mode || self.options.quota_mode,
+                        remaining: Some(response::remaining(outcome)),
+                    };
+                    (response::counted(limit, *rate, outcome), judged)
                 }
             };
-            statuses.push(status);
-            limits.push(limit);
+            answers.tally.add(index, judged);
+            answers.passed.push(match slot {
+                Plan::Counted(limit, ..) if !judged.over => Some(&**limit),
+                _ => None,
+            });
+            answers.statuses.push(status);
         }
-        (statuses, limits)
+        answers
     }
 
     /// Answers the checks the over-limit cache knows are refused, asks the store(s) for the
     /// rest and remembers fixed windows the store refused. Each outcome says whether it came
     /// from the cache.
+    ///
+    /// With `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, the store charges only the checks that
+    /// would go over when any would; and once the cache refused one check, the others are only
+    /// looked at, as upstream does.
     async fn decide_with_cache(
         &self,
-        checks: &[Check],
+        checks: &[&Check],
         per_second: &[bool],
     ) -> Result<Vec<(Outcome, bool)>, StoreError> {
+        let charging = if self.options.stop_increment_when_over {
+            Charging::StopWhenOver
+        } else {
+            Charging::Each
+        };
         let Some(cache) = &self.over_limit_cache else {
-            let outcomes = self.decide(checks, per_second).await?;
+            let outcomes = self.decide(checks, per_second, charging).await?;
             return Ok(outcomes.into_iter().map(|o| (o, false)).collect());
         };
         let now_ms = self.clock.now_millis();
         let mut answers: Vec<Option<(Outcome, bool)>> = checks
             .iter()
-            .map(|check| {
+            .map(|&check| {
                 let Rule::FixedWindow { limit, .. } = check.rule else {
                     return None;
                 };
@@ -395,13 +440,17 @@ impl RateLimiter {
             .collect();
         if !ask.is_empty() {
             let asked = if ask.len() == checks.len() {
-                self.decide(checks, per_second).await?
+                self.decide(checks, per_second, charging).await?
             } else {
-                self.decide(&pick(checks, &ask), &pick(per_second, &ask))
+                let charging = match charging {
+                    Charging::StopWhenOver => Charging::LookOnly,
+                    other => other,
+                };
+                self.decide(&pick(checks, &ask), &pick(per_second, &ask), charging)
                     .await?
             };
             for (&i, outcome) in ask.iter().zip(asked) {
-                let check = &checks[i];
+                let check = checks[i];
                 // Refused with hits counted: the window's count is over its limit and only
                 // grows until the window (named in the key) ends.
                 if let Rule::FixedWindow {
@@ -421,26 +470,29 @@ impl RateLimiter {
     }
 
     /// Asks the store(s): one call, or two concurrent ones when second-unit limits have their
-    /// own store; outcomes come back in the order of `checks`.
+    /// own store; outcomes come back in the order of `checks`. Each call applies `charging` to
+    /// its own checks (the two stores cannot decide together).
     async fn decide(
         &self,
-        checks: &[Check],
+        checks: &[&Check],
         per_second: &[bool],
+        charging: Charging,
     ) -> Result<Vec<Outcome>, StoreError> {
         let Some(second_store) = &self.per_second else {
-            return self.store.check(checks).await;
+            return self.store.check_with(checks, charging).await;
         };
         let (fast, slow): (Vec<usize>, Vec<usize>) =
             (0..checks.len()).partition(|&i| per_second[i]);
         if fast.is_empty() {
-            return self.store.check(checks).await;
+            return self.store.check_with(checks, charging).await;
         }
         let (fast_checks, slow_checks) = (pick(checks, &fast), pick(checks, &slow));
-        let (fast_out, slow_out) = tokio::try_join!(second_store.check(&fast_checks), async {
+        let fast_call = second_store.check_with(&fast_checks, charging);
+        let (fast_out, slow_out) = tokio::try_join!(fast_call, async {
             if slow_checks.is_empty() {
                 Ok(Vec::new())
             } else {
-                self.store.check(&slow_checks).await
+                self.store.check_with(&slow_checks, charging).await
             }
         })?;
         let mut outcomes = vec![None; checks.len()];
@@ -466,27 +518,15 @@ impl RateLimiter {
         response::all_ok(request.descriptors.len())
     }
 
-    /// Overall code, global shadow mode, headers and metadata.
-    fn finish(
-        &self,
-        request: &RateLimitRequest,
-        statuses: Vec<DescriptorStatus>,
-        limits: &[Option<&Limit>],
-    ) -> RateLimitResponse {
-        let is_quota =
-            |limit: Option<&Limit>| limit.is_some_and(|l| l.quota_mode || self.options.quota_mode);
-        let over = |s: &DescriptorStatus| s.code == Code::OverLimit as i32;
-        let mut non_quota_over = false;
-        let (mut quota, mut quota_over) = (0usize, 0usize);
-        for (status, limit) in statuses.iter().zip(limits) {
-            if is_quota(*limit) {
-                quota += 1;
-                quota_over += usize::from(over(status));
-            } else {
-                non_quota_over |= over(status);
-            }
-        }
-        let over_limit = non_quota_over || (quota > 0 && quota_over == quota);
+    /// Overall code, global shadow mode, headers and metadata, from what [`Self::answer`]
+    /// tallied.
+    fn finish(&self, request: &RateLimitRequest, answers: Answers<'_>) -> RateLimitResponse {
+        let Answers {
+            statuses,
+            passed,
+            tally,
+        } = answers;
+        let over_limit = tally.over_limit();
         let overall = if over_limit && !self.options.shadow_mode {
             Code::OverLimit
         } else {
@@ -503,21 +543,20 @@ impl RateLimiter {
             overall_code: overall as i32,
             ..Default::default()
         };
-        if self.options.response_headers.is_some() || self.options.draft_headers {
-            let chosen = response::header_source(&statuses, |i| is_quota(limits[i]));
-            if let Some(status) = chosen {
-                if let Some(names) = &self.options.response_headers {
-                    reply.response_headers_to_add = names.headers(status);
-                }
-                if self.options.draft_headers {
-                    reply
-                        .response_headers_to_add
-                        .extend(response::draft_headers(status));
-                }
+        let headers = self.options.response_headers.is_some() || self.options.draft_headers;
+        if headers && let Some(status) = tally.header_source().map(|i| &statuses[i]) {
+            if let Some(names) = &self.options.response_headers {
+                reply.response_headers_to_add = names.headers(status);
+            }
+            if self.options.draft_headers {
+                reply
+                    .response_headers_to_add
+                    .extend(response::draft_headers(status));
             }
         }
         if self.options.dynamic_metadata {
-            reply.dynamic_metadata = Some(response::dynamic_metadata(request, &statuses, limits));
+            let passed = passed.into_iter().flatten();
+            reply.dynamic_metadata = Some(response::dynamic_metadata(request, passed));
         }
         reply.statuses = statuses;
         reply
@@ -702,8 +741,10 @@ fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
     hits.min(MAX_HITS)
 }
 
-/// Drops every matched limit whose name another matched limit `replaces` (unlimited ones
-/// included, as upstream does).
+/// Drops every matched limit whose name another matched limit `replaces`. The names come from
+/// every matched limit, unlimited ones included; an unlimited limit is never dropped: upstream
+/// sets unlimited descriptors aside before it applies `replaces`, so they keep their unlimited
+/// status (remaining 4294967295).
 fn drop_replaced<E>(matched: &mut [Result<Option<Cow<'_, Limit>>, E>]) {
     let replaced: Vec<String> = matched
         .iter()
@@ -715,18 +756,21 @@ fn drop_replaced<E>(matched: &mut [Result<Option<Cow<'_, Limit>>, E>]) {
     }
     for slot in matched.iter_mut() {
         if let Ok(limit) = slot
-            && limit
-                .as_ref()
-                .is_some_and(|l| !l.name.is_empty() && replaced.contains(&l.name))
+            && limit.as_ref().is_some_and(|l| {
+                !l.name.is_empty()
+                    && !matches!(l.quota, Quota::Unlimited)
+                    && replaced.contains(&l.name)
+            })
         {
             *limit = None;
         }
     }
 }
 
-/// The items at `indexes`, in that order: the part of a request one store call answers.
-fn pick<T: Clone>(items: &[T], indexes: &[usize]) -> Vec<T> {
-    indexes.iter().map(|&i| items[i].clone()).collect()
+/// The items at `indexes`, in that order: the part of a request one store call answers. The
+/// items are references and flags, so a part copies pointers, never a check's key.
+fn pick<T: Copy>(items: &[T], indexes: &[usize]) -> Vec<T> {
+    indexes.iter().map(|&i| items[i]).collect()
 }
 
 /// Answers put back in request order, once every part has filled its places.

@@ -74,7 +74,7 @@ pub(super) fn counted(limit: &Limit, rate: Rate, outcome: &Outcome) -> Descripto
             requests_per_unit,
             unit: unit.to_response() as i32,
         }),
-        limit_remaining: u32::try_from(outcome.remaining).unwrap_or(u32::MAX),
+        limit_remaining: remaining(outcome),
         // Whole seconds, rounded up and never 0, as upstream reports them.
         duration_until_reset: Some(prost_types::Duration {
             seconds: outcome.reset_ms.div_ceil(1000).max(1) as i64,
@@ -172,33 +172,91 @@ pub(super) fn draft_headers(status: &DescriptorStatus) -> Vec<HeaderValue> {
     ]
 }
 
-/// The status the headers describe: the last non-quota OVER_LIMIT one if any, else the limited
-/// one with the least remaining (the first of equals).
-pub(super) fn header_source(
-    statuses: &[DescriptorStatus],
-    is_quota: impl Fn(usize) -> bool,
-) -> Option<&DescriptorStatus> {
-    let over = statuses
-        .iter()
-        .enumerate()
-        .filter(|(i, s)| s.code == Code::OverLimit as i32 && !is_quota(*i))
-        .last()
-        .map(|(_, s)| s);
-    over.or_else(|| {
-        statuses
-            .iter()
-            .filter(|s| s.current_limit.is_some())
-            .min_by_key(|s| s.limit_remaining)
-    })
+/// What one descriptor's status counts for in the response, noted as the status is built.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Judged {
+    /// Its status is OVER_LIMIT.
+    pub(super) over: bool,
+    /// It counts among the request's quota descriptors.
+    pub(super) quota: bool,
+    /// `limit_remaining` of a status that names a limit; `None` when it names none.
+    pub(super) remaining: Option<u32>,
+}
+
+impl Judged {
+    /// No limit, replaced, or unlimited: OK and naming no limit.
+    pub(super) const NO_LIMIT: Judged = Judged {
+        over: false,
+        quota: false,
+        remaining: None,
+    };
+    /// Refused without being judged (see [`super::Refusal`]).
+    pub(super) const REFUSED: Judged = Judged {
+        over: true,
+        quota: false,
+        remaining: None,
+    };
+}
+
+/// What a request's statuses add up to, counted as they are built: the overall code (upstream's
+/// quota mode) and the status the headers describe.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    non_quota_over: bool,
+    quota: usize,
+    quota_over: usize,
+    /// The last non-quota OVER_LIMIT status.
+    last_over: Option<usize>,
+    /// The status naming a limit with the least remaining (the first of equals) and that
+    /// remaining.
+    least_remaining: Option<(usize, u32)>,
+}
+
+impl Tally {
+    /// Counts status `index` (statuses are added in request order).
+    pub(super) fn add(&mut self, index: usize, judged: Judged) {
+        if judged.quota {
+            self.quota += 1;
+            self.quota_over += usize::from(judged.over);
+        } else if judged.over {
+            self.non_quota_over = true;
+            self.last_over = Some(index);
+        }
+        if let Some(remaining) = judged.remaining
+            && self
+                .least_remaining
+                .is_none_or(|(_, least)| remaining < least)
+        {
+            self.least_remaining = Some((index, remaining));
+        }
+    }
+
+    /// Upstream's overall rule: any non-quota descriptor over, or every quota descriptor over
+    /// (when there is one).
+    pub(super) fn over_limit(&self) -> bool {
+        self.non_quota_over || (self.quota > 0 && self.quota_over == self.quota)
+    }
+
+    /// The status the headers describe: the last non-quota OVER_LIMIT one if any, else the one
+    /// naming a limit with the least remaining.
+    pub(super) fn header_source(&self) -> Option<usize> {
+        self.last_over
+            .or(self.least_remaining.map(|(index, _)| index))
+    }
+}
+
+/// `limit_remaining` of a counted status.
+pub(super) fn remaining(outcome: &Outcome) -> u32 {
+    u32::try_from(outcome.remaining).unwrap_or(u32::MAX)
 }
 
 /// Upstream's dynamic metadata: the domain, each request descriptor (entries as `key=value`,
 /// its override and cost when present), the request's cost when non-zero, and the deep merge of
-/// the config `metadata` of every descriptor that is not over the limit (first value wins).
-pub(super) fn dynamic_metadata(
+/// the config `metadata` of every descriptor that is not over the limit (`passed`, in request
+/// order; first value wins).
+pub(super) fn dynamic_metadata<'l>(
     request: &RateLimitRequest,
-    statuses: &[DescriptorStatus],
-    limits: &[Option<&Limit>],
+    passed: impl Iterator<Item = &'l Limit>,
 ) -> Struct {
     let descriptors = request
         .descriptors
@@ -230,13 +288,8 @@ pub(super) fn dynamic_metadata(
         .collect();
 
     let mut merged = BTreeMap::new();
-    for (status, limit) in statuses.iter().zip(limits) {
-        if status.code == Code::OverLimit as i32 {
-            continue;
-        }
-        if let Some(meta) = limit.and_then(|l| l.metadata.as_ref()) {
-            merge(&mut merged, &meta.fields);
-        }
+    for meta in passed.filter_map(|l| l.metadata.as_ref()) {
+        merge(&mut merged, &meta.fields);
     }
 
     let mut fields = BTreeMap::new();

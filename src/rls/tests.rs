@@ -26,6 +26,15 @@ descriptors:
       replaces: [{name: per_user}]
   - key: health
     rate_limit: {unlimited: true}
+  - key: vip
+    rate_limit: {unlimited: true, name: vip_free}
+  - key: path
+    value: /promo
+    rate_limit:
+      unit: minute
+      requests_per_unit: 5
+      name: promo
+      replaces: [{name: vip_free}]
   - key: shadow
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
@@ -210,6 +219,23 @@ async fn replaces_drops_the_named_limit() {
 }
 
 #[tokio::test]
+async fn a_replaced_unlimited_limit_stays_unlimited() {
+    let h = harness(RlsOptions::default());
+    let req = request(vec![
+        descriptor(&[("vip", "v")]),
+        descriptor(&[("path", "/promo")]),
+    ]);
+    let r = h.ask(&req).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    // Upstream sets unlimited descriptors aside before `replaces` is applied.
+    assert_eq!(r.statuses[0].code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+    assert!(r.statuses[0].current_limit.is_none());
+    assert_eq!(r.statuses[1].current_limit.as_ref().unwrap().name, "promo");
+    assert_eq!(r.statuses[1].limit_remaining, 4);
+}
+
+#[tokio::test]
 async fn per_rule_shadow_mode_answers_ok() {
     let h = harness(RlsOptions::default());
     let req = request(vec![descriptor(&[("shadow", "s")])]);
@@ -252,6 +278,52 @@ async fn quota_mode_needs_every_quota_descriptor_over() {
     let login = descriptor(&[("path", "/login")]);
     h.ask(&request(vec![login.clone()])).await;
     assert_eq!(h.codes(&request(vec![login])).await.0, Code::OverLimit);
+}
+
+#[tokio::test]
+async fn global_quota_mode_counts_descriptors_without_a_limit() {
+    let h = harness(RlsOptions {
+        quota_mode: true,
+        ..Default::default()
+    });
+    let login = descriptor(&[("path", "/login")]);
+    h.ask(&request(vec![login.clone()])).await; // /login is now used up
+    // Alone, the one quota descriptor is over: OVER_LIMIT.
+    assert_eq!(
+        h.codes(&request(vec![login.clone()])).await,
+        (Code::OverLimit, vec![Code::OverLimit])
+    );
+    // Upstream counts every descriptor that is not unlimited as a quota descriptor: one that
+    // matches nothing is a quota descriptor not over its limit, so the request is OK.
+    let unmatched = descriptor(&[("nothing", "x")]);
+    assert_eq!(
+        h.codes(&request(vec![login.clone(), unmatched])).await,
+        (Code::Ok, vec![Code::OverLimit, Code::Ok])
+    );
+    // A replaced one and an empty one count as well.
+    let replaced = descriptor(&[("user", "q")]);
+    let replacing = descriptor(&[("path", "/special")]);
+    assert_eq!(
+        h.codes(&request(vec![login.clone(), replaced, replacing]))
+            .await,
+        (Code::Ok, vec![Code::OverLimit, Code::Ok, Code::Ok])
+    );
+    assert_eq!(
+        h.codes(&request(vec![
+            login.clone(),
+            RateLimitDescriptor::default()
+        ]))
+        .await
+        .0,
+        Code::Ok
+    );
+    // An unlimited one does not: the request is over.
+    assert_eq!(
+        h.codes(&request(vec![login, descriptor(&[("health", "x")])]))
+            .await
+            .0,
+        Code::OverLimit
+    );
 }
 
 #[tokio::test]
@@ -647,9 +719,13 @@ impl crate::store::Store for CountingStore {
 }
 
 impl CounterStore for CountingStore {
-    fn check<'a>(&'a self, checks: &'a [Check]) -> crate::store::StoreFuture<'a> {
+    fn check_with<'a>(
+        &'a self,
+        checks: &'a [&'a Check],
+        charging: Charging,
+    ) -> crate::store::StoreFuture<'a> {
         self.checks.fetch_add(checks.len(), Ordering::SeqCst);
-        self.inner.check(checks)
+        self.inner.check_with(checks, charging)
     }
 }
 
@@ -712,4 +788,31 @@ async fn local_cache_refuses_over_limit_windows_without_the_store() {
     let r = limiter.should_rate_limit(&alice).await.unwrap();
     assert_eq!(r.overall_code, Code::Ok as i32);
     assert_eq!(reached(), 5);
+}
+
+#[tokio::test]
+async fn stop_increment_counts_nothing_once_the_local_cache_refuses() {
+    let h = harness(RlsOptions {
+        stop_increment_when_over: true,
+        local_cache_bytes: 1 << 20,
+        ..Default::default()
+    });
+    let login = descriptor(&[("path", "/login")]);
+    h.ask(&request(vec![login.clone()])).await;
+    // Over: the store refuses it and the cache remembers the window.
+    assert_eq!(
+        h.codes(&request(vec![login.clone()])).await.0,
+        Code::OverLimit
+    );
+    // The cache refuses /login; as upstream, the other descriptor is then only looked at.
+    let r = h
+        .ask(&request(vec![descriptor(&[("user", "z")]), login]))
+        .await;
+    assert_eq!(statuses(&r), (OVER, vec![(OK, 2), (OVER, 0)]));
+    let mut look = descriptor(&[("user", "z")]);
+    look.hits_addend = Some(0);
+    assert_eq!(
+        h.ask(&request(vec![look])).await.statuses[0].limit_remaining,
+        2
+    );
 }

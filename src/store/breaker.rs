@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::{
-    Acquisition, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet, LimiterStore,
-    RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
+    Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
+    LimiterStore, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
 };
 
 #[derive(Debug, Clone)]
@@ -161,8 +161,8 @@ impl<S: Store> Store for Breaker<S> {
 }
 
 impl<S: CounterStore> CounterStore for Breaker<S> {
-    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
-        self.guarded(|| self.store.check(checks))
+    fn check_with<'a>(&'a self, checks: &'a [&'a Check], charging: Charging) -> StoreFuture<'a> {
+        self.guarded(move || self.store.check_with(checks, charging))
     }
 }
 
@@ -214,7 +214,7 @@ mod tests {
     }
 
     impl CounterStore for Flaky {
-        fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
+        fn check_with<'a>(&'a self, checks: &'a [&'a Check], _: Charging) -> StoreFuture<'a> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let result = if self.down.load(Ordering::SeqCst) {
                 Err(StoreError::Unavailable("down".into()))

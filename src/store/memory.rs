@@ -34,8 +34,8 @@ use rand::Rng;
 
 use super::algorithms::{self, State};
 use super::{
-    Acquisition, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet, LimiterStore,
-    Outcome, RegistryOp, RegistryReply, Rule, SetMode, Store, StoreFuture,
+    Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
+    LimiterStore, Outcome, RegistryOp, RegistryReply, Rule, SetMode, Store, StoreFuture,
 };
 use crate::clock::Clock;
 
@@ -366,12 +366,65 @@ impl MemoryStore {
     fn decide(&self, check: &Check, now: u64, take: bool) -> Outcome {
         let id = self.inner.key_id(&check.key);
         let mut shard = lock(self.inner.shard(id));
+        self.decide_in(&mut shard, id, check, Hits::Charge(check.hits), now, take)
+    }
+
+    /// Decides `checks` under [`Charging::StopWhenOver`]: the shards of all their keys are
+    /// locked at once (in index order, so two such calls never wait on each other in a cycle),
+    /// each check is first tried without writing, and then each is decided for real, charged
+    /// only if no check would go over or it would itself.
+    fn decide_stopping(&self, checks: &[&Check], now: u64) -> Vec<Outcome> {
+        let ids: Vec<KeyId> = checks.iter().map(|c| self.inner.key_id(&c.key)).collect();
+        let mut shard_indexes: Vec<usize> =
+            ids.iter().map(|&id| self.inner.shard_index(id)).collect();
+        shard_indexes.sort_unstable();
+        shard_indexes.dedup();
+        let mut held: Vec<(usize, std::sync::MutexGuard<'_, Table>)> = shard_indexes
+            .into_iter()
+            .map(|i| (i, lock(&self.inner.shards[i])))
+            .collect();
+        let over: Vec<bool> = checks
+            .iter()
+            .zip(&ids)
+            .map(|(check, &id)| {
+                let table = held_table(&mut held, self.inner.shard_index(id));
+                let tried = self.decide_in(table, id, check, Hits::Try(check.hits), now, false);
+                !tried.admitted
+            })
+            .collect();
+        let any_over = over.contains(&true);
+        checks
+            .iter()
+            .zip(&ids)
+            .zip(&over)
+            .map(|((check, &id), &over)| {
+                let hits = if over || !any_over { check.hits } else { 0 };
+                let table = held_table(&mut held, self.inner.shard_index(id));
+                self.decide_in(table, id, check, Hits::Charge(hits), now, false)
+            })
+            .collect()
+    }
+
+    /// Decides one check on its shard's table, which the caller holds locked.
+    fn decide_in(
+        &self,
+        shard: &mut Table,
+        id: KeyId,
+        check: &Check,
+        hits: Hits,
+        now: u64,
+        take: bool,
+    ) -> Outcome {
+        let (hits, dry_run) = match hits {
+            Hits::Charge(hits) => (hits, false),
+            Hits::Try(hits) => (hits, true),
+        };
         // A log is moved out of its entry rather than cloned (it may hold `limit` entries, and
         // this runs on every check); the algorithm hands back the log to keep. The other states
-        // are a few words.
+        // are a few words. A dry run clones, since it keeps nothing.
         let mut moved_log = false;
         let found = shard.get_mut(&id).filter(|e| e.expires_at > now).map(|e| {
-            if matches!(e.state, State::Log(_)) {
+            if matches!(e.state, State::Log(_)) && !dry_run {
                 moved_log = true;
                 std::mem::replace(&mut e.state, State::Count(0))
             } else {
@@ -383,17 +436,12 @@ impl MemoryStore {
                 limit,
                 window_secs,
                 window_start,
-            } => algorithms::fixed_window(
-                found,
-                check.hits,
-                take,
-                limit,
-                (window_secs, window_start),
-                now,
-            ),
+            } => {
+                algorithms::fixed_window(found, hits, take, limit, (window_secs, window_start), now)
+            }
             Rule::SlidingWindowLog { limit, window } => algorithms::sliding_window_log(
                 found,
-                check.hits,
+                hits,
                 check.record_refused,
                 limit,
                 window,
@@ -401,20 +449,15 @@ impl MemoryStore {
             ),
             Rule::SlidingWindowCounter { limit, window } => algorithms::sliding_window_counter(
                 found,
-                check.hits,
+                hits,
                 check.record_refused,
                 limit,
                 window,
                 now,
             ),
-            Rule::Gcra { interval, burst } => algorithms::gcra(
-                found,
-                check.hits,
-                check.record_refused,
-                interval,
-                burst,
-                now,
-            ),
+            Rule::Gcra { interval, burst } => {
+                algorithms::gcra(found, hits, check.record_refused, interval, burst, now)
+            }
             Rule::WarmUp {
                 permits_per_window,
                 window,
@@ -422,7 +465,7 @@ impl MemoryStore {
                 cold_factor,
             } => algorithms::warm_up(
                 found,
-                check.hits,
+                hits,
                 check.record_refused,
                 permits_per_window,
                 window,
@@ -431,6 +474,9 @@ impl MemoryStore {
                 now,
             ),
         };
+        if dry_run {
+            return step.outcome;
+        }
         if step.keep.is_none() && moved_log {
             // Only an empty log is not handed back, and an empty log is no state.
             shard.remove(&id);
@@ -444,7 +490,7 @@ impl MemoryStore {
                 Some(existing) => *existing = entry,
                 None => {
                     if shard.len() >= self.inner.per_shard {
-                        self.inner.make_room(&mut shard, now);
+                        self.inner.make_room(shard, now);
                     }
                     shard.insert(id, entry);
                 }
@@ -452,6 +498,26 @@ impl MemoryStore {
         }
         step.outcome
     }
+}
+
+/// The table of shard `index` among the locked ones (sorted by index).
+fn held_table<'h>(
+    held: &'h mut [(usize, std::sync::MutexGuard<'_, Table>)],
+    index: usize,
+) -> &'h mut Table {
+    let at = held
+        .binary_search_by_key(&index, |(i, _)| *i)
+        .expect("every check's shard is held");
+    &mut held[at].1
+}
+
+/// The hits a check is decided with, and whether the decision is kept.
+#[derive(Debug, Clone, Copy)]
+enum Hits {
+    /// Decided and kept (0: a look).
+    Charge(u64),
+    /// Decided as if charged, and nothing kept: would the check go over?
+    Try(u64),
 }
 
 impl Inner {
@@ -588,9 +654,20 @@ impl Store for MemoryStore {
 }
 
 impl CounterStore for MemoryStore {
-    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
+    fn check_with<'a>(&'a self, checks: &'a [&'a Check], charging: Charging) -> StoreFuture<'a> {
         let now = self.inner.clock.now_micros();
-        let outcomes = checks.iter().map(|c| self.decide(c, now, false)).collect();
+        let outcomes = match charging {
+            Charging::Each => checks.iter().map(|c| self.decide(c, now, false)).collect(),
+            Charging::StopWhenOver => self.decide_stopping(checks, now),
+            Charging::LookOnly => checks
+                .iter()
+                .map(|c| {
+                    let id = self.inner.key_id(&c.key);
+                    let mut shard = lock(self.inner.shard(id));
+                    self.decide_in(&mut shard, id, c, Hits::Charge(0), now, false)
+                })
+                .collect(),
+        };
         Box::pin(std::future::ready(Ok(outcomes)))
     }
 }
@@ -769,7 +846,7 @@ mod tests {
     }
 
     async fn one(store: &MemoryStore, check: Check) -> Outcome {
-        store.check(&[check]).await.unwrap()[0]
+        store.check(&[&check]).await.unwrap()[0]
     }
 
     #[tokio::test]
@@ -1013,7 +1090,7 @@ mod tests {
         let keys: Vec<String> = (0..max).map(|i| format!("key{i}")).collect();
         let before = resident_bytes();
         for key in &keys {
-            store.check(&[hourly(key, 1)]).await.unwrap();
+            store.check(&[&hourly(key, 1)]).await.unwrap();
         }
         let bytes = resident_bytes() - before;
         println!(
@@ -1026,12 +1103,15 @@ mod tests {
         for i in 0..rounds {
             // A stride through the keys, so that consecutive checks touch unrelated memory.
             let key = &keys[i * 7919 % max];
-            store.check(&[hourly(key, 1)]).await.unwrap();
+            store.check(&[&hourly(key, 1)]).await.unwrap();
         }
         let known = started.elapsed().as_nanos() as f64 / rounds as f64;
         let started = std::time::Instant::now();
         for i in 0..rounds {
-            store.check(&[hourly(&format!("new{i}"), 1)]).await.unwrap();
+            store
+                .check(&[&hourly(&format!("new{i}"), 1)])
+                .await
+                .unwrap();
         }
         let new = started.elapsed().as_nanos() as f64 / rounds as f64;
         println!(

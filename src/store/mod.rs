@@ -2,11 +2,13 @@
 //!
 //! [`CounterStore`] is what the Envoy decision path needs, [`LimiterStore`] what the named
 //! limiters need; both stores implement both, and wrappers (the circuit breaker, the metrics)
-//! implement whichever they wrap. A counter store receives every counted descriptor of one request as a batch of [`Check`]s and answers
-//! them in one atomic step per key (one Lua script call on Redis, one shard lock per key in
-//! memory). The algorithm runs inside the store because only there can the read-modify-write be
-//! atomic across service replicas; the memory store and the scripts in `lua/` implement the same
-//! semantics and are tested against each other.
+//! implement whichever they wrap. A counter store receives every counted descriptor of one
+//! request as a batch of [`Check`]s and answers them in one atomic step per key (one Lua script
+//! call on Redis, one shard lock per key in memory), or for the whole batch under
+//! [`Charging::StopWhenOver`] (the same script call; the shards of all its keys locked together
+//! in memory). The algorithm runs inside the store because only there can the read-modify-write
+//! be atomic across service replicas; the memory store and the scripts in `lua/` implement the
+//! same semantics and are tested against each other.
 
 pub mod algorithms;
 pub mod breaker;
@@ -249,11 +251,36 @@ pub trait Store: Send + Sync + Debug {
     fn kind(&self) -> &'static str;
 }
 
+/// Which checks of one store call are charged their hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Charging {
+    /// Every check is charged (upstream's default).
+    #[default]
+    Each,
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: when any check of the call would go over its
+    /// limit (charged now, it would be refused), only those checks are charged; the others are
+    /// only looked at (decided as with 0 hits) and their state is left as it was. Decided in
+    /// the same atomic step as the charges: one script call on Redis (one per slot on a
+    /// cluster), the shards of all the call's keys held at once in memory.
+    StopWhenOver,
+    /// No check is charged; each is only looked at (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`
+    /// when the over-limit cache already refused another descriptor of the request).
+    LookOnly,
+}
+
 /// What the Envoy decision path (`rls`) needs of a store: one atomic decision per batch of
 /// checks. Wrappers and test doubles of the RLS path implement only this.
 pub trait CounterStore: Store {
-    /// Decides every check, returning one outcome per check in the same order.
-    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a>;
+    /// Decides every check, returning one outcome per check in the same order, charging the
+    /// checks `charging` says. The checks are borrowed: a caller that splits one request's
+    /// checks into parts (the over-limit cache, the per-second store, Redis Cluster slots)
+    /// hands each part references, never copies.
+    fn check_with<'a>(&'a self, checks: &'a [&'a Check], charging: Charging) -> StoreFuture<'a>;
+
+    /// Decides every check, charging each ([`Charging::Each`]).
+    fn check<'a>(&'a self, checks: &'a [&'a Check]) -> StoreFuture<'a> {
+        self.check_with(checks, Charging::Each)
+    }
 }
 
 /// What the named limiters (`named`) need of a store: limiter configs, acquisitions and the

@@ -43,8 +43,8 @@ use self::conn::{
 };
 use self::script::{DECISION, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK};
 use super::{
-    Acquisition, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet, LimiterStore,
-    Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
+    Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
+    LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
 };
 
 pub struct RedisStore {
@@ -192,29 +192,29 @@ impl RedisStore {
 
     /// Decides the checks: one script call for a single server; one per slot for a cluster
     /// (a script may only touch keys of one slot), sent concurrently and merged back in order.
-    async fn run(&self, checks: &[Check]) -> Result<Vec<Outcome>, StoreError> {
+    /// `charging` applies to each call on its own: on a cluster, checks in different slots do
+    /// not stop each other's charges ([`Charging::StopWhenOver`]).
+    async fn run(&self, checks: &[&Check], charging: Charging) -> Result<Vec<Outcome>, StoreError> {
         if matches!(self.connector, Connector::Single(_)) {
-            return self.run_batch(0, checks).await;
+            return self.run_batch(0, checks, charging).await;
         }
-        let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (index, check) in checks.iter().enumerate() {
-            by_slot
-                .entry(slot::slot(check.key.as_bytes()))
-                .or_default()
-                .push(index);
+        // Each slot's part of the request: references to its checks, in request order.
+        let mut by_slot: BTreeMap<u16, (Vec<usize>, Vec<&Check>)> = BTreeMap::new();
+        for (index, &check) in checks.iter().enumerate() {
+            let (indexes, part) = by_slot.entry(slot::slot(check.key.as_bytes())).or_default();
+            indexes.push(index);
+            part.push(check);
         }
         if by_slot.len() == 1 {
             let slot = *by_slot.keys().next().expect("one group");
-            return self.run_batch(slot, checks).await;
+            return self.run_batch(slot, checks, charging).await;
         }
-        let groups: Vec<(u16, Vec<usize>)> = by_slot.into_iter().collect();
-        let calls = groups.iter().map(|(slot, indexes)| async move {
-            let group: Vec<Check> = indexes.iter().map(|&i| checks[i].clone()).collect();
-            self.run_batch(*slot, &group).await
-        });
+        let calls = by_slot
+            .iter()
+            .map(|(&slot, (_, part))| self.run_batch(slot, part, charging));
         let replies = futures::future::try_join_all(calls).await?;
         let mut outcomes = vec![None; checks.len()];
-        for ((_, indexes), reply) in groups.iter().zip(replies) {
+        for ((indexes, _), reply) in by_slot.values().zip(replies) {
             for (&i, outcome) in indexes.iter().zip(reply) {
                 outcomes[i] = Some(outcome);
             }
@@ -225,12 +225,17 @@ impl RedisStore {
             .collect())
     }
 
-    async fn run_batch(&self, slot: u16, checks: &[Check]) -> Result<Vec<Outcome>, StoreError> {
+    async fn run_batch(
+        &self,
+        slot: u16,
+        checks: &[&Check],
+        charging: Charging,
+    ) -> Result<Vec<Outcome>, StoreError> {
         let jitter_ms = self.options.expiration_jitter_max.as_millis() as u64;
         let reply: Vec<i64> = self
             .eval(slot, &DECISION, script::capacity(checks), |cmd, pinned| {
                 let mut rng = rand::rng();
-                script::encode(cmd, checks, pinned, || {
+                script::encode(cmd, checks, charging, pinned, || {
                     if jitter_ms == 0 {
                         0
                     } else {
@@ -352,8 +357,8 @@ impl Store for RedisStore {
 }
 
 impl CounterStore for RedisStore {
-    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
-        self.bounded(self.run(checks))
+    fn check_with<'a>(&'a self, checks: &'a [&'a Check], charging: Charging) -> StoreFuture<'a> {
+        self.bounded(self.run(checks, charging))
     }
 }
 

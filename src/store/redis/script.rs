@@ -3,7 +3,7 @@
 
 use std::sync::LazyLock;
 
-use crate::store::{Check, Rule, StoreError};
+use crate::store::{Charging, Check, Rule, StoreError};
 
 /// Helpers and algorithms, shared by both entry points; each script is one chunk so its entry
 /// point can call them.
@@ -25,7 +25,11 @@ pub(super) const REPLY_PER_CHECK: usize = 4;
 /// a `PTTL` per descriptor.
 pub const TTL_REPAIR_PERIOD: u64 = 64;
 
-/// Arguments per check after ARGV[1], as `lua/decide.lua` reads them.
+/// Arguments before the first check's, as `lua/decide.lua` reads them: the pinned time and
+/// the charging mode.
+const LEADING_ARGS: usize = 2;
+
+/// Arguments per check after the leading ones, as `lua/decide.lua` reads them.
 const ARGS_PER_CHECK: usize = 7;
 
 pub(super) struct LuaScript {
@@ -66,7 +70,8 @@ pub(super) fn all() -> [&'static LuaScript; 3] {
 /// of each new counter, one value per check.
 pub(super) fn encode(
     cmd: &mut redis::Cmd,
-    checks: &[Check],
+    checks: &[&Check],
+    charging: Charging,
     pinned_now_micros: Option<u64>,
     mut ttl_jitter_ms: impl FnMut() -> u64,
 ) {
@@ -78,6 +83,11 @@ pub(super) fn encode(
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),
     };
+    cmd.arg(match charging {
+        Charging::Each => "",
+        Charging::StopWhenOver => "stop",
+        Charging::LookOnly => "look",
+    });
     for check in checks {
         cmd.arg(rule_name(&check.rule)).arg(check.hits);
         // Integers travel as decimal strings; the script hands `hits` to INCRBY as is.
@@ -105,14 +115,15 @@ pub(super) fn encode(
 
 /// Arguments and bytes that [`encode`] appends for `checks`: an upper bound, since a `u64` has
 /// at most 20 digits and the longest algorithm name is 22 bytes.
-pub(super) fn capacity(checks: &[Check]) -> (usize, usize) {
+pub(super) fn capacity(checks: &[&Check]) -> (usize, usize) {
     const NUMBER: usize = 20;
     const ALGORITHM_NAME: usize = 22;
     let keys: usize = checks.iter().map(|c| c.key.len()).sum();
-    // The key count and the pinned time, then per check its key and its arguments.
-    let arguments = 2 + checks.len() * (1 + ARGS_PER_CHECK);
+    // The key count and the leading arguments (a number and a short word), then per check its
+    // key and its arguments.
+    let arguments = 1 + LEADING_ARGS + checks.len() * (1 + ARGS_PER_CHECK);
     let per_check = ALGORITHM_NAME + (ARGS_PER_CHECK - 1) * NUMBER;
-    (arguments, 2 * NUMBER + keys + checks.len() * per_check)
+    (arguments, 3 * NUMBER + keys + checks.len() * per_check)
 }
 
 pub(super) fn rule_name(rule: &Rule) -> &'static str {
@@ -209,6 +220,7 @@ mod tests {
         let decide = include_str!("../../../lua/decide.lua");
         let fixed_window = include_str!("../../../lua/fixed_window.lua");
         for (source, line) in [
+            (decide, format!("local LEADING_ARGS = {LEADING_ARGS}\n")),
             (decide, format!("local ARGS_PER_CHECK = {ARGS_PER_CHECK}\n")),
             (
                 decide,
@@ -281,7 +293,13 @@ mod tests {
             record_refused: false,
         };
         let mut cmd = redis::cmd("EVALSHA");
-        encode(&mut cmd, &[check.clone(), check], None, || 7);
+        encode(
+            &mut cmd,
+            &[&check, &check],
+            Charging::StopWhenOver,
+            None,
+            || 7,
+        );
         let args: Vec<String> = cmd
             .args_iter()
             .map(|a| match a {
@@ -289,10 +307,10 @@ mod tests {
                 _ => "<non-simple>".into(),
             })
             .collect();
-        assert_eq!(args.len(), 1 + 1 + 2 + 1 + 2 * ARGS_PER_CHECK);
-        assert_eq!(&args[1..5], ["2", "d_k_v_60", "d_k_v_60", ""]);
+        assert_eq!(args.len(), 1 + 1 + 2 + LEADING_ARGS + 2 * ARGS_PER_CHECK);
+        assert_eq!(&args[1..6], ["2", "d_k_v_60", "d_k_v_60", "", "stop"]);
         assert_eq!(
-            &args[5..12],
+            &args[6..13],
             ["fixed_window", "3", "10", "60000", "120000", "60007", ""]
         );
     }
@@ -320,8 +338,15 @@ mod tests {
                 record_refused: false,
             },
         ];
+        let checks: Vec<&Check> = checks.iter().collect();
         let mut cmd = redis::Cmd::new();
-        encode(&mut cmd, &checks, Some(u64::MAX), || 7);
+        encode(
+            &mut cmd,
+            &checks,
+            Charging::StopWhenOver,
+            Some(u64::MAX),
+            || 7,
+        );
         let args: Vec<usize> = cmd
             .args_iter()
             .map(|a| match a {
