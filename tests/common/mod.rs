@@ -92,6 +92,7 @@ impl RedisServer {
         self.child = cmd
             .spawn()
             .expect("redis-server must be installed (scripts/test.sh installs it)");
+        stop_when_this_process_ends(self.child.id(), "redis-server");
     }
 
     /// Kills the server (as a crash would) and leaves it down.
@@ -156,6 +157,23 @@ impl Drop for RedisServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Stops process `pid` (still named `name`) when this test process ends. A server that a test
+/// keeps in a `static` (shared by several tests) is never dropped, so `Drop` alone would leave
+/// it running after the test binary exits; a one-line shell watcher ends it instead.
+pub fn stop_when_this_process_ends(pid: u32, name: &str) {
+    let script = format!(
+        "while kill -0 {test} 2>/dev/null; do sleep 1; done; \
+         [ \"$(cat /proc/{pid}/comm 2>/dev/null)\" = {name} ] && kill {pid}",
+        test = std::process::id(),
+    );
+    let _ = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
 }
 
 /// Which store a `sluice` process uses.
