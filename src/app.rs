@@ -120,9 +120,11 @@ pub async fn serve(
     let limiter = Arc::new(limiter);
     let domains = config.domain_names().count();
     let limits = config.limits().len();
+    let config_files = config.files.clone();
     limiter.set_config(Arc::new(config));
     tracing::info!(
         dir = %settings.config_dir.display(),
+        files = %list_files(&config_files),
         domains,
         limits,
         store = limiter.store_kind(),
@@ -272,6 +274,12 @@ pub async fn serve(
             Ok(())
         }
     }
+}
+
+/// The loaded config files, for the start-up log.
+fn list_files(files: &[std::path::PathBuf]) -> String {
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    names.join(", ")
 }
 
 /// Ends a background task when `serve` returns, however it returns.

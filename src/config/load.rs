@@ -55,21 +55,24 @@ const EXTENSION_KEYS: &[&str] = &[
     "record_refused_hits",
 ];
 
-/// Loads every `*.yaml` file under `dir` (recursively, in path order).
+/// Loads every regular file under `dir` (recursively, in path order), whatever its name ends
+/// with, as upstream's runtime loader does: `limits.yml` and `limits` are config files too.
 ///
-/// Directories whose name starts with `..` are Kubernetes' ConfigMap internals (`..data`,
-/// `..2024_…`): the same files are visible through the top-level links, so they are always skipped.
+/// Names starting with `..` are Kubernetes' ConfigMap internals (`..data`, `..2024_…`): the same
+/// files are visible through the top-level links, so they are always skipped. Other dot-files
+/// are loaded unless [`LoadOptions::ignore_dotfiles`]. A directory that yields no domain loads,
+/// with a warning, since upstream's service starts on it too.
 pub fn load_dir(dir: &Path, options: &LoadOptions) -> Result<RateLimitConfig, ConfigErrors> {
     let mut files = Vec::new();
     let mut errors = Vec::new();
     collect_files(dir, options, &mut files, &mut errors);
     files.sort();
     let mut sources = Vec::with_capacity(files.len());
-    for file in files {
-        match fs::read_to_string(&file) {
-            Ok(text) => sources.push((file, text)),
+    for file in &files {
+        match fs::read_to_string(file) {
+            Ok(text) => sources.push((file.clone(), text)),
             Err(e) => errors.push(ConfigError {
-                file,
+                file: file.clone(),
                 line: None,
                 reason: format!("cannot read file: {e}"),
             }),
@@ -78,7 +81,20 @@ pub fn load_dir(dir: &Path, options: &LoadOptions) -> Result<RateLimitConfig, Co
     if !errors.is_empty() {
         return Err(ConfigErrors(errors));
     }
-    load_sources(sources, options)
+    let mut config = load_sources(sources, options)?;
+    if config.domains.is_empty() {
+        config.warnings.push(ConfigError {
+            file: dir.to_path_buf(),
+            line: None,
+            reason: format!(
+                "no domain loaded from {} file(s): every request will be answered OK \
+                 with no limit",
+                files.len()
+            ),
+        });
+    }
+    config.files = files;
+    Ok(config)
 }
 
 fn collect_files(
@@ -108,7 +124,8 @@ fn collect_files(
         // `metadata` follows symlinks, as ConfigMap mounts need.
         match fs::metadata(&path) {
             Ok(meta) if meta.is_dir() => collect_files(&path, options, files, errors),
-            Ok(_) if name.ends_with(".yaml") => files.push(path),
+            Ok(meta) if meta.is_file() => files.push(path),
+            // Sockets, pipes, devices: not files anyone writes limits into.
             Ok(_) => {}
             Err(e) => errors.push(ConfigError {
                 file: path,

@@ -364,14 +364,32 @@ fn loads_a_directory_recursively_and_skips_configmap_internals() {
     };
     write("a.yaml", "domain: a\n");
     write("nested/b.yaml", "domain: b\n");
-    write("notes.txt", "not yaml");
+    // Every regular file is a config file, as upstream: `.yml`, no extension, anything.
+    write("c.yml", "domain: c\n");
+    write("limits", "domain: e\n");
     write("..data/a.yaml", "domain: a\n");
     write(".hidden.yaml", "domain: hidden\n");
 
     let config = load_dir(dir.path(), &LoadOptions::default()).unwrap();
     let mut names: Vec<&str> = config.domain_names().collect();
     names.sort();
-    assert_eq!(names, ["a", "b", "hidden"]);
+    assert_eq!(names, ["a", "b", "c", "e", "hidden"]);
+    let files: Vec<_> = config
+        .files
+        .iter()
+        .map(|f| f.strip_prefix(dir.path()).unwrap().to_str().unwrap())
+        .collect();
+    assert_eq!(
+        files,
+        [".hidden.yaml", "a.yaml", "c.yml", "limits", "nested/b.yaml"]
+    );
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+
+    // A file that is not YAML config is an error, as upstream, not skipped.
+    write("notes.txt", "not yaml");
+    let err = load_dir(dir.path(), &LoadOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("notes.txt"), "{err}");
+    std::fs::remove_file(dir.path().join("notes.txt")).unwrap();
 
     let options = LoadOptions {
         ignore_dotfiles: true,
@@ -379,6 +397,16 @@ fn loads_a_directory_recursively_and_skips_configmap_internals() {
     };
     let config = load_dir(dir.path(), &options).unwrap();
     assert!(config.domain("hidden").is_none());
+
+    // A directory with no domain loads, with a warning that says so.
+    let empty = tempfile::tempdir().unwrap();
+    let config = load_dir(empty.path(), &options).unwrap();
+    assert_eq!(config.domain_names().count(), 0);
+    assert!(
+        config.warnings[0].to_string().contains("no domain loaded"),
+        "{:?}",
+        config.warnings
+    );
 
     let missing = load_dir(&dir.path().join("missing"), &options).unwrap_err();
     assert!(
