@@ -18,7 +18,9 @@ use crate::metrics::{Instrumented, Metrics};
 use crate::named::NamedLimiters;
 use crate::rls::{KeyBuilder, RateLimiter};
 use crate::server::connections::{ConnectionLimit, LimitedListener};
-use crate::server::{GrpcOptions, Health, ServeError, bind, http, named, reload, rls};
+use crate::server::{
+    GrpcListener, GrpcOptions, Health, ServeError, bind, bind_unix, http, named, reload, rls,
+};
 use crate::settings::{Backend, Settings};
 use crate::store::breaker::Breaker;
 use crate::store::{CounterStore, LimiterStore, MemoryStore, RedisOptions, RedisStore};
@@ -28,6 +30,10 @@ pub async fn serve(
     settings: Settings,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    for notice in &settings.notices {
+        tracing::warn!("{notice}");
+    }
+    tracing::info!(store = settings.backend.name(), why = %settings.backend_reason, "store chosen");
     let config = config::load_dir(&settings.config_dir, &settings.load)?;
     for warning in &config.warnings {
         tracing::warn!(%warning, "config");
@@ -50,6 +56,7 @@ pub async fn serve(
     let mut per_second_store = None;
     let mut memory_store = None;
     let mut named_store = None;
+    let mut health_follows_store = false;
     let store: Arc<dyn CounterStore> = match &settings.backend {
         Backend::Memory(options) => {
             let store = Arc::new(MemoryStore::new(options.clone(), clock.clone()));
@@ -62,7 +69,9 @@ pub async fn serve(
             per_second,
             startup_max_wait,
             start_degraded,
+            health_follows_redis,
         } => {
+            health_follows_store = *health_follows_redis;
             // Starting degraded means not blocking on Redis: without a wait limit, try once.
             let degraded = *start_degraded;
             let wait = if degraded {
@@ -131,14 +140,8 @@ pub async fn serve(
         "configuration loaded"
     );
 
-    let grpc_listener = bind(settings.grpc_addr)?;
+    let (grpc_listener, grpc_addr, _remove_socket) = bind_grpc(&settings)?;
     let http_listener = bind(settings.http_addr)?;
-    let grpc_addr = grpc_listener
-        .local_addr()
-        .map_err(|source| ServeError::Bind {
-            addr: settings.grpc_addr,
-            source,
-        })?;
     let http_addr = http_listener
         .local_addr()
         .map_err(|source| ServeError::Bind {
@@ -168,7 +171,19 @@ pub async fn serve(
     };
 
     if !store_usable.is_empty() {
-        tokio::spawn(follow_stores(health.clone(), metrics.clone(), store_usable));
+        if !health_follows_store {
+            tracing::info!(
+                "health follows Redis only until it first answers, as upstream; set \
+                 REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true to turn it NOT_SERVING whenever a \
+                 Redis circuit breaker is open"
+            );
+        }
+        tokio::spawn(follow_stores(
+            health.clone(),
+            metrics.clone(),
+            store_usable,
+            health_follows_store,
+        ));
     }
 
     let grpc_options = GrpcOptions {
@@ -276,6 +291,38 @@ pub async fn serve(
     }
 }
 
+/// Binds the gRPC listener: `GRPC_UDS` when set (in place of TCP, as upstream), else
+/// `GRPC_HOST:GRPC_PORT`. Returns what to log as its address, and a guard that removes the
+/// socket file when `serve` returns.
+fn bind_grpc(
+    settings: &Settings,
+) -> Result<(GrpcListener, String, Option<RemoveOnDrop>), ServeError> {
+    if let Some(path) = &settings.grpc_uds {
+        let listener = bind_unix(path)?;
+        let guard = RemoveOnDrop(path.clone());
+        return Ok((
+            GrpcListener::Unix(listener),
+            format!("unix:{}", path.display()),
+            Some(guard),
+        ));
+    }
+    let listener = bind(settings.grpc_addr)?;
+    let addr = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: settings.grpc_addr,
+        source,
+    })?;
+    Ok((GrpcListener::Tcp(listener), addr.to_string(), None))
+}
+
+/// Removes a Unix socket file when dropped, as Go's listener does on close.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// The loaded config files, for the start-up log.
 fn list_files(files: &[std::path::PathBuf]) -> String {
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
@@ -326,13 +373,17 @@ enum HealthRole {
     Ignored,
 }
 
-/// Keeps health SERVING only while every RLS store's breaker is closed, and the breaker gauges
-/// current.
+/// Keeps the breaker gauges current, and health SERVING only while every RLS store's breaker is
+/// closed: until they have all been closed once (a start degraded waits for Redis), and after
+/// that only when `keep_following` (`REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`). Upstream's health
+/// likewise waits for Redis's first answer and, without that variable, ignores Redis after it.
 async fn follow_stores(
     health: Health,
     metrics: Arc<Metrics>,
     mut stores: Vec<(&'static str, watch::Receiver<bool>, HealthRole)>,
+    keep_following: bool,
 ) {
+    let mut following = true;
     loop {
         let mut all = true;
         for (name, usable, counts) in &mut stores {
@@ -343,7 +394,10 @@ async fn follow_stores(
                 .set(i64::from(!usable));
             all &= usable || *counts == HealthRole::Ignored;
         }
-        health.set_store_usable(all).await;
+        if following {
+            health.set_store_usable(all).await;
+            following = keep_following || !all;
+        }
         let changes = stores.iter_mut().map(|(_, s, _)| Box::pin(s.changed()));
         if futures::future::select_all(changes).await.0.is_err() {
             return;

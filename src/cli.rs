@@ -95,6 +95,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
 fn check_config(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     let settings = Settings::from_env().context("invalid environment")?;
+    for notice in &settings.notices {
+        eprintln!("warning: {notice}");
+    }
     let dir = dir.unwrap_or(settings.config_dir);
     let config = match config::load_dir(&dir, &settings.load) {
         Ok(config) => config,

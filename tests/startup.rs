@@ -121,7 +121,9 @@ fn check_config_loads_every_file_as_upstream_and_warns_on_an_empty_directory() {
         )
     };
     let limit = |domain: &str| {
-        format!("domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: 1}}\n")
+        format!(
+            "domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: 1}}\n"
+        )
     };
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("limits.yml"), limit("yml")).unwrap();
@@ -147,7 +149,10 @@ fn check_config_loads_every_file_as_upstream_and_warns_on_an_empty_directory() {
     let empty = tempfile::tempdir().unwrap();
     let (stdout, stderr) = check(empty.path(), &[]);
     assert!(stdout.contains("OK, 0 file(s), 0 domain(s)"), "{stdout}");
-    assert!(stderr.contains("warning: ") && stderr.contains("no domain loaded"), "{stderr}");
+    assert!(
+        stderr.contains("warning: ") && stderr.contains("no domain loaded"),
+        "{stderr}"
+    );
 }
 
 #[test]

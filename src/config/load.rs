@@ -808,7 +808,9 @@ impl FileChecker<'_> {
                 }
                 // yaml.v2 would cut `1.5` to 1 without a word; a fraction of a request is a
                 // mistake, so only whole numbers written as floats (`1e3`) are taken.
-                Some(Number::Float(f)) if f.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&f) => {
+                Some(Number::Float(f))
+                    if f.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&f) =>
+                {
                     return Some(f as u32);
                 }
                 _ => {}

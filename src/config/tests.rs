@@ -590,7 +590,11 @@ fn algorithm_parameters_that_make_no_sense_are_refused() {
 
 /// The limit `k=v` of domain `d` gets, as (requests per unit, unit) or "unlimited".
 fn limit_of(config: &RateLimitConfig) -> String {
-    let limit = config.domain("d").unwrap().find(&entries(&[("k", "v")])).unwrap();
+    let limit = config
+        .domain("d")
+        .unwrap()
+        .find(&entries(&[("k", "v")]))
+        .unwrap();
     match &limit.quota {
         Quota::PerUnit {
             requests_per_unit,
@@ -630,16 +634,32 @@ fn yaml_forms_upstreams_yaml_v2_accepts_load() {
             "{written}"
         );
     }
-    for refused in ["-1", "4294967296", "1.5", "'5'", "ten", "0x", "+-5", "2001-12-14"] {
+    for refused in [
+        "-1",
+        "4294967296",
+        "1.5",
+        "'5'",
+        "ten",
+        "0x",
+        "+-5",
+        "2001-12-14",
+    ] {
         let err = one(&format!("{{unit: minute, requests_per_unit: {refused}}}")).unwrap_err();
-        assert!(err.contains("requests_per_unit must be a whole number"), "{refused}: {err}");
+        assert!(
+            err.contains("requests_per_unit must be a whole number"),
+            "{refused}: {err}"
+        );
     }
 
     // `unit: ""` (or any text that is not a unit) beside `unlimited: true`, as upstream.
     assert_eq!(one("{unlimited: true, unit: \"\"}").unwrap(), "unlimited");
     let config = load("domain: d\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {unlimited: true, unit: forever}\n").unwrap();
     assert_eq!(limit_of(&config), "unlimited");
-    assert!(config.warnings[0].to_string().contains("unit 'forever'"), "{:?}", config.warnings);
+    assert!(
+        config.warnings[0].to_string().contains("unit 'forever'"),
+        "{:?}",
+        config.warnings
+    );
 
     // Duplicate keys: the last one counts, with a warning.
     let config = load(
@@ -669,9 +689,19 @@ fn yaml_forms_upstreams_yaml_v2_accepts_load() {
     )
     .unwrap();
     assert_eq!(limit_of(&config), "4/hour");
-    let third = config.domain("d").unwrap().find(&entries(&[("third", "x")])).unwrap();
+    let third = config
+        .domain("d")
+        .unwrap()
+        .find(&entries(&[("third", "x")]))
+        .unwrap();
     assert!(
-        matches!(third.quota, Quota::PerUnit { requests_per_unit: 9, .. }),
+        matches!(
+            third.quota,
+            Quota::PerUnit {
+                requests_per_unit: 9,
+                ..
+            }
+        ),
         "{:?}",
         third.quota
     );
@@ -683,7 +713,11 @@ fn metadata_scalars_are_typed_as_yaml_1_1() {
         "domain: d\ndescriptors:\n  - key: k\n    value: v\n    metadata: {a: 0x10, b: yes, c: 1_000, d: '0x10', e: .inf}\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
     )
     .unwrap();
-    let limit = config.domain("d").unwrap().find(&entries(&[("k", "v")])).unwrap();
+    let limit = config
+        .domain("d")
+        .unwrap()
+        .find(&entries(&[("k", "v")]))
+        .unwrap();
     let fields = &limit.metadata.as_ref().unwrap().fields;
     use prost_types::value::Kind;
     let kind = |k: &str| fields[k].kind.clone().unwrap();

@@ -26,7 +26,7 @@ use std::time::Duration;
 use futures::Stream;
 use prometheus::{IntCounter, IntGauge};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 
@@ -74,12 +74,27 @@ impl ConnectionLimit {
     /// Accepts until a connection is admitted. Accept errors (out of file descriptors, say) are
     /// logged and retried after a pause rather than ending the listener.
     pub async fn accept(&self, listener: &TcpListener) -> (Admitted<TcpStream>, SocketAddr) {
+        self.accept_from(|| async {
+            let (stream, peer) = listener.accept().await?;
+            // Rate limit answers are small and latency-bound.
+            let _ = stream.set_nodelay(true);
+            Ok((stream, peer))
+        })
+        .await
+    }
+
+    /// [`Self::accept`] for any kind of listener, given as its accept call.
+    async fn accept_from<IO, Peer, Accepted>(
+        &self,
+        mut accept: impl FnMut() -> Accepted,
+    ) -> (Admitted<IO>, Peer)
+    where
+        Accepted: Future<Output = io::Result<(IO, Peer)>>,
+    {
         loop {
-            match listener.accept().await {
-                Ok((stream, peer)) => {
-                    // Rate limit answers are small and latency-bound.
-                    let _ = stream.set_nodelay(true);
-                    if let Some(admitted) = self.admit(stream) {
+            match accept().await {
+                Ok((io, peer)) => {
+                    if let Some(admitted) = self.admit(io) {
                         return (admitted, peer);
                     }
                 }
@@ -90,6 +105,18 @@ impl ConnectionLimit {
             }
         }
     }
+}
+
+/// [`incoming`] for a Unix socket listener (`GRPC_UDS`).
+pub(crate) fn incoming_unix(
+    listener: UnixListener,
+    limit: ConnectionLimit,
+    lifetime: Option<Duration>,
+) -> impl Stream<Item = io::Result<Expiring<Admitted<UnixStream>>>> + Send + 'static {
+    futures::stream::unfold((listener, limit), move |(listener, limit)| async move {
+        let (admitted, _) = limit.accept_from(|| listener.accept()).await;
+        Some((Ok(Expiring::new(admitted, lifetime)), (listener, limit)))
+    })
 }
 
 /// The admitted connections of `listener`, as the stream tonic serves from, each closed
@@ -177,8 +204,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
     }
 }
 
-impl tonic::transport::server::Connected for Admitted<TcpStream> {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected for Admitted<IO> {
+    type ConnectInfo = IO::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.io.connect_info()
