@@ -210,3 +210,37 @@ async fn connection_age_through_envoy_loses_no_decision() {
         "connections to Sluice closed under calls"
     );
 }
+
+/// Under Istio the rate limit cluster is named `outbound|8081||<host>`, and Envoy sends that
+/// name as the `:authority` of its calls (and of its gRPC health checks). Sluice answers them
+/// (it used to reset every one, and Envoy, failing open, admitted everything).
+#[tokio::test]
+async fn istio_cluster_names_as_authority_are_answered() {
+    const ISTIO: &str = "outbound|8081||sluice.default.svc.cluster.local";
+    let (_config, sluice) = shipped_sluice(None);
+    let app = Upstream::start();
+    let filter = "cluster_name: sluice\n                  - name: envoy.filters.http.router";
+    let renamed_filter =
+        format!("cluster_name: \"{ISTIO}\"\n                  - name: envoy.filters.http.router");
+    let cluster = "    - name: sluice\n      type: STRICT_DNS";
+    let renamed_cluster = format!("    - name: \"{ISTIO}\"\n      type: STRICT_DNS");
+    let assignment = "load_assignment:\n        cluster_name: sluice";
+    let renamed_assignment = format!("load_assignment:\n        cluster_name: \"{ISTIO}\"");
+    let envoy = Envoy::start(
+        sluice.grpc,
+        app.addr,
+        &[
+            (filter, &renamed_filter),
+            (cluster, &renamed_cluster),
+            (assignment, &renamed_assignment),
+        ],
+    );
+    stay_in_one_minute().await;
+    count_to_the_per_address_limit(StoreKind::Memory, &envoy);
+    let stats = envoy.ratelimit_stats();
+    assert_eq!(
+        (stats.error, stats.failure_mode_allowed),
+        (0, 0),
+        "{stats:?}"
+    );
+}

@@ -897,10 +897,11 @@ fn yaml11_number(text: &str) -> Option<Number> {
         (10, lower.as_str())
     };
     // `from_str_radix` would take a second sign after the prefix; Go does not.
-    if !digits.is_empty() && !digits.starts_with(['+', '-']) {
-        if let Ok(n) = i128::from_str_radix(digits, radix) {
-            return Some(Number::Int(if negative { -n } else { n }));
-        }
+    if !digits.is_empty()
+        && !digits.starts_with(['+', '-'])
+        && let Ok(n) = i128::from_str_radix(digits, radix)
+    {
+        return Some(Number::Int(if negative { -n } else { n }));
     }
     let float = plain.strip_prefix(['+', '-']).unwrap_or(&plain);
     let (mantissa, exponent) = match float.find(['e', 'E']) {

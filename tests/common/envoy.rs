@@ -159,10 +159,11 @@ impl Envoy {
         panic!("could not start envoy; its last log:\n{last_log}");
     }
 
-    /// Waits until the admin interface says LIVE and the `sluice` cluster's host passed its
-    /// gRPC health check. False when Envoy exited (it does so on a port it cannot bind).
+    /// Waits until the admin interface says LIVE and Sluice's host (in the `sluice` cluster, or
+    /// however a test renamed it) passed its gRPC health check. False when Envoy exited (it does
+    /// so on a port it cannot bind).
     fn wait_ready(&mut self, sluice: SocketAddr) -> bool {
-        let healthy = format!("sluice::{sluice}::health_flags::healthy");
+        let healthy = format!("::{sluice}::health_flags::healthy");
         // Envoy starts in well under a second here; this is for a very busy machine.
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
@@ -174,7 +175,7 @@ impl Envoy {
                 .is_some_and(|(_, b)| b.trim() == "LIVE")
                 && self
                     .admin_get("/clusters")
-                    .is_some_and(|(_, b)| b.lines().any(|l| l == healthy));
+                    .is_some_and(|(_, b)| b.lines().any(|l| l.ends_with(&healthy)));
             if ready {
                 return true;
             }
