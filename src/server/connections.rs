@@ -107,27 +107,41 @@ impl ConnectionLimit {
     }
 }
 
-/// [`incoming`] for a Unix socket listener (`GRPC_UDS`).
-pub(crate) fn incoming_unix(
-    listener: UnixListener,
-    limit: ConnectionLimit,
-    lifetime: Option<Duration>,
-) -> impl Stream<Item = io::Result<Expiring<Admitted<UnixStream>>>> + Send + 'static {
-    futures::stream::unfold((listener, limit), move |(listener, limit)| async move {
-        let (admitted, _) = limit.accept_from(|| listener.accept()).await;
-        Some((Ok(Expiring::new(admitted, lifetime)), (listener, limit)))
-    })
+/// A listener the gRPC server accepts from: TCP, or a Unix socket (`GRPC_UDS`).
+pub(crate) trait Acceptor: Send + Sync + 'static {
+    type Io: Send + 'static;
+
+    fn accept_io(&self) -> impl Future<Output = io::Result<(Self::Io, ())>> + Send;
+}
+
+impl Acceptor for TcpListener {
+    type Io = TcpStream;
+
+    async fn accept_io(&self) -> io::Result<(TcpStream, ())> {
+        let (stream, _) = self.accept().await?;
+        // Rate limit answers are small and latency-bound.
+        let _ = stream.set_nodelay(true);
+        Ok((stream, ()))
+    }
+}
+
+impl Acceptor for UnixListener {
+    type Io = UnixStream;
+
+    async fn accept_io(&self) -> io::Result<(UnixStream, ())> {
+        Ok((self.accept().await?.0, ()))
+    }
 }
 
 /// The admitted connections of `listener`, as the stream tonic serves from, each closed
 /// `lifetime` after it is handed over (`None`: never).
-pub(crate) fn incoming(
-    listener: TcpListener,
+pub(crate) fn incoming<L: Acceptor>(
+    listener: L,
     limit: ConnectionLimit,
     lifetime: Option<Duration>,
-) -> impl Stream<Item = io::Result<Expiring<Admitted<TcpStream>>>> + Send + 'static {
+) -> impl Stream<Item = io::Result<Expiring<Admitted<L::Io>>>> + Send + 'static {
     futures::stream::unfold((listener, limit), move |(listener, limit)| async move {
-        let (admitted, _) = limit.accept(&listener).await;
+        let (admitted, ()) = limit.accept_from(|| listener.accept_io()).await;
         Some((Ok(Expiring::new(admitted, lifetime)), (listener, limit)))
     })
 }

@@ -208,7 +208,7 @@ fn listen(
         GrpcListener::Tcp(listener) => listener,
         GrpcListener::Unix(_) if options.tls.is_some() => return Err(ServeError::TlsOnUnixSocket),
         GrpcListener::Unix(listener) => {
-            let incoming = connections::incoming_unix(listener, limit, lifetime);
+            let incoming = connections::incoming(listener, limit, lifetime);
             let serving = router.serve_with_incoming_shutdown(incoming, stopped);
             return Ok(Box::pin(
                 async move { serving.await.map_err(ServeError::from) },

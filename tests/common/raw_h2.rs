@@ -2,23 +2,23 @@
 //! literal (unindexed, not Huffman-coded) fields and one DATA frame with the message. HTTP/2
 //! client libraries check the `:authority` they send; this one sends any, so tests can send
 //! what Envoy sends under Istio (`outbound|8081||name`). It also runs over any socket (Unix
-//! sockets included).
+//! sockets included). `tests/connection_age.rs` builds on the same frame codec.
 
 use std::io::{Read, Write};
 
 use prost::Message;
 use sluice::proto::{RateLimitRequest, RateLimitResponse};
 
-const DATA: u8 = 0x0;
-const HEADERS: u8 = 0x1;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
-const GOAWAY: u8 = 0x7;
-const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const ACK: u8 = 0x1;
+pub const DATA: u8 = 0x0;
+pub const HEADERS: u8 = 0x1;
+pub const RST_STREAM: u8 = 0x3;
+pub const SETTINGS: u8 = 0x4;
+pub const GOAWAY: u8 = 0x7;
+pub const END_STREAM: u8 = 0x1;
+pub const END_HEADERS: u8 = 0x4;
+pub const ACK: u8 = 0x1;
 
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+pub fn encode_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = u32::try_from(payload.len()).unwrap();
     let mut out = len.to_be_bytes()[1..].to_vec();
     out.extend([kind, flags]);
@@ -43,7 +43,7 @@ fn hpack_length(out: &mut Vec<u8>, mut n: usize) {
 }
 
 /// "Literal header field without indexing, new name" for each field (RFC 7541 §6.2.2).
-fn header_block(fields: &[(&str, &str)]) -> Vec<u8> {
+pub fn header_block(fields: &[(&str, &str)]) -> Vec<u8> {
     let mut out = Vec::new();
     for (name, value) in fields {
         out.push(0x00);
@@ -73,7 +73,7 @@ pub fn should_rate_limit(
     request: &RateLimitRequest,
 ) -> Result<RateLimitResponse, String> {
     let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    out.extend(frame(SETTINGS, 0, 0, &[]));
+    out.extend(encode_frame(SETTINGS, 0, 0, &[]));
     let headers = header_block(&[
         (":method", "POST"),
         (":scheme", "http"),
@@ -85,21 +85,21 @@ pub fn should_rate_limit(
         ("content-type", "application/grpc"),
         ("te", "trailers"),
     ]);
-    out.extend(frame(HEADERS, END_HEADERS, 1, &headers));
+    out.extend(encode_frame(HEADERS, END_HEADERS, 1, &headers));
     let message = request.encode_to_vec();
     let mut body = vec![0u8];
     body.extend(u32::try_from(message.len()).unwrap().to_be_bytes());
     body.extend(message);
-    out.extend(frame(DATA, END_STREAM, 1, &body));
+    out.extend(encode_frame(DATA, END_STREAM, 1, &body));
     stream.write_all(&out).unwrap();
 
     let mut data = Vec::new();
     loop {
         let (kind, flags, id, payload) = read_frame(&mut stream);
         match kind {
-            SETTINGS if flags & ACK == 0 => {
-                stream.write_all(&frame(SETTINGS, ACK, 0, &[])).unwrap()
-            }
+            SETTINGS if flags & ACK == 0 => stream
+                .write_all(&encode_frame(SETTINGS, ACK, 0, &[]))
+                .unwrap(),
             RST_STREAM if id == 1 => return Err(format!("stream reset: {payload:?}")),
             GOAWAY => return Err(format!("connection closed: {payload:?}")),
             DATA if id == 1 => {
