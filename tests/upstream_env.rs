@@ -46,19 +46,41 @@ async fn upstreams_redis_environment_without_backend_type_counts_in_redis() {
     assert_eq!(count, 3);
 }
 
+/// Runs `cmd` (a `serve` expected to stop on its own) and returns its stdout; a process still
+/// running after a minute is killed and fails the test rather than hanging it.
+fn stdout_of_exiting(mut cmd: Command) -> String {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "sluice kept running:\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn the_start_up_log_names_the_store_and_why() {
     let dir = config_dir(CONFIG);
     // No Redis is running on this socket: start-up gives up at once, after saying which store
     // it chose and why.
-    let out = sluice_command(dir.path())
-        .env_remove("BACKEND_TYPE")
+    let mut cmd = sluice_command(dir.path());
+    cmd.env_remove("BACKEND_TYPE")
         .env_remove("REDIS_TIMEOUT")
         .env("REDIS_URL", "/nonexistent/redis.sock")
-        .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "1ms")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+        .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "1ms");
+    let stdout = stdout_of_exiting(cmd);
     let line = stdout
         .lines()
         .find(|l| l.contains("store chosen"))
@@ -66,12 +88,9 @@ fn the_start_up_log_names_the_store_and_why() {
     assert!(line.contains(r#""store":"redis""#), "{line}");
     assert!(line.contains("REDIS_URL is set"), "{line}");
 
-    let out = sluice_command(&dir.path().join("missing"))
-        .env_remove("BACKEND_TYPE")
-        .env_remove("REDIS_TIMEOUT")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut cmd = sluice_command(&dir.path().join("missing"));
+    cmd.env_remove("BACKEND_TYPE").env_remove("REDIS_TIMEOUT");
+    let stdout = stdout_of_exiting(cmd);
     let line = stdout.lines().find(|l| l.contains("store chosen")).unwrap();
     assert!(line.contains(r#""store":"memory""#), "{line}");
 }
@@ -123,12 +142,10 @@ fn grpc_uds_serves_grpc_on_a_unix_socket_instead_of_tcp() {
 fn upstream_variables_that_are_not_implemented_are_named_at_start() {
     let dir = config_dir(CONFIG);
     // `serve` logs them before it loads the config (a missing directory ends it right after).
-    let out = sluice_command(&dir.path().join("missing"))
-        .env("REDIS_PIPELINE_WINDOW", "150us")
-        .env("MEMCACHE_HOST_PORT", "m:11211")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut cmd = sluice_command(&dir.path().join("missing"));
+    cmd.env("REDIS_PIPELINE_WINDOW", "150us")
+        .env("MEMCACHE_HOST_PORT", "m:11211");
+    let stdout = stdout_of_exiting(cmd);
     for name in ["REDIS_PIPELINE_WINDOW", "MEMCACHE_HOST_PORT"] {
         assert!(
             stdout.contains(&format!("not supported: {name} (")),
