@@ -484,6 +484,7 @@ fn redis_options<F: Fn(&str) -> Option<String>>(
             "certificate files are set but TLS is off (set REDIS_TLS=true or use rediss://)",
         ));
     }
+    let tls_files = shared_tls_files(env, prefix, uses_tls, tls_files)?;
     let jitter_secs: u64 = env.number("EXPIRATION_JITTER_MAX_SECONDS", 300)?;
     Ok(RedisOptions {
         target,
@@ -497,6 +498,21 @@ fn redis_options<F: Fn(&str) -> Option<String>>(
         expiration_jitter_max: Duration::from_secs(jitter_secs),
         pinned_clock: None,
     })
+}
+
+/// Upstream has one set of Redis TLS files (`REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`,
+/// `REDIS_TLS_CLIENT_KEY`) for both of its Redis pools; the per-second Redis uses them too when
+/// it speaks TLS and names no `REDIS_PERSECOND_TLS_*` files of its own.
+fn shared_tls_files<F: Fn(&str) -> Option<String>>(
+    env: &Env<F>,
+    prefix: &str,
+    uses_tls: bool,
+    own: TlsFiles,
+) -> Result<TlsFiles, SettingsError> {
+    if prefix == "REDIS_" || !uses_tls || own != TlsFiles::default() {
+        return Ok(own);
+    }
+    Ok(redis_options(env, "REDIS_")?.tls)
 }
 
 fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend, SettingsError> {
@@ -818,6 +834,43 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn the_per_second_redis_shares_upstreams_tls_files() {
+        let s = settings(&[
+            ("BACKEND_TYPE", "redis"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "main:6379"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", "/ca.pem"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+            ("REDIS_PERSECOND_URL", "second:6379"),
+            ("REDIS_PERSECOND_TLS", "true"),
+        ])
+        .unwrap();
+        let Backend::Redis { per_second, .. } = &s.backend else {
+            panic!("not redis")
+        };
+        let per_second = per_second.as_ref().unwrap();
+        assert_eq!(per_second.tls.ca_cert, Some(PathBuf::from("/ca.pem")));
+        // Without TLS of its own it takes none of them.
+        let s = settings(&[
+            ("BACKEND_TYPE", "redis"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "main:6379"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", "/ca.pem"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+            ("REDIS_PERSECOND_URL", "second:6379"),
+        ])
+        .unwrap();
+        let Backend::Redis { per_second, .. } = &s.backend else {
+            panic!("not redis")
+        };
+        assert_eq!(per_second.as_ref().unwrap().tls, TlsFiles::default());
     }
 
     #[test]
