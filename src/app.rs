@@ -14,12 +14,12 @@ use tokio::sync::watch;
 
 use crate::clock::SystemClock;
 use crate::config;
-use crate::metrics::{Instrumented, Metrics};
+use crate::metrics::{Instrumented, Mapper, Metrics, StatStore, StatsdOptions};
 use crate::named::NamedLimiters;
 use crate::rls::{KeyBuilder, RateLimiter};
 use crate::server::connections::{ConnectionLimit, LimitedListener};
 use crate::server::{
-    GrpcListener, GrpcOptions, Health, ServeError, bind, bind_unix, http, named, reload, rls,
+    GrpcListener, GrpcOptions, Health, ServeError, bind, bind_unix, debug, http, named, reload, rls,
 };
 use crate::settings::{Backend, Settings};
 use crate::store::breaker::Breaker;
@@ -40,7 +40,7 @@ pub async fn serve(
     }
     let keys = KeyBuilder::new(&settings.cache_key_prefix)?;
     let clock = Arc::new(SystemClock);
-    let metrics = Arc::new(Metrics::new(settings.near_limit_ratio));
+    let metrics = Arc::new(metrics(&settings)?);
     // Every store is measured; the RLS path sees it as a counter store, the named limiters as a
     // limiter store.
     let counters = |store: Arc<dyn CounterStore>, name| -> Arc<dyn CounterStore> {
@@ -217,6 +217,35 @@ pub async fn serve(
         health_service,
         stopped(),
     )?;
+    let statsd = settings.stats.statsd.as_ref().map(|sink| {
+        let options = StatsdOptions {
+            addr: sink.addr.clone(),
+            dog: sink.dog,
+            flush_interval: settings.stats.flush_interval,
+        };
+        tokio::spawn(crate::metrics::run_statsd(
+            metrics.stats.clone(),
+            options,
+            stopped(),
+        ))
+    });
+    let _stop_statsd = statsd.map(AbortOnDrop);
+    let debug_listener = bind(settings.stats.debug_addr)?;
+    let debug_addr = debug_listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind {
+            addr: settings.stats.debug_addr,
+            source,
+        })?;
+    let debug = debug::serve(
+        LimitedListener {
+            listener: debug_listener,
+            limit: ConnectionLimit::new(settings.max_connections, "debug", &metrics),
+        },
+        limiter.clone(),
+        metrics.clone(),
+        stopped(),
+    );
     let observability = http::Observability {
         metrics: metrics.clone(),
         memory_store,
@@ -250,11 +279,22 @@ pub async fn serve(
         observability,
         stopped(),
     );
+    // Poll `shutdown` once before telling anyone we listen: the SIGTERM handler is installed on
+    // its first poll, and a SIGTERM that came before it would kill the process outright.
+    tokio::pin!(shutdown);
+    tokio::select! {
+        biased;
+        () = &mut shutdown => return Ok(()),
+        () = std::future::ready(()) => {}
+    }
     match limiter_api_addr {
         Some(limiter) => tracing::info!(
-            grpc = %grpc_addr, http = %http_addr, %limiter, "sluice is listening"
+            grpc = %grpc_addr, http = %http_addr, debug = %debug_addr, %limiter,
+            "sluice is listening"
         ),
-        None => tracing::info!(grpc = %grpc_addr, http = %http_addr, "sluice is listening"),
+        None => tracing::info!(
+            grpc = %grpc_addr, http = %http_addr, debug = %debug_addr, "sluice is listening"
+        ),
     }
 
     let prometheus = async {
@@ -269,14 +309,14 @@ pub async fn serve(
             None => Ok(()),
         }
     };
-    let servers = async { tokio::try_join!(grpc, http, prometheus, limiter_api) };
+    let servers = async { tokio::try_join!(grpc, http, prometheus, limiter_api, debug) };
     tokio::pin!(servers);
     tokio::select! {
         result = &mut servers => {
             result?;
             return Ok(());
         }
-        () = shutdown => {}
+        () = &mut shutdown => {}
     }
 
     tracing::info!(grace = ?settings.shutdown_grace, "shutting down");
@@ -403,4 +443,32 @@ async fn follow_stores(
             return;
         }
     }
+}
+
+/// The metrics, with upstream's stats mapped and tagged as the settings say. A mapper file that
+/// does not load stops the start-up (upstream would carry on with unmapped names).
+fn metrics(settings: &Settings) -> Result<Metrics, ServeError> {
+    let stats = &settings.stats;
+    let mapper = match &stats.mapper_file {
+        Some(path) => Mapper::from_file(path)?,
+        None => Mapper::upstream_default(),
+    };
+    if !stats.enabled {
+        tracing::info!("upstream's stats are off (DISABLE_STATS=true)");
+    }
+    if let Some(sink) = &stats.statsd {
+        tracing::info!(
+            addr = %sink.addr,
+            protocol = if sink.dog { "DogStatsD over UDP" } else { "statsd over TCP" },
+            flush_interval = ?stats.flush_interval,
+            "upstream's stats go to statsd (USE_STATSD is true unless set to false, as upstream)"
+        );
+    }
+    let store = StatStore::new(
+        stats.enabled,
+        mapper,
+        stats.extra_tags.clone(),
+        stats.statsd.is_some(),
+    );
+    Ok(Metrics::with_stats(settings.near_limit_ratio, store))
 }

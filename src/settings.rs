@@ -65,6 +65,32 @@ pub struct Settings {
     /// `USE_PROMETHEUS=true`: metrics also on a listener of their own (`PROMETHEUS_ADDR`,
     /// `PROMETHEUS_PATH`), where upstream serves them; `/metrics` on the HTTP port stays.
     pub prometheus: Option<PrometheusListener>,
+    /// Upstream's stats: sinks, mapping, tags, and the debug listener.
+    pub stats: StatsSettings,
+}
+
+/// Upstream's stats settings (`stats_settings`).
+#[derive(Clone, Debug)]
+pub struct StatsSettings {
+    /// `DISABLE_STATS=true` turns every sink of upstream's stats off.
+    pub enabled: bool,
+    /// `USE_STATSD` (TCP) or `USE_DOG_STATSD` (UDP) to `STATSD_HOST:STATSD_PORT`.
+    pub statsd: Option<StatsdSink>,
+    pub flush_interval: Duration,
+    /// `PROMETHEUS_MAPPER_YAML`: statsd_exporter mapping rules replacing upstream's default.
+    pub mapper_file: Option<PathBuf>,
+    /// `EXTRA_TAGS` (`k:v,k2:v2`), on every stat.
+    pub extra_tags: Vec<(String, String)>,
+    /// `DEBUG_HOST:DEBUG_PORT`: `/`, `/rlconfig`, `/stats`.
+    pub debug_addr: SocketAddr,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatsdSink {
+    /// `host:port`.
+    pub addr: String,
+    /// DogStatsD (tags as `|#k:v`, over UDP) rather than plain statsd over TCP.
+    pub dog: bool,
 }
 
 /// Where and for whom the native API is served. It is off by default: it lets any caller create
@@ -321,6 +347,7 @@ impl Settings {
                 cool_down: env.duration("BREAKER_COOL_DOWN", Duration::from_millis(250))?,
                 ..BreakerOptions::default()
             },
+            stats: stats_settings(env)?,
             prometheus: if env.bool("USE_PROMETHEUS", false)? {
                 let path = env.string("PROMETHEUS_PATH", "/metrics");
                 // Route syntax (`{name}`, `*`, `:`) would be read as a pattern, not a path.
@@ -642,6 +669,83 @@ pub fn redis_url(url: &str, socket_type: &str) -> Result<String, String> {
     }
 }
 
+/// Upstream's stats variables. Sinks are exclusive as upstream's: `USE_STATSD` (true unless
+/// set otherwise, as upstream), `USE_DOG_STATSD` and `USE_PROMETHEUS`; two at once is an error
+/// naming both, unless `DISABLE_STATS` turns them all off.
+fn stats_settings<F: Fn(&str) -> Option<String>>(
+    env: &Env<F>,
+) -> Result<StatsSettings, SettingsError> {
+    let enabled = !env.bool("DISABLE_STATS", false)?;
+    let sinks = [
+        ("USE_STATSD", env.bool("USE_STATSD", true)?),
+        ("USE_DOG_STATSD", env.bool("USE_DOG_STATSD", false)?),
+        ("USE_PROMETHEUS", env.bool("USE_PROMETHEUS", false)?),
+    ];
+    let on: Vec<&str> = sinks
+        .iter()
+        .filter(|(_, on)| *on)
+        .map(|(n, _)| *n)
+        .collect();
+    if enabled && on.len() > 1 {
+        let first = on[0];
+        let mut err = env.error(
+            first,
+            format!(
+                "{} are set together: one stats sink at a time, as upstream (USE_STATSD is true \
+                 unless set to false)",
+                on.join(" and ")
+            ),
+        );
+        if err.value.is_empty() {
+            err.value = "true (default)".into();
+        }
+        return Err(err);
+    }
+    let host = env.string("STATSD_HOST", "localhost");
+    let port: u16 = env.number("STATSD_PORT", 8125)?;
+    let statsd =
+        (enabled && (on.contains(&"USE_STATSD") || on.contains(&"USE_DOG_STATSD"))).then(|| {
+            StatsdSink {
+                addr: if host.contains(':') && !host.starts_with('[') {
+                    format!("[{host}]:{port}")
+                } else {
+                    format!("{host}:{port}")
+                },
+                dog: on.contains(&"USE_DOG_STATSD"),
+            }
+        });
+    let flush_interval = env.duration("STATS_FLUSH_INTERVAL", Duration::from_secs(10))?;
+    if flush_interval.is_zero() {
+        return Err(env.error("STATS_FLUSH_INTERVAL", "expected a duration above zero"));
+    }
+    let mut extra_tags = Vec::new();
+    for pair in env
+        .string("EXTRA_TAGS", "")
+        .split(',')
+        .filter(|p| !p.trim().is_empty())
+    {
+        match pair.split(':').collect::<Vec<_>>()[..] {
+            [k, v] if !k.trim().is_empty() => {
+                extra_tags.push((k.trim().to_string(), v.trim().to_string()));
+            }
+            _ => {
+                return Err(env.error(
+                    "EXTRA_TAGS",
+                    format!("expected key:value pairs separated by commas, got {pair:?}"),
+                ));
+            }
+        }
+    }
+    Ok(StatsSettings {
+        enabled,
+        statsd,
+        flush_interval,
+        mapper_file: env.raw("PROMETHEUS_MAPPER_YAML").map(PathBuf::from),
+        extra_tags,
+        debug_addr: env.addr("DEBUG_HOST", "DEBUG_PORT", 6070)?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -880,6 +984,7 @@ mod tests {
         assert_eq!(s.http_addr.port(), 8080);
         let s = settings(&[
             ("USE_PROMETHEUS", "true"),
+            ("USE_STATSD", "false"),
             ("PROMETHEUS_ADDR", "localhost:9102"),
         ])
         .unwrap();
@@ -901,7 +1006,7 @@ mod tests {
     #[test]
     fn prometheus_listener_takes_go_addresses() {
         assert!(settings(&[]).unwrap().prometheus.is_none());
-        let on = settings(&[("USE_PROMETHEUS", "true")])
+        let on = settings(&[("USE_PROMETHEUS", "true"), ("USE_STATSD", "false")])
             .unwrap()
             .prometheus
             .unwrap();
@@ -909,6 +1014,7 @@ mod tests {
         assert_eq!(on.path, "/metrics");
         let set = settings(&[
             ("USE_PROMETHEUS", "true"),
+            ("USE_STATSD", "false"),
             ("PROMETHEUS_ADDR", "127.0.0.1:9102"),
         ])
         .unwrap()
@@ -916,8 +1022,53 @@ mod tests {
         .unwrap();
         assert_eq!(set.addr, "127.0.0.1:9102".parse().unwrap());
         for (name, value) in [("PROMETHEUS_ADDR", "9090"), ("PROMETHEUS_PATH", "/{x}")] {
-            let err = settings(&[("USE_PROMETHEUS", "true"), (name, value)]).unwrap_err();
+            let err = settings(&[
+                ("USE_PROMETHEUS", "true"),
+                ("USE_STATSD", "false"),
+                (name, value),
+            ])
+            .unwrap_err();
             assert_eq!(err.variable, name);
         }
+    }
+
+    #[test]
+    fn stats_sinks_are_exclusive_and_statsd_is_the_default() {
+        let default = settings(&[]).unwrap().stats;
+        assert!(default.enabled);
+        assert_eq!(
+            default.statsd,
+            Some(StatsdSink {
+                addr: "localhost:8125".into(),
+                dog: false
+            })
+        );
+        assert_eq!(default.debug_addr, "0.0.0.0:6070".parse().unwrap());
+        let err = settings(&[("USE_PROMETHEUS", "true")]).unwrap_err();
+        assert!(
+            err.reason.contains("USE_STATSD and USE_PROMETHEUS"),
+            "{err}"
+        );
+        let err = settings(&[
+            ("USE_DOG_STATSD", "true"),
+            ("USE_PROMETHEUS", "true"),
+            ("USE_STATSD", "0"),
+        ])
+        .unwrap_err();
+        assert!(
+            err.reason.contains("USE_DOG_STATSD and USE_PROMETHEUS"),
+            "{err}"
+        );
+        let off = settings(&[("DISABLE_STATS", "true"), ("USE_PROMETHEUS", "true")]).unwrap();
+        assert!(!off.stats.enabled && off.stats.statsd.is_none());
+        let tags = settings(&[("EXTRA_TAGS", "a:1, b:2")])
+            .unwrap()
+            .stats
+            .extra_tags;
+        assert_eq!(tags, [("a".into(), "1".into()), ("b".into(), "2".into())]);
+        assert_eq!(
+            settings(&[("EXTRA_TAGS", "a:1:2")]).unwrap_err().variable,
+            "EXTRA_TAGS"
+        );
     }
 }

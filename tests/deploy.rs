@@ -151,7 +151,6 @@ const SERIES: &[&str] = &[
     "sluice_memory_store_entries",
     "sluice_memory_store_evictions_total",
     "sluice_store_errors_total",
-    "ratelimit_service_rate_limit_over_limit_with_local_cache",
     "sluice_connections_open",
     "sluice_connections_rejected_total",
     "sluice_descriptors_refused_total",
@@ -1026,12 +1025,190 @@ fn istio_envoyfilter_matches_sluice_port_domain_and_limits() {
     );
 }
 
+/// The uid and gid envoyproxy/ratelimit's container runs as under Envoy Gateway
+/// (deploy/envoy-gateway/README.md); Sluice's image and chart use the same.
+const NOBODY: i64 = 65534;
+
+/// The image runs where upstream's image runs: `/bin/ratelimit` is Sluice's binary, the
+/// image's user is uid/gid 65534 by number, and the chart runs it so with a read-only root.
+#[test]
+fn image_runs_where_upstreams_runs() {
+    let docker = Dockerfile::parse(&read(DOCKERFILE));
+    assert_eq!(
+        docker.user.as_deref(),
+        Some(format!("{NOBODY}:{NOBODY}").as_str()),
+        "{DOCKERFILE}: the runtime image must run as USER {NOBODY}:{NOBODY} (numbers, no name lookup)"
+    );
+    // The binary is copied to one place and /bin/ratelimit names that same file.
+    let binary = docker
+        .copy_destinations
+        .iter()
+        .find(|d| d.ends_with("/bin/sluice"))
+        .unwrap_or_else(|| {
+            panic!(
+                "{DOCKERFILE}: no COPY installs the sluice binary ({:?})",
+                docker.copy_destinations
+            )
+        });
+    let link = format!("ln -s {binary} /bin/ratelimit");
+    assert!(
+        docker
+            .copy_destinations
+            .iter()
+            .any(|d| d == "/bin/ratelimit")
+            || docker.runtime_runs.iter().any(|r| r.contains(&link)),
+        "{DOCKERFILE}: /bin/ratelimit (where Envoy Gateway starts the rate limit service) must be \
+         the sluice binary; expected `RUN {link}` in the runtime stage, found {:?}",
+        docker.runtime_runs
+    );
+
+    let values = yaml_one(VALUES);
+    for field in ["runAsUser", "runAsGroup", "fsGroup"] {
+        assert_eq!(
+            int_at(&values, &["podSecurityContext", field], VALUES),
+            NOBODY,
+            "{VALUES}: podSecurityContext.{field} must be the image's {NOBODY}"
+        );
+    }
+    for (field, want) in [
+        ("readOnlyRootFilesystem", true),
+        ("runAsNonRoot", true),
+        ("allowPrivilegeEscalation", false),
+    ] {
+        assert_eq!(
+            values["securityContext"][field].as_bool(),
+            Some(want),
+            "{VALUES}: securityContext.{field} must be {want}"
+        );
+    }
+}
+
+/// A read-only root filesystem only works if the service writes no file: no code outside
+/// tests opens a file for writing or makes a temporary file (logs go to stdout, counters to
+/// memory or Redis). A write added later must come with a volume in the chart and an entry in
+/// ALLOWED saying why it is fine.
+#[test]
+fn the_service_writes_no_file() {
+    /// (file, call, why): writes the service makes only where the operator asked for a file.
+    const ALLOWED: &[(&str, &str, &str)] = &[
+        // GRPC_UDS (off by default): the gRPC Unix socket, at a path the operator picks (a
+        // mounted volume); a stale socket there is replaced, and removed on exit.
+        ("src/server/mod.rs", "fs::remove", "GRPC_UDS socket"),
+        ("src/app.rs", "fs::remove", "GRPC_UDS socket"),
+    ];
+    const WRITES: &[&str] = &[
+        "fs::write",
+        "File::create",
+        "OpenOptions",
+        "tempfile",
+        "create_dir",
+        "fs::rename",
+        "fs::copy",
+        "fs::remove",
+        "set_permissions",
+    ];
+    let mut found = Vec::new();
+    for path in files_under(&root().join("src")) {
+        let name = rel(&path);
+        if !name.ends_with(".rs") || name.ends_with("/tests.rs") {
+            continue;
+        }
+        let text = fs::read_to_string(&path).unwrap();
+        // Unit tests sit at the end of a file, after `#[cfg(test)]`.
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (n, line) in code.lines().enumerate() {
+            let line = line.trim_start();
+            if line.starts_with("//") {
+                continue;
+            }
+            for w in WRITES {
+                let allowed = ALLOWED.iter().any(|(f, c, _)| *f == name && c == w);
+                if line.contains(w) && !allowed {
+                    found.push(format!("{name}:{}: {w}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the service must write no file (the image runs with a read-only root): {found:#?}"
+    );
+}
+
+const ENVOY_GATEWAY: &str = "deploy/envoy-gateway/README.md";
+
+/// The `EnvoyGateway` resource of deploy/envoy-gateway/README.md: the ```yaml block with
+/// `kind: EnvoyGateway`.
+fn envoy_gateway_resource() -> Yaml {
+    let text = read(ENVOY_GATEWAY);
+    let block = text
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+        .find(|block| block.contains("kind: EnvoyGateway"))
+        .unwrap_or_else(|| panic!("{ENVOY_GATEWAY}: no ```yaml block with kind: EnvoyGateway"));
+    YamlLoader::load_from_str(block)
+        .unwrap_or_else(|e| panic!("{ENVOY_GATEWAY}: the EnvoyGateway block is not YAML: {e}"))
+        .remove(0)
+}
+
+/// The EnvoyGateway resource swaps the rate limit Deployment's image, leaves the store to
+/// EG's `REDIS_*` variables (no BACKEND_TYPE, so Sluice picks Redis as upstream does), and keeps
+/// Sluice's Redis deadline below the proxies' timeout.
+#[test]
+fn envoy_gateway_resource_swaps_the_image() {
+    let eg = envoy_gateway_resource();
+    assert_eq!(
+        str_at(&eg, &["apiVersion"], ENVOY_GATEWAY),
+        "gateway.envoyproxy.io/v1alpha1"
+    );
+    let container = &eg["provider"]["kubernetes"]["rateLimitDeployment"]["container"];
+    let image = str_at(container, &["image"], ENVOY_GATEWAY);
+    assert!(
+        image.contains("sluice"),
+        "{ENVOY_GATEWAY}: provider.kubernetes.rateLimitDeployment.container.image is {image}"
+    );
+    let env: BTreeMap<&str, &str> = container["env"]
+        .as_vec()
+        .unwrap_or_else(|| panic!("{ENVOY_GATEWAY}: container.env is not a list"))
+        .iter()
+        .map(|e| {
+            (
+                str_at(e, &["name"], ENVOY_GATEWAY),
+                str_at(e, &["value"], ENVOY_GATEWAY),
+            )
+        })
+        .collect();
+    assert_eq!(
+        env.get("BACKEND_TYPE"),
+        None,
+        "{ENVOY_GATEWAY}: EG's REDIS_URL selects Redis when BACKEND_TYPE is unset"
+    );
+    assert_eq!(
+        str_at(&eg, &["rateLimit", "backend", "type"], ENVOY_GATEWAY),
+        "Redis"
+    );
+    let proxy_timeout = duration_us(str_at(&eg, &["rateLimit", "timeout"], ENVOY_GATEWAY));
+    let redis_timeout = duration_us(
+        env.get("REDIS_TIMEOUT")
+            .unwrap_or_else(|| panic!("{ENVOY_GATEWAY}: container.env sets no REDIS_TIMEOUT")),
+    );
+    assert!(
+        redis_timeout < proxy_timeout,
+        "{ENVOY_GATEWAY}: REDIS_TIMEOUT {redis_timeout} us must be below rateLimit.timeout {proxy_timeout} us"
+    );
+}
+
 /// What this test reads from the Dockerfile: ENV, EXPOSE and COPY destinations (continuation
 /// lines joined, comments dropped).
 struct Dockerfile {
     env: BTreeMap<String, String>,
     expose: Vec<String>,
     copy_destinations: Vec<String>,
+    /// The `RUN` commands of the last stage (the runtime image), as written.
+    runtime_runs: Vec<String>,
+    /// The last `USER` (of the runtime image).
+    user: Option<String>,
 }
 
 impl Dockerfile {
@@ -1058,10 +1235,16 @@ impl Dockerfile {
             env: BTreeMap::new(),
             expose: Vec::new(),
             copy_destinations: Vec::new(),
+            runtime_runs: Vec::new(),
+            user: None,
         };
         for ins in instructions {
             let mut words = ins.split_whitespace();
             match words.next().map(str::to_ascii_uppercase).as_deref() {
+                // A new stage: only the last one's RUNs shape the image.
+                Some("FROM") => file.runtime_runs.clear(),
+                Some("RUN") => file.runtime_runs.push(words.collect::<Vec<_>>().join(" ")),
+                Some("USER") => file.user = words.next().map(str::to_string),
                 Some("ENV") => {
                     for w in words {
                         let (k, v) = w

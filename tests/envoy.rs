@@ -14,7 +14,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::envoy::{Envoy, RatelimitStats, SHIPPED_LIMITS_YAML, StatusCounts, Upstream};
+use common::envoy::{
+    Envoy, RatelimitStats, SHIPPED_LIMITS_YAML, StatusCounts, Upstream, replace_once,
+};
 use common::{RedisServer, Sluice, StoreKind, avoid_window_edge, config_dir, for_each_store};
 
 /// `requests_per_unit` of the limit called `name` in the shipped limits.yaml, so the tests
@@ -226,15 +228,14 @@ async fn istio_cluster_names_as_authority_are_answered() {
     let renamed_cluster = format!("    - name: \"{ISTIO}\"\n      type: STRICT_DNS");
     let assignment = "load_assignment:\n        cluster_name: sluice";
     let renamed_assignment = format!("load_assignment:\n        cluster_name: \"{ISTIO}\"");
-    let envoy = Envoy::start(
-        sluice.grpc,
-        app.addr,
-        &[
-            (filter, &renamed_filter),
-            (cluster, &renamed_cluster),
-            (assignment, &renamed_assignment),
-        ],
-    );
+    let make = |listener, admin| {
+        let yaml = common::envoy::shipped_config(listener, admin, sluice.grpc, app.addr);
+        let yaml = replace_once(&yaml, filter, &renamed_filter);
+        let yaml = replace_once(&yaml, cluster, &renamed_cluster);
+        replace_once(&yaml, assignment, &renamed_assignment)
+    };
+    // Ready only once Envoy's gRPC health checks, which carry the same :authority, pass.
+    let envoy = Envoy::start_bootstrap(make, ISTIO, sluice.grpc, app.addr);
     stay_in_one_minute().await;
     count_to_the_per_address_limit(StoreKind::Memory, &envoy);
     let stats = envoy.ratelimit_stats();

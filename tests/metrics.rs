@@ -41,7 +41,7 @@ async fn per_rule_counts_follow_upstream() {
     let (status, text) = sluice.http("GET", "/metrics", "");
     assert_eq!(status, 200);
     let series = |name: &str, key: &str| {
-        format!("ratelimit_service_rate_limit_{name}{{domain=\"app\",key=\"{key}\"}}")
+        format!("ratelimit_service_rate_limit_{name}{{domain=\"app\",key1=\"{key}\"}}")
     };
     let expect = [
         (series("total_hits", "k"), 22.0),
@@ -87,6 +87,7 @@ async fn use_prometheus_serves_metrics_on_their_own_listener() {
         None,
         &[
             ("USE_PROMETHEUS", "true"),
+            ("USE_STATSD", "false"),
             ("PROMETHEUS_ADDR", &format!("127.0.0.1:{port}")),
             ("PROMETHEUS_PATH", "/stats"),
         ],
@@ -99,7 +100,7 @@ async fn use_prometheus_serves_metrics_on_their_own_listener() {
     assert_eq!(
         value(
             &text,
-            "ratelimit_service_rate_limit_total_hits{domain=\"app\",key=\"k\"}"
+            "ratelimit_service_rate_limit_total_hits{domain=\"app\",key1=\"k\"}"
         ),
         Some(1.0),
         "{text}"

@@ -175,6 +175,7 @@ fn serve_reads_upstreams_environment_without_flags() {
         .env("GRPC_PORT", "0")
         .env("HOST", "127.0.0.1")
         .env("PORT", "0")
+        .env("DEBUG_PORT", "0")
         .env("LOG_FORMAT", "json");
     let sluice = Sluice::spawn(cmd);
     let (status, _) = sluice.http("GET", "/healthcheck", "");

@@ -145,6 +145,7 @@ pub(crate) fn start(kind: Kind, options: &SpawnOptions) -> Result<Deployment> {
         .env("GRPC_PORT", "0")
         .env("HOST", "127.0.0.1")
         .env("PORT", "0")
+        .env("DEBUG_PORT", "0")
         .env("LOG_FORMAT", "json")
         .env("LOG_LEVEL", "info");
     if !redis.is_empty() {

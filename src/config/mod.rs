@@ -405,6 +405,30 @@ impl fmt::Display for Limit {
     }
 }
 
+/// The limit as a line of upstream's debug dump (`/rlconfig` on the debug port):
+/// `<domain>.<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>`; an unlimited
+/// limit has unit `UNKNOWN` and 0 requests, as upstream stores it.
+pub struct UpstreamDumpLine<'a>(pub &'a Limit);
+
+impl fmt::Display for UpstreamDumpLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let limit = self.0;
+        let (unit, requests) = match limit.quota {
+            Quota::Unlimited => ("UNKNOWN".to_string(), 0),
+            Quota::PerUnit {
+                requests_per_unit,
+                unit,
+                ..
+            } => (unit.name().to_ascii_uppercase(), requests_per_unit),
+        };
+        write!(
+            f,
+            "{}: unit={unit} requests_per_unit={requests}, shadow_mode: {}",
+            limit.path, limit.shadow_mode
+        )
+    }
+}
+
 /// What a limit's metrics are called: upstream's stats key, `<key>_<value>` or `<key>` per level as
 /// the config wrote it (the pattern for a wildcard), joined with dots.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -1,24 +1,30 @@
-//! Prometheus metrics, served on the HTTP port at `/metrics`.
+//! Metrics: upstream's stats and Sluice's own, served on the HTTP port at `/metrics`.
 //!
-//! Names and labels follow envoyproxy/ratelimit's default Prometheus mapping
-//! (`ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode,
-//! over_limit_with_local_cache}`
-//! with `domain` and `key` labels, where `key` is upstream's stats key), so existing dashboards
-//! and alerts keep working; Sluice's own metrics are prefixed `sluice_`. We use the `prometheus`
-//! crate: plain atomic counters with the text exposition format, and nothing else to run (the
-//! OpenTelemetry SDK would add a pipeline and an exporter for the same output).
+//! Upstream's stats (per rule, per API, config loads, errors) are counted under upstream's
+//! statsd names in a [`StatStore`] (`stats.rs`), the one record every sink reads: `/metrics`
+//! shows them through statsd_exporter's mapping (`mapper.rs`: upstream's default rules, or
+//! `PROMETHEUS_MAPPER_YAML`), a statsd or DogStatsD sink sends them (`statsd.rs`), and the debug
+//! port lists them. Sluice's own metrics (`sluice_*`, and the response-time histogram) are
+//! `prometheus` crate metrics: plain atomic counters with the text exposition format.
 //!
-//! Label values come from the config (domains, config paths), never from request values, unless
+//! Stat names come from the config (domains, config paths), never from request values, unless
 //! the config asks for it with `detailed_metric` or `value_to_metric`: that keeps the number of
 //! series bounded by the config (upstream's memory-growth complaint).
 
 mod instrumented;
+mod mapper;
+mod stats;
+mod statsd;
 
 pub use instrumented::Instrumented;
+pub use mapper::{Mapper, MapperError};
+pub use stats::{Counter, Stat, StatStore};
+pub use statsd::{StatsdOptions, run as run_statsd};
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -33,17 +39,15 @@ use crate::store::Outcome;
 pub struct Metrics {
     registry: Registry,
     near_limit_ratio: f64,
-    total_hits: IntCounterVec,
-    over_limit: IntCounterVec,
-    near_limit: IntCounterVec,
-    within_limit: IntCounterVec,
-    shadow_mode: IntCounterVec,
-    over_limit_with_local_cache: IntCounterVec,
-    pub global_shadow_mode: IntCounter,
-    pub config_load_success: IntCounter,
-    pub config_load_error: IntCounter,
-    pub errors: IntCounterVec,
-    pub total_requests: IntCounterVec,
+    /// Upstream's stats, by their statsd names.
+    pub stats: Arc<StatStore>,
+    pub global_shadow_mode: Counter,
+    pub config_load_success: Counter,
+    pub config_load_error: Counter,
+    /// `ratelimit.service.call.should_rate_limit.<err_type>`.
+    pub errors: StatFamily,
+    /// `ratelimit_server.<method>.total_requests`.
+    pub total_requests: StatFamily,
     pub response_time: HistogramVec,
     pub store_call: HistogramVec,
     pub store_errors: IntCounterVec,
@@ -92,11 +96,37 @@ fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     g
 }
 
+/// Counters named `<prefix><label><suffix>`: upstream's stats with one varying part.
+#[derive(Debug)]
+pub struct StatFamily {
+    stats: Arc<StatStore>,
+    prefix: &'static str,
+    suffix: &'static str,
+}
+
+impl StatFamily {
+    /// The counter for `label` (the `prometheus` crate's name for this, so callers read alike).
+    pub fn with_label_values(&self, label: &[&str]) -> Counter {
+        let part = label.first().copied().unwrap_or_default();
+        self.stats
+            .counter(&format!("{}{part}{}", self.prefix, self.suffix))
+    }
+}
+
 impl Metrics {
-    /// `near_limit_ratio` is upstream's `NEAR_LIMIT_RATIO`.
+    /// `near_limit_ratio` is upstream's `NEAR_LIMIT_RATIO`; upstream's default mapping, no
+    /// extra tags, no statsd sink.
     pub fn new(near_limit_ratio: f64) -> Self {
+        Self::with_stats(
+            near_limit_ratio,
+            StatStore::new(true, Mapper::upstream_default(), Vec::new(), false),
+        )
+    }
+
+    /// Metrics whose upstream stats go to `stats`.
+    pub fn with_stats(near_limit_ratio: f64, stats: StatStore) -> Self {
+        let stats = Arc::new(stats);
         let r = Registry::new();
-        let per_rule = ["domain", "key"];
         let response_time = HistogramVec::new(
             HistogramOpts::new(
                 "ratelimit_service_response_time_seconds",
@@ -121,69 +151,20 @@ impl Metrics {
             .expect("each metric is registered once");
         Self {
             near_limit_ratio,
-            total_hits: counter_vec(
-                &r,
-                "ratelimit_service_rate_limit_total_hits",
-                "Hits counted",
-                &per_rule,
-            ),
-            over_limit: counter_vec(
-                &r,
-                "ratelimit_service_rate_limit_over_limit",
-                "Hits over the limit",
-                &per_rule,
-            ),
-            near_limit: counter_vec(
-                &r,
-                "ratelimit_service_rate_limit_near_limit",
-                "Hits between NEAR_LIMIT_RATIO of the limit and the limit",
-                &per_rule,
-            ),
-            within_limit: counter_vec(
-                &r,
-                "ratelimit_service_rate_limit_within_limit",
-                "Hits within the limit",
-                &per_rule,
-            ),
-            over_limit_with_local_cache: counter_vec(
-                &r,
-                "ratelimit_service_rate_limit_over_limit_with_local_cache",
-                "Hits refused from the local over-limit cache, without a store call",
-                &per_rule,
-            ),
-            shadow_mode: counter_vec(
-                &r,
-                "ratelimit_service_rate_limit_shadow_mode",
-                "Over-limit hits answered OK by shadow mode",
-                &per_rule,
-            ),
-            global_shadow_mode: counter(
-                &r,
-                "ratelimit_service_global_shadow_mode",
-                "Requests answered OK by SHADOW_MODE",
-            ),
-            config_load_success: counter(
-                &r,
-                "ratelimit_service_config_load_success",
-                "Configurations loaded",
-            ),
-            config_load_error: counter(
-                &r,
-                "ratelimit_service_config_load_error",
-                "Configurations refused",
-            ),
-            errors: counter_vec(
-                &r,
-                "ratelimit_service_should_rate_limit_error",
-                "Requests that got an error",
-                &["err_type"],
-            ),
-            total_requests: counter_vec(
-                &r,
-                "ratelimit_service_total_requests",
-                "Rate limit requests",
-                &["grpc_method"],
-            ),
+            global_shadow_mode: stats.counter("ratelimit.service.global_shadow_mode"),
+            config_load_success: stats.counter("ratelimit.service.config_load_success"),
+            config_load_error: stats.counter("ratelimit.service.config_load_error"),
+            errors: StatFamily {
+                stats: stats.clone(),
+                prefix: "ratelimit.service.call.should_rate_limit.",
+                suffix: "",
+            },
+            total_requests: StatFamily {
+                stats: stats.clone(),
+                prefix: "ratelimit_server.",
+                suffix: ".total_requests",
+            },
+            stats,
             response_time,
             store_call,
             script_errors: counter_vec(
@@ -223,7 +204,7 @@ impl Metrics {
             connections_open: gauge_vec(
                 &r,
                 "sluice_connections_open",
-                "Connections open now, by listener (grpc, http, metrics)",
+                "Connections open now, by listener (grpc, http, metrics, debug, limiter_api)",
                 &["listener"],
             ),
             connections_rejected: counter_vec(
@@ -282,8 +263,7 @@ impl Metrics {
         let per_request = RuleCounters::default();
         let counters =
             counters_of(counters, limit, matches!(key, Cow::Borrowed(_))).unwrap_or(&per_request);
-        let labels = [domain, key.as_ref()];
-        let count = |which: RuleMetric, n: u64| counters.get(self, which, &labels).inc_by(n);
+        let count = |which: RuleMetric, n: u64| counters.get(self, which, domain, &key).inc_by(n);
         count(RuleMetric::TotalHits, hits);
         // The windows count hits against requests_per_unit; the buckets against their burst.
         let capacity = u64::from(algorithm.burst().unwrap_or(requests_per_unit));
@@ -303,8 +283,9 @@ impl Metrics {
         }
         if over > 0 {
             count(RuleMetric::OverLimit, over);
+            // Upstream counts only the hits over the limit as shadow_mode hits.
             if limit.shadow_mode {
-                count(RuleMetric::ShadowMode, hits);
+                count(RuleMetric::ShadowMode, over);
             }
         }
     }
@@ -319,38 +300,47 @@ impl Metrics {
         hits: u64,
     ) {
         let key = stats_key(limit, entries);
-        let labels = [domain, key.as_ref()];
         counters_of(counters, limit, matches!(key, Cow::Borrowed(_)))
             .unwrap_or(&RuleCounters::default())
-            .get(self, RuleMetric::OverLimitWithLocalCache, &labels)
+            .get(self, RuleMetric::OverLimitWithLocalCache, domain, &key)
             .inc_by(hits);
     }
 
-    /// The request counter and latency histogram of one API (`grpc_method` label).
+    /// The request counter and response time of one API (upstream's
+    /// `ratelimit_server.<method>.*`).
     pub fn api(&self, method: &str) -> ApiMetrics {
         ApiMetrics {
             requests: self.total_requests.with_label_values(&[method]),
-            response_time: self.response_time.with_label_values(&[method]),
+            response_time: ResponseTime {
+                histogram: self.response_time.with_label_values(&[method]),
+                stat: format!("ratelimit_server.{method}.response_time").into(),
+                stats: self.stats.clone(),
+            },
         }
     }
 
-    fn rule_vec(&self, which: RuleMetric) -> &IntCounterVec {
-        match which {
-            RuleMetric::TotalHits => &self.total_hits,
-            RuleMetric::WithinLimit => &self.within_limit,
-            RuleMetric::NearLimit => &self.near_limit,
-            RuleMetric::OverLimit => &self.over_limit,
-            RuleMetric::ShadowMode => &self.shadow_mode,
-            RuleMetric::OverLimitWithLocalCache => &self.over_limit_with_local_cache,
-        }
+    /// The counter of one of upstream's per-rule stats of `domain` and stats `key`.
+    fn rule_stat(&self, which: RuleMetric, domain: &str, key: &str) -> Counter {
+        let suffix = match which {
+            RuleMetric::TotalHits => "total_hits",
+            RuleMetric::WithinLimit => "within_limit",
+            RuleMetric::NearLimit => "near_limit",
+            RuleMetric::OverLimit => "over_limit",
+            RuleMetric::ShadowMode => "shadow_mode",
+            RuleMetric::OverLimitWithLocalCache => "over_limit_with_local_cache",
+        };
+        let name = stats::sanitize(&format!("{domain}.{key}"));
+        self.stats
+            .counter(&format!("ratelimit.service.rate_limit.{name}.{suffix}"))
     }
 
-    /// The text exposition of every metric.
+    /// The text exposition of every metric: Sluice's own, then upstream's stats as mapped.
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)
             .expect("encoding metrics to memory cannot fail");
+        self.stats.render_prometheus(&mut out);
         out
     }
 }
@@ -358,8 +348,43 @@ impl Metrics {
 /// The handles of one API's request metrics, resolved once by its server.
 #[derive(Debug, Clone)]
 pub struct ApiMetrics {
-    pub requests: IntCounter,
-    pub response_time: Histogram,
+    pub requests: Counter,
+    pub response_time: ResponseTime,
+}
+
+/// Upstream's response-time timer of one API: Sluice's histogram on `/metrics`, timer samples
+/// for a statsd sink.
+#[derive(Debug, Clone)]
+pub struct ResponseTime {
+    histogram: Histogram,
+    stat: Arc<str>,
+    stats: Arc<StatStore>,
+}
+
+impl ResponseTime {
+    /// Measures until the guard is dropped.
+    pub fn start_timer(&self) -> ResponseTimer<'_> {
+        ResponseTimer {
+            of: self,
+            start: Instant::now(),
+        }
+    }
+}
+
+/// Records the time since [`ResponseTime::start_timer`] when dropped.
+pub struct ResponseTimer<'a> {
+    of: &'a ResponseTime,
+    start: Instant,
+}
+
+impl Drop for ResponseTimer<'_> {
+    fn drop(&mut self) {
+        let elapsed = self.start.elapsed();
+        self.of.histogram.observe(elapsed.as_secs_f64());
+        self.of
+            .stats
+            .time(&self.of.stat, elapsed.as_secs_f64() * 1000.0);
+    }
 }
 
 /// The limit's counters in `table`, when its stats key is `fixed` (the same for every request:
@@ -384,21 +409,22 @@ enum RuleMetric {
     OverLimitWithLocalCache,
 }
 
-/// A limit's per-rule counters (labels: domain and stats key), each resolved on first use.
+/// A limit's per-rule counters (upstream's stats of its domain and stats key), each resolved on
+/// first use.
 ///
-/// Looking a counter up by its labels hashes both strings and takes the vector's lock, and a
-/// request did that two to four times per descriptor. A limit whose stats key does not depend on
-/// the request keeps its handles in the [`ConfigCounters`] of its configuration, so the lookups
-/// happen once per limit and configuration. A counter is only created when first counted, as with the
-/// lookups, so `/metrics` shows the same series either way.
+/// Looking a stat up builds its name, hashes it and takes the store's lock, and a request did
+/// that two to four times per descriptor. A limit whose stats key does not depend on the request
+/// keeps its handles in the [`ConfigCounters`] of its configuration, so the lookups happen once
+/// per limit and configuration. A stat is only created when first counted, as with the lookups,
+/// so `/metrics` shows the same series either way.
 #[derive(Default)]
 pub struct RuleCounters {
-    cells: [OnceLock<IntCounter>; 6],
+    cells: [OnceLock<Counter>; 6],
 }
 
 impl RuleCounters {
-    fn get(&self, metrics: &Metrics, which: RuleMetric, labels: &[&str; 2]) -> &IntCounter {
-        self.cells[which as usize].get_or_init(|| metrics.rule_vec(which).with_label_values(labels))
+    fn get(&self, metrics: &Metrics, which: RuleMetric, domain: &str, key: &str) -> &Counter {
+        self.cells[which as usize].get_or_init(|| metrics.rule_stat(which, domain, key))
     }
 }
 

@@ -700,9 +700,9 @@ async fn local_cache_refuses_over_limit_windows_without_the_store() {
     assert_eq!(r.statuses[1].code, Code::Ok as i32);
     let text = String::from_utf8(metrics.render()).unwrap();
     for line in [
-        "ratelimit_service_rate_limit_over_limit_with_local_cache{domain=\"app\",key=\"user\"} 1",
+        "ratelimit_service_rate_limit_app_user_over_limit_with_local_cache 1",
         // Cached refusals are over-limit hits too, as upstream counts them.
-        "ratelimit_service_rate_limit_over_limit{domain=\"app\",key=\"user\"} 2",
+        "ratelimit_service_rate_limit_over_limit{domain=\"app\",key1=\"user\"} 2",
     ] {
         assert!(text.contains(line), "{line} not in\n{text}");
     }

@@ -4,6 +4,7 @@
 //! needs; `app` builds them from the settings, wires them to the limiters and runs them.
 
 pub(crate) mod connections;
+pub(crate) mod debug;
 mod health;
 pub(crate) mod http;
 pub(crate) mod named;
@@ -55,6 +56,9 @@ pub enum ServeError {
     },
     #[error("gRPC TLS (GRPC_SERVER_USE_TLS) is not supported on a Unix socket (GRPC_UDS)")]
     TlsOnUnixSocket,
+    /// `PROMETHEUS_MAPPER_YAML` names a file that does not load.
+    #[error("PROMETHEUS_MAPPER_YAML: {0}")]
+    Mapper(#[from] crate::metrics::MapperError),
 }
 
 /// Where the gRPC port listens: TCP (`GRPC_HOST:GRPC_PORT`) or, as upstream with `GRPC_UDS`, a

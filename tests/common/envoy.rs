@@ -90,14 +90,14 @@ pub fn shipped_config(listener: u16, admin: u16, sluice: SocketAddr, app: Socket
             "{ address: app, port_value: 8000 }".to_string(),
             format!("{{ address: {}, port_value: {} }}", app.ip(), app.port()),
         ),
-        (
-            "timeout: 0.02s".to_string(),
-            format!("timeout: {RATELIMIT_TIMEOUT}"),
-        ),
     ] {
         yaml = replace_once(&yaml, &from, &to);
     }
-    yaml
+    replace_once(
+        &yaml,
+        &format!("timeout: {}", shipped_ratelimit_timeout()),
+        &format!("timeout: {RATELIMIT_TIMEOUT}"),
+    )
 }
 
 /// A running Envoy, killed on drop.
@@ -116,14 +116,29 @@ impl Envoy {
     /// of text, each found exactly once) applied after the rewrite, and waits until it is ready
     /// and sees Sluice healthy.
     pub fn start(sluice: SocketAddr, app: SocketAddr, patches: &[(&str, &str)]) -> Envoy {
-        let binary = envoy_binary();
-        let mut last_log = String::new();
-        for _ in 0..5 {
-            let (listener, admin) = (free_port(), free_port());
+        let make = |listener, admin| {
             let mut yaml = shipped_config(listener, admin, sluice, app);
             for (from, to) in patches {
                 yaml = replace_once(&yaml, from, to);
             }
+            yaml
+        };
+        Envoy::start_bootstrap(make, "sluice", sluice, app)
+    }
+
+    /// Starts Envoy on the bootstrap `make(listener port, admin port)` returns, and waits until it
+    /// is ready and the host `sluice` of cluster `cluster` is healthy.
+    pub fn start_bootstrap(
+        make: impl Fn(u16, u16) -> String,
+        cluster: &str,
+        sluice: SocketAddr,
+        app: SocketAddr,
+    ) -> Envoy {
+        let binary = envoy_binary();
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            let (listener, admin) = (free_port(), free_port());
+            let yaml = make(listener, admin);
             let dir = tempfile::tempdir().unwrap();
             let config = dir.path().join("envoy.yaml");
             std::fs::write(&config, yaml).unwrap();
@@ -150,7 +165,7 @@ impl Envoy {
                 child,
                 dir,
             };
-            if envoy.wait_ready(sluice) {
+            if envoy.wait_ready(cluster, sluice) {
                 return envoy;
             }
             // Most likely a port was taken between our probe and Envoy's bind: try others.
@@ -159,11 +174,10 @@ impl Envoy {
         panic!("could not start envoy; its last log:\n{last_log}");
     }
 
-    /// Waits until the admin interface says LIVE and Sluice's host (in the `sluice` cluster, or
-    /// however a test renamed it) passed its gRPC health check. False when Envoy exited (it does
-    /// so on a port it cannot bind).
-    fn wait_ready(&mut self, sluice: SocketAddr) -> bool {
-        let healthy = format!("::{sluice}::health_flags::healthy");
+    /// Waits until the admin interface says LIVE and the rate limit cluster's host is healthy
+    /// (passed its gRPC health check, where one is configured). False when Envoy exited (it does so on a port it cannot bind).
+    fn wait_ready(&mut self, cluster: &str, sluice: SocketAddr) -> bool {
+        let healthy = format!("{cluster}::{sluice}::health_flags::healthy");
         // Envoy starts in well under a second here; this is for a very busy machine.
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
@@ -175,7 +189,7 @@ impl Envoy {
                 .is_some_and(|(_, b)| b.trim() == "LIVE")
                 && self
                     .admin_get("/clusters")
-                    .is_some_and(|(_, b)| b.lines().any(|l| l.ends_with(&healthy)));
+                    .is_some_and(|(_, b)| b.lines().any(|l| l == healthy));
             if ready {
                 return true;
             }
@@ -215,19 +229,7 @@ impl Envoy {
     /// The ratelimit filter's counters for requests routed to the `backend` cluster
     /// (`cluster.<route target cluster>.ratelimit.*` in Envoy's docs).
     pub fn ratelimit_stats(&self) -> RatelimitStats {
-        let stats = self.stats();
-        let get = |name: &str| {
-            stats
-                .get(&format!("cluster.backend.ratelimit.{name}"))
-                .copied()
-                .unwrap_or(0)
-        };
-        RatelimitStats {
-            ok: get("ok"),
-            over_limit: get("over_limit"),
-            error: get("error"),
-            failure_mode_allowed: get("failure_mode_allowed"),
-        }
+        self.ratelimit_stats_of("backend")
     }
 
     /// Sends one GET through the listener on a connection of its own; returns the status.
@@ -276,6 +278,107 @@ impl Drop for Envoy {
     }
 }
 
+// ------------------------------------------------------------------------------------------
+// For tests/envoy_filter.rs: the shipped bootstrap with nothing but addresses changed,
+// responses with their headers, and the filter's counters per route target cluster.
+// ------------------------------------------------------------------------------------------
+
+/// The shipped bootstrap with only the addresses rewritten (listener, admin, `sluice`, `app`):
+/// unlike `shipped_config`, the ratelimit timeout stays as shipped.
+pub fn shipped_config_as_is(
+    listener: u16,
+    admin: u16,
+    sluice: SocketAddr,
+    app: SocketAddr,
+) -> String {
+    // Undoes the one change shipped_config makes besides the addresses.
+    replace_once(
+        &shipped_config(listener, admin, sluice, app),
+        &format!("timeout: {RATELIMIT_TIMEOUT}"),
+        &format!("timeout: {}", shipped_ratelimit_timeout()),
+    )
+}
+
+/// The ratelimit filter's `timeout` in the shipped bootstrap, as written there.
+pub fn shipped_ratelimit_timeout() -> &'static str {
+    // The health check's is `- timeout:`, a list item; the filter's is the only plain one.
+    let timeouts: Vec<&str> = SHIPPED_ENVOY_YAML
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("timeout: "))
+        .collect();
+    assert_eq!(timeouts.len(), 1, "the shipped envoy.yaml's filter timeout");
+    timeouts[0]
+}
+
+/// A response as the client got it.
+#[derive(Clone, Debug)]
+pub struct Response {
+    pub status: u16,
+    /// Header names lowercased, in the order Envoy sent them.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Response {
+    /// The value of the one header `name` (lowercase); None when absent. Panics when repeated.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let mut values = self.headers.iter().filter(|(n, _)| n == name);
+        let first = values.next().map(|(_, v)| v.as_str());
+        assert!(values.next().is_none(), "header {name} repeated: {self:?}");
+        first
+    }
+}
+
+/// A GET over HTTP/1.1 on a connection of its own; the status and the headers.
+pub fn http_response(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stream
+        .write_all(get_request(path, headers).as_bytes())
+        .unwrap();
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw);
+    let head = text.split("\r\n\r\n").next().unwrap_or_default();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.get(9..12))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status from {addr}: {text:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Response { status, headers }
+}
+
+impl Envoy {
+    /// Sends one GET through the listener; the response with its headers.
+    pub fn request(&self, path: &str, headers: &[(&str, &str)]) -> Response {
+        http_response(self.listener, path, headers)
+    }
+
+    /// The ratelimit filter's counters for requests routed to `cluster`: a test that gives
+    /// each of its cases a cluster of its own reads each case's counts apart.
+    pub fn ratelimit_stats_of(&self, cluster: &str) -> RatelimitStats {
+        let stats = self.stats();
+        let get = |name: &str| {
+            stats
+                .get(&format!("cluster.{cluster}.ratelimit.{name}"))
+                .copied()
+                .unwrap_or(0)
+        };
+        RatelimitStats {
+            ok: get("ok"),
+            over_limit: get("over_limit"),
+            error: get("error"),
+            failure_mode_allowed: get("failure_mode_allowed"),
+        }
+    }
+}
+
 /// The HTTP ratelimit filter's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RatelimitStats {
@@ -302,6 +405,16 @@ impl StatusCounts {
     }
 }
 
+/// The text of a GET over HTTP/1.1 with `headers`, asking the server to close afterwards.
+fn get_request(path: &str, headers: &[(&str, &str)]) -> String {
+    let mut head = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    head
+}
+
 /// A GET over HTTP/1.1 on a connection of its own, `Connection: close`; returns the status.
 /// Status 0 stands for a connection Envoy closed without an answer, so a test counts it
 /// instead of panicking in a worker thread.
@@ -313,12 +426,10 @@ pub fn http_status(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> u1
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    let mut head = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    if stream.write_all(head.as_bytes()).is_err() {
+    if stream
+        .write_all(get_request(path, headers).as_bytes())
+        .is_err()
+    {
         return 0;
     }
     let mut raw = Vec::new();

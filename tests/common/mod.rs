@@ -169,6 +169,8 @@ pub enum StoreKind {
 pub struct Sluice {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
+    /// Upstream's debug listener (`/rlconfig`, `/stats`).
+    pub debug: SocketAddr,
     /// The native API's own listener, when `LIMITER_GRPC_PORT` is set.
     pub limiter_api: Option<SocketAddr>,
     child: Child,
@@ -193,6 +195,8 @@ pub fn sluice_command(config: &Path) -> Command {
         .env("GRPC_PORT", "0")
         .env("HOST", "127.0.0.1")
         .env("PORT", "0")
+        .env("DEBUG_HOST", "127.0.0.1")
+        .env("DEBUG_PORT", "0")
         .env("LOG_FORMAT", "json")
         .env("LOG_LEVEL", "info")
         // Said explicitly, since REDIS_TIMEOUT below would otherwise select Redis.
@@ -260,6 +264,7 @@ impl Sluice {
                 return Sluice {
                     grpc: grpc.parse().unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
                     http: addr("http"),
+                    debug: addr("debug"),
                     limiter_api: event["fields"]["limiter"]
                         .as_str()
                         .map(|a| a.parse().unwrap()),

@@ -1,0 +1,326 @@
+//! Upstream's stats under upstream's statsd names (`ratelimit.service.rate_limit.<domain>.<stats
+//! key>.total_hits`, `ratelimit_server.ShouldRateLimit.total_requests`, …): the one record every
+//! sink reads. Prometheus maps each name through the [`Mapper`] (once, when the stat is
+//! created), the statsd sink sends the names as they are, and the debug port's `/stats` lists
+//! them. `EXTRA_TAGS` go on every one of them: as labels on `/metrics`, as tags in statsd.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::mapper::{Mapped, Mapper, StatKind, escape_metric_name};
+
+/// One counter, named as upstream's statsd stat.
+#[derive(Debug)]
+pub struct Stat {
+    name: Box<str>,
+    /// Its Prometheus series, decided once.
+    mapped: Mapped,
+    value: AtomicU64,
+    /// The value the statsd sink last sent (counters go out as deltas).
+    flushed: AtomicU64,
+}
+
+impl Stat {
+    fn new(name: &str, mapped: Mapped) -> Self {
+        Self {
+            name: name.into(),
+            mapped,
+            value: AtomicU64::new(0),
+            flushed: AtomicU64::new(0),
+        }
+    }
+
+    pub fn inc(&self) {
+        self.inc_by(1);
+    }
+
+    pub fn inc_by(&self, n: u64) {
+        self.value.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The increase since the last call (for the statsd sink).
+    pub(super) fn take_delta(&self) -> u64 {
+        let now = self.get();
+        now - self.flushed.swap(now, Ordering::Relaxed)
+    }
+}
+
+/// A handle to one stat.
+pub type Counter = Arc<Stat>;
+
+/// Timer samples (stat name, milliseconds) waiting for the next statsd flush.
+type TimerSamples = Vec<(Arc<str>, f64)>;
+
+/// Timer samples kept between two statsd flushes at most; more are dropped (and counted).
+const MAX_TIMER_SAMPLES: usize = 10_000;
+
+/// Every stat by name, the mapping to Prometheus and the extra tags.
+#[derive(Debug)]
+pub struct StatStore {
+    /// `DISABLE_STATS`: stats still count (nothing on the request path changes) but no sink,
+    /// `/metrics` or `/stats` shows them.
+    enabled: bool,
+    mapper: Mapper,
+    extra_tags: Vec<(String, String)>,
+    counters: RwLock<HashMap<Box<str>, Counter>>,
+    /// Timer samples in milliseconds, kept only while a statsd sink drains them.
+    timers: Option<Mutex<TimerSamples>>,
+    timers_dropped: AtomicU64,
+}
+
+impl StatStore {
+    pub fn new(
+        enabled: bool,
+        mapper: Mapper,
+        extra_tags: Vec<(String, String)>,
+        keep_timers: bool,
+    ) -> Self {
+        Self {
+            enabled,
+            mapper,
+            extra_tags,
+            counters: RwLock::default(),
+            timers: keep_timers.then(Mutex::default),
+            timers_dropped: AtomicU64::new(0),
+        }
+    }
+
+    pub fn extra_tags(&self) -> &[(String, String)] {
+        &self.extra_tags
+    }
+
+    /// The counter named `name`, created on first use.
+    pub fn counter(&self, name: &str) -> Counter {
+        if let Some(c) = read(&self.counters).get(name) {
+            return c.clone();
+        }
+        let mapped = self.mapper.map(name, StatKind::Counter);
+        write(&self.counters)
+            .entry(name.into())
+            .or_insert_with(|| Arc::new(Stat::new(name, mapped)))
+            .clone()
+    }
+
+    /// One timer sample, for the statsd sink (Prometheus has its own histogram).
+    pub fn time(&self, name: &Arc<str>, millis: f64) {
+        let Some(timers) = &self.timers else {
+            return;
+        };
+        let mut samples = lock(timers);
+        if samples.len() < MAX_TIMER_SAMPLES {
+            samples.push((name.clone(), millis));
+        } else {
+            self.timers_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Every counter, sorted by name.
+    pub fn counters(&self) -> Vec<Counter> {
+        let mut all: Vec<Counter> = read(&self.counters).values().cloned().collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// The timer samples since the last call, and how many were dropped.
+    pub(super) fn take_timers(&self) -> (TimerSamples, u64) {
+        let samples = self
+            .timers
+            .as_ref()
+            .map(|t| std::mem::take(&mut *lock(t)))
+            .unwrap_or_default();
+        (samples, self.timers_dropped.swap(0, Ordering::Relaxed))
+    }
+
+    /// `/stats` on the debug port: `name: value` per line.
+    pub fn render_text(&self) -> String {
+        let mut out = String::new();
+        if self.enabled {
+            for c in self.counters() {
+                let _ = writeln!(out, "{}: {}", c.name, c.get());
+            }
+        }
+        out
+    }
+
+    /// The mapped stats in the Prometheus text format, with `EXTRA_TAGS` as labels.
+    pub fn render_prometheus(&self, out: &mut Vec<u8>) {
+        if !self.enabled {
+            return;
+        }
+        // Stats that map to the same series add up, as statsd_exporter adds their events
+        // (an unanchored regex rule can take in a longer name, e.g. `over_limit_with_local_cache`
+        // under the default `over_limit` rule).
+        let mut families: BTreeMap<&str, BTreeMap<String, u64>> = BTreeMap::new();
+        let counters = self.counters();
+        for c in &counters {
+            let Mapped::Series { name, labels } = &c.mapped else {
+                continue;
+            };
+            let mut text = String::new();
+            let mut seen: Vec<String> = Vec::new();
+            let extra = self
+                .extra_tags
+                .iter()
+                .map(|(k, v)| (escape_metric_name(k), v.as_str()));
+            for (k, v) in labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str()))
+                .chain(extra)
+            {
+                if seen.contains(&k) {
+                    continue;
+                }
+                let sep = if text.is_empty() { "" } else { "," };
+                let _ = write!(text, "{sep}{k}=\"{}\"", escape_label_value(v));
+                seen.push(k);
+            }
+            *families.entry(name).or_default().entry(text).or_default() += c.get();
+        }
+        let mut text = String::new();
+        for (name, series) in families {
+            let _ = writeln!(text, "# TYPE {name} counter");
+            for (labels, value) in series {
+                if labels.is_empty() {
+                    let _ = writeln!(text, "{name} {value}");
+                } else {
+                    let _ = writeln!(text, "{name}{{{labels}}} {value}");
+                }
+            }
+        }
+        out.extend_from_slice(text.as_bytes());
+    }
+}
+
+fn escape_label_value(v: &str) -> String {
+    v.replace('\\', r"\\")
+        .replace('"', "\\\"")
+        .replace('\n', r"\n")
+}
+
+/// Upstream's `SanitizeStatName`: `:` and `|` (statsd's separators) become `_`, and so do the
+/// dots of anything shaped like an IPv4 address.
+pub(super) fn sanitize(name: &str) -> String {
+    let replaced = name.replace([':', '|'], "_");
+    let bytes = replaced.as_bytes();
+    let mut out = replaced.clone().into_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if let Some(end) = ipv4_at(bytes, i) {
+            for b in &mut out[i..end] {
+                if *b == b'.' {
+                    *b = b'_';
+                }
+            }
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap_or(replaced)
+}
+
+/// The end of `\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}` starting at `start`, leftmost-first and
+/// greedy as Go's regexp finds it.
+fn ipv4_at(bytes: &[u8], start: usize) -> Option<usize> {
+    let mut i = start;
+    for part in 0..4 {
+        if part > 0 {
+            if bytes.get(i) != Some(&b'.') {
+                return None;
+            }
+            i += 1;
+        }
+        let digits = bytes[i.min(bytes.len())..]
+            .iter()
+            .take(3)
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        if digits == 0 {
+            return None;
+        }
+        i += digits;
+    }
+    Some(i)
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn lock<T>(lock: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    lock.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sanitizing_as_upstream() {
+        assert_eq!(
+            sanitize("d.remote_address_10.0.0.1"),
+            "d.remote_address_10_0_0_1"
+        );
+        assert_eq!(sanitize("d.k_a:b|c"), "d.k_a_b_c");
+        assert_eq!(sanitize("d.v_1.2.3"), "d.v_1.2.3");
+        assert_eq!(sanitize("d.v_1234.1.1.1"), "d.v_1234_1_1_1");
+    }
+
+    #[test]
+    fn extra_tags_are_labels_and_dropped_stats_are_gone() {
+        let mapper = Mapper::parse(
+            "mappings:\n  - {match: aa.*, name: m_a, labels: {xx: \"$1\"}}\n  - {match: bb.*, name: y, action: drop}\n",
+        )
+        .unwrap();
+        let stats = StatStore::new(true, mapper, vec![("env".into(), "prod".into())], false);
+        stats.counter("aa.one").inc_by(3);
+        stats.counter("bb.two").inc();
+        stats.counter("cc.three").inc();
+        let mut out = Vec::new();
+        stats.render_prometheus(&mut out);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("m_a{xx=\"one\",env=\"prod\"} 3\n"), "{text}");
+        assert!(text.contains("cc_three{env=\"prod\"} 1\n"), "{text}");
+        assert!(!text.contains("two"), "{text}");
+        assert_eq!(stats.render_text(), "aa.one: 3\nbb.two: 1\ncc.three: 1\n");
+    }
+
+    #[test]
+    fn stats_mapped_to_one_series_add_up() {
+        // Upstream's default over_limit regex is not anchored, so it also takes in the local
+        // cache's stat of a three-level key; statsd_exporter adds both into one series.
+        let stats = StatStore::new(
+            true,
+            Mapper::upstream_default(),
+            vec![("my-tag".into(), "x".into())],
+            false,
+        );
+        let name = "ratelimit.service.rate_limit.app.a.b.c";
+        stats.counter(&format!("{name}.over_limit")).inc_by(2);
+        stats
+            .counter(&format!("{name}.over_limit_with_local_cache"))
+            .inc();
+        let mut out = Vec::new();
+        stats.render_prometheus(&mut out);
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("ratelimit_service_rate_limit_over_limit{domain=\"app\",key1=\"a\",key2=\"b\",my_tag=\"x\"} 3\n"),
+            "{text}"
+        );
+        assert_eq!(text.matches("# TYPE").count(), 1, "{text}");
+    }
+}

@@ -1,0 +1,234 @@
+//! The statsd sinks, as upstream's: plain statsd over TCP (`USE_STATSD`, upstream's default,
+//! lyft/gostats' TCP sink) and DogStatsD over UDP (`USE_DOG_STATSD`, datadog-go's default).
+//! Every `STATS_FLUSH_INTERVAL` the counters that grew go out as their increase (`name:n|c`)
+//! and the timer samples as `name:ms|ms`; the lines are formatted by the `cadence` crate.
+//!
+//! Tags (`EXTRA_TAGS`) travel as gostats puts them in a plain statsd name (`name.__key=value`,
+//! sorted by key, `.`, `:` and `|` in values replaced by `_`) and as DogStatsD tags
+//! (`|#key:value`) on the DogStatsD sink.
+//!
+//! A sink that cannot reach its server logs (at most once a minute) and drops that flush; it
+//! never touches a decision.
+
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cadence::prelude::*;
+use cadence::{MetricSink, StatsdClient};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpStream, UdpSocket};
+
+use super::stats::StatStore;
+
+/// Which statsd server and dialect (built by `app` from upstream's variables).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatsdOptions {
+    /// `STATSD_HOST:STATSD_PORT`.
+    pub addr: String,
+    /// `USE_DOG_STATSD`: DogStatsD tags, over UDP.
+    pub dog: bool,
+    /// `STATS_FLUSH_INTERVAL`.
+    pub flush_interval: Duration,
+}
+
+/// Collects the lines cadence formats.
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<String>>>);
+
+impl MetricSink for Lines {
+    fn emit(&self, metric: &str) -> io::Result<usize> {
+        let mut lines = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        lines.push(metric.to_string());
+        Ok(metric.len())
+    }
+}
+
+/// The lines of one flush: what grew since the last one.
+pub(super) fn flush_lines(stats: &StatStore, dog: bool) -> Vec<String> {
+    let lines = Lines::default();
+    let client = StatsdClient::from_sink("", lines.clone());
+    let tags = stats.extra_tags();
+    let plain_suffix = if dog { String::new() } else { tag_suffix(tags) };
+    for counter in stats.counters() {
+        let delta = counter.take_delta();
+        if delta == 0 {
+            continue;
+        }
+        let name = format!("{}{plain_suffix}", counter.name());
+        let mut metric = client.count_with_tags(&name, delta);
+        if dog {
+            for (k, v) in tags {
+                metric = metric.with_tag(k, v);
+            }
+        }
+        metric.send();
+    }
+    let (samples, dropped) = stats.take_timers();
+    if dropped > 0 {
+        tracing::warn!(
+            dropped,
+            "statsd: timer samples dropped (more than the sink keeps between flushes)"
+        );
+    }
+    for (name, millis) in samples {
+        let name = format!("{name}{plain_suffix}");
+        let mut metric = client.time_with_tags(&name, millis.round() as u64);
+        if dog {
+            for (k, v) in tags {
+                metric = metric.with_tag(k, v);
+            }
+        }
+        metric.send();
+    }
+    let mut out = lines.0.lock().unwrap_or_else(|e| e.into_inner());
+    std::mem::take(&mut *out)
+}
+
+/// gostats' form of tags inside a plain statsd name.
+fn tag_suffix(tags: &[(String, String)]) -> String {
+    let mut sorted: Vec<&(String, String)> = tags
+        .iter()
+        .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+        .collect();
+    sorted.sort();
+    sorted
+        .iter()
+        .map(|(k, v)| format!(".__{k}={}", v.replace(['.', ':', '|'], "_")))
+        .collect()
+}
+
+/// Flushes `stats` to the statsd server until `stopped`, then once more.
+pub async fn run(
+    stats: Arc<StatStore>,
+    options: StatsdOptions,
+    stopped: impl std::future::Future<Output = ()>,
+) {
+    let mut sender = Sender::new(options.clone());
+    let mut tick = tokio::time::interval(options.flush_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(stopped);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = &mut stopped => {
+                sender.send(flush_lines(&stats, options.dog)).await;
+                return;
+            }
+        }
+        sender.send(flush_lines(&stats, options.dog)).await;
+    }
+}
+
+/// How often a failing sink logs.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+struct Sender {
+    options: StatsdOptions,
+    tcp: Option<TcpStream>,
+    udp: Option<UdpSocket>,
+    /// When the sink last logged a failure, and the failures since.
+    logged: Option<std::time::Instant>,
+    held_back: u64,
+}
+
+impl Sender {
+    fn new(options: StatsdOptions) -> Self {
+        Self {
+            options,
+            tcp: None,
+            udp: None,
+            logged: None,
+            held_back: 0,
+        }
+    }
+
+    async fn send(&mut self, lines: Vec<String>) {
+        if lines.is_empty() {
+            return;
+        }
+        let result = if self.options.dog {
+            self.send_udp(&lines).await
+        } else {
+            self.send_tcp(&lines).await
+        };
+        let Err(error) = result else {
+            return;
+        };
+        if self.logged.is_some_and(|at| at.elapsed() < LOG_EVERY) {
+            self.held_back += 1;
+            return;
+        }
+        let first = self.logged.is_none();
+        self.logged = Some(std::time::Instant::now());
+        tracing::warn!(
+            addr = %self.options.addr,
+            %error,
+            held_back = std::mem::take(&mut self.held_back),
+            lost_lines = lines.len(),
+            "statsd sink could not send; these stats are lost, decisions are not affected{}",
+            if first { " (USE_STATSD=false turns the sink off)" } else { "" }
+        );
+    }
+
+    async fn send_tcp(&mut self, lines: &[String]) -> io::Result<()> {
+        let mut text = lines.join("\n");
+        text.push('\n');
+        if self.tcp.is_none() {
+            let connect = TcpStream::connect(&self.options.addr);
+            let stream = tokio::time::timeout(Duration::from_secs(5), connect)
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+            self.tcp = Some(stream);
+        }
+        let Some(stream) = &mut self.tcp else {
+            return Ok(());
+        };
+        let written =
+            tokio::time::timeout(Duration::from_secs(5), stream.write_all(text.as_bytes()))
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "write timed out"))
+                .and_then(|r| r);
+        if written.is_err() {
+            // Reconnect on the next flush.
+            self.tcp = None;
+        }
+        written
+    }
+
+    async fn send_udp(&mut self, lines: &[String]) -> io::Result<()> {
+        if self.udp.is_none() {
+            let socket = UdpSocket::bind(("0.0.0.0", 0)).await?;
+            socket.connect(&self.options.addr).await?;
+            self.udp = Some(socket);
+        }
+        let Some(socket) = &self.udp else {
+            return Ok(());
+        };
+        for line in lines {
+            socket.send(line.as_bytes()).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::mapper::Mapper;
+
+    #[test]
+    fn lines_carry_deltas_and_tags() {
+        let tags = vec![("env".to_string(), "a.b".to_string())];
+        let stats = StatStore::new(true, Mapper::upstream_default(), tags, true);
+        stats.counter("x.hits").inc_by(2);
+        assert_eq!(flush_lines(&stats, false), ["x.hits.__env=a_b:2|c"]);
+        assert!(flush_lines(&stats, false).is_empty(), "nothing grew");
+        stats.counter("x.hits").inc();
+        stats.time(&"x.time".into(), 3.4);
+        assert_eq!(
+            flush_lines(&stats, true),
+            ["x.hits:1|c|#env:a.b", "x.time:3|ms|#env:a.b"]
+        );
+    }
+}

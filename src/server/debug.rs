@@ -1,0 +1,82 @@
+//! Upstream's debug listener (`DEBUG_HOST:DEBUG_PORT`, `0.0.0.0:6070` by default): `/` lists the
+//! endpoints, `/rlconfig` dumps the loaded limits in upstream's line format (what
+//! `egctl x config ratelimit` reads), `/stats` lists upstream's stats as `name: value` lines.
+//! Upstream's `/debug/pprof/` (Go profiling) has no counterpart.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use super::ServeError;
+use super::connections::LimitedListener;
+use crate::config::UpstreamDumpLine;
+use crate::metrics::Metrics;
+use crate::rls::RateLimiter;
+
+/// The endpoints and their help lines, as `/` lists them (sorted by path).
+const ENDPOINTS: &[(&str, &str)] = &[
+    (
+        "/rlconfig",
+        "print out the currently loaded configuration for debugging",
+    ),
+    ("/stats", "print out stats"),
+];
+
+#[derive(Clone)]
+struct DebugState {
+    limiter: Arc<RateLimiter>,
+    metrics: Arc<Metrics>,
+}
+
+/// Serves the debug endpoints on `listener` until `stopped`.
+pub(crate) fn serve(
+    listener: LimitedListener,
+    limiter: Arc<RateLimiter>,
+    metrics: Arc<Metrics>,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = Result<(), ServeError>> {
+    let app = Router::new()
+        .route("/", get(index))
+        .route("/rlconfig", get(rlconfig))
+        .route("/stats", get(stats))
+        .with_state(DebugState { limiter, metrics });
+    async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stopped)
+            .await
+            .map_err(ServeError::Http)
+    }
+}
+
+fn text(body: String) -> Response {
+    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], body).into_response()
+}
+
+async fn index() -> Response {
+    text(
+        ENDPOINTS
+            .iter()
+            .map(|(path, help)| format!("{path}: {help}\n"))
+            .collect(),
+    )
+}
+
+async fn rlconfig(State(state): State<DebugState>) -> Response {
+    let mut body = String::new();
+    if let Some(config) = state.limiter.config() {
+        for limit in config.limits() {
+            body.push_str(&UpstreamDumpLine(limit).to_string());
+            body.push('\n');
+        }
+    }
+    text(body)
+}
+
+async fn stats(State(state): State<DebugState>) -> Response {
+    text(state.metrics.stats.render_text())
+}
