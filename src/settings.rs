@@ -942,39 +942,27 @@ mod tests {
 
     #[test]
     fn the_per_second_redis_shares_upstreams_tls_files() {
-        let s = settings(&[
-            ("BACKEND_TYPE", "redis"),
-            ("REDIS_SOCKET_TYPE", "tcp"),
-            ("REDIS_URL", "main:6379"),
-            ("REDIS_TLS", "true"),
-            ("REDIS_TLS_CACERT", "/ca.pem"),
-            ("REDIS_PERSECOND", "true"),
-            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
-            ("REDIS_PERSECOND_URL", "second:6379"),
-            ("REDIS_PERSECOND_TLS", "true"),
-        ])
-        .unwrap();
-        let Backend::Redis { per_second, .. } = &s.backend else {
-            panic!("not redis")
+        let per_second_ca = |per_second_tls: &str| {
+            let s = settings(&[
+                ("BACKEND_TYPE", "redis"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_URL", "main:6379"),
+                ("REDIS_TLS", "true"),
+                ("REDIS_TLS_CACERT", "/ca.pem"),
+                ("REDIS_PERSECOND", "true"),
+                ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+                ("REDIS_PERSECOND_URL", "second:6379"),
+                ("REDIS_PERSECOND_TLS", per_second_tls),
+            ])
+            .unwrap();
+            let Backend::Redis { per_second, .. } = s.backend else {
+                panic!("not redis")
+            };
+            per_second.unwrap().tls.ca_cert
         };
-        let per_second = per_second.as_ref().unwrap();
-        assert_eq!(per_second.tls.ca_cert, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(per_second_ca("true"), Some(PathBuf::from("/ca.pem")));
         // Without TLS of its own it takes none of them.
-        let s = settings(&[
-            ("BACKEND_TYPE", "redis"),
-            ("REDIS_SOCKET_TYPE", "tcp"),
-            ("REDIS_URL", "main:6379"),
-            ("REDIS_TLS", "true"),
-            ("REDIS_TLS_CACERT", "/ca.pem"),
-            ("REDIS_PERSECOND", "true"),
-            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
-            ("REDIS_PERSECOND_URL", "second:6379"),
-        ])
-        .unwrap();
-        let Backend::Redis { per_second, .. } = &s.backend else {
-            panic!("not redis")
-        };
-        assert_eq!(per_second.as_ref().unwrap().tls, TlsFiles::default());
+        assert_eq!(per_second_ca("false"), None);
     }
 
     #[test]
