@@ -9,6 +9,8 @@ use std::path::PathBuf;
 
 const PROTOS: &[&str] = &[
     "envoy/service/ratelimit/v3/rls.proto",
+    "envoy/service/discovery/v3/ads.proto",
+    "ratelimit/config/ratelimit/v3/rls_conf.proto",
     "sluice/v1/limiter.proto",
 ];
 

@@ -5,6 +5,11 @@
 //! Shutdown is handled here and only here: when the `shutdown` future given to [`serve`]
 //! completes (SIGTERM/SIGINT in the binary), health turns NOT_SERVING, every listener stops
 //! accepting, in-flight requests get `shutdown_grace` to finish, and `serve` returns.
+//!
+//! The configuration comes from one source (`CONFIG_TYPE`): the file watcher
+//! (`server::reload`) or the xDS client (`xds`). Both publish each configuration that loads on
+//! a `watch` channel; [`apply_configs`] installs it in the limiter and keeps health in step. Under
+//! `FORCE_START_WITHOUT_INITIAL_CONFIG=false` nothing is served until the first one arrives.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,7 +18,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::clock::SystemClock;
-use crate::config;
+use crate::config::{self, RateLimitConfig};
 use crate::metrics::{Instrumented, Mapper, Metrics, StatStore, StatsdOptions};
 use crate::named::NamedLimiters;
 use crate::rls::{KeyBuilder, RateLimiter};
@@ -21,9 +26,13 @@ use crate::server::connections::{ConnectionLimit, LimitedListener};
 use crate::server::{
     GrpcListener, GrpcOptions, Health, ServeError, bind, bind_unix, debug, http, named, reload, rls,
 };
-use crate::settings::{Backend, Settings};
+use crate::settings::{Backend, ConfigSource, Settings};
 use crate::store::breaker::Breaker;
 use crate::store::{CounterStore, LimiterStore, MemoryStore, RedisOptions, RedisStore};
+use crate::xds::XdsClient;
+
+/// Configurations as the config source publishes them: the latest that loaded.
+type Configs = watch::Receiver<Option<Arc<RateLimitConfig>>>;
 
 /// Starts the service and runs it until `shutdown` completes.
 pub async fn serve(
@@ -34,13 +43,12 @@ pub async fn serve(
         tracing::warn!("{notice}");
     }
     tracing::info!(store = settings.backend.name(), why = %settings.backend_reason, "store chosen");
-    let config = config::load_dir(&settings.config_dir, &settings.load)?;
-    for warning in &config.warnings {
-        tracing::warn!(%warning, "config");
-    }
+    let shutdown = std::pin::pin!(shutdown);
+    let mut shutdown = shutdown;
+    let metrics = Arc::new(metrics(&settings)?);
+    let (configs, _stop_config_source) = start_config_source(&settings, &metrics)?;
     let keys = KeyBuilder::new(&settings.cache_key_prefix)?;
     let clock = Arc::new(SystemClock);
-    let metrics = Arc::new(metrics(&settings)?);
     // Every store is measured; the RLS path sees it as a counter store, the named limiters as a
     // limiter store.
     let counters = |store: Arc<dyn CounterStore>, name| -> Arc<dyn CounterStore> {
@@ -120,25 +128,34 @@ pub async fn serve(
         }
         named::service(limiters, api.token.as_deref())
     });
-    metrics.config_load_success.inc();
     let mut limiter =
         RateLimiter::new(store, keys, clock, settings.rls.clone()).with_metrics(metrics.clone());
     if let Some(store) = per_second_store {
         limiter = limiter.with_per_second_store(store);
     }
     let limiter = Arc::new(limiter);
-    let domains = config.domain_names().count();
-    let limits = config.limits().len();
-    let config_files = config.files.clone();
-    limiter.set_config(Arc::new(config));
-    tracing::info!(
-        dir = %settings.config_dir.display(),
-        files = %list_files(&config_files),
-        domains,
-        limits,
-        store = limiter.store_kind(),
-        "configuration loaded"
-    );
+    let mut configs = configs;
+    if !settings.config_source.force_start && configs.borrow().is_none() {
+        tracing::info!("waiting for the first rate limit configuration before serving");
+        tokio::select! {
+            first = configs.wait_for(Option::is_some) => {
+                // The sender lives as long as the source's task, which never ends by itself.
+                if first.is_err() {
+                    return Ok(());
+                }
+            }
+            () = &mut shutdown => return Ok(()),
+        }
+    }
+    if let Some(config) = configs.borrow().clone() {
+        limiter.set_config(config);
+    } else {
+        tracing::warn!(
+            "serving without a rate limit configuration (FORCE_START_WITHOUT_INITIAL_CONFIG): \
+             requests are answered \"no rate limit configuration loaded\" until one arrives"
+        );
+    }
+    tracing::info!(store = limiter.store_kind(), "rate limiter ready");
 
     let (grpc_listener, grpc_addr, _remove_socket) = bind_grpc(&settings)?;
     let http_listener = bind(settings.http_addr)?;
@@ -149,19 +166,15 @@ pub async fn serve(
             source,
         })?;
 
-    let reloader = (!settings.reload_interval.is_zero()).then(|| {
-        tokio::spawn(reload::watch(
-            settings.config_dir.clone(),
-            settings.load.clone(),
-            limiter.clone(),
-            metrics.clone(),
-            settings.reload_interval,
-        ))
-    });
-    let _stop_reloader = reloader.map(AbortOnDrop);
-
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let health = Health::new(reporter).await;
+    let needs_a_domain = settings.config_source.healthy_needs_a_domain;
+    let health = Health::new(
+        reporter,
+        config_ok(configs.borrow().as_deref(), needs_a_domain),
+    )
+    .await;
+    let applying = apply_configs(configs, limiter.clone(), health.clone(), needs_a_domain);
+    let _stop_applying = AbortOnDrop(tokio::spawn(applying));
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -367,6 +380,83 @@ impl Drop for RemoveOnDrop {
 fn list_files(files: &[std::path::PathBuf]) -> String {
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     names.join(", ")
+}
+
+/// Loads the first configuration from files (xDS sends its own when it connects) and starts the
+/// task that follows the source. The task stops when the returned guard is dropped.
+fn start_config_source(
+    settings: &Settings,
+    metrics: &Arc<Metrics>,
+) -> Result<(Configs, Option<AbortOnDrop>), ServeError> {
+    let (publish, configs) = watch::channel(None);
+    let force_start = settings.config_source.force_start;
+    let task = match &settings.config_source.source {
+        ConfigSource::Files => {
+            let dir = &settings.config_dir;
+            match config::load_dir(dir, &settings.load) {
+                Ok(config) => {
+                    for warning in &config.warnings {
+                        tracing::warn!(%warning, "config");
+                    }
+                    metrics.config_load_success.inc();
+                    let (domains, limits) = (config.domain_names().count(), config.limits().len());
+                    let files = list_files(&config.files);
+                    tracing::info!(
+                        dir = %dir.display(), %files, domains, limits, "configuration loaded"
+                    );
+                    publish.send_replace(Some(Arc::new(config)));
+                }
+                Err(errors) if force_start => {
+                    metrics.config_load_error.inc();
+                    tracing::error!(%errors, "configuration refused; starting without one \
+                        (FORCE_START_WITHOUT_INITIAL_CONFIG) and watching for a good one");
+                }
+                Err(errors) => return Err(errors.into()),
+            }
+            (!settings.reload_interval.is_zero()).then(|| {
+                tokio::spawn(reload::watch(
+                    dir.clone(),
+                    settings.load.clone(),
+                    publish,
+                    metrics.clone(),
+                    settings.reload_interval,
+                ))
+            })
+        }
+        ConfigSource::Xds(options) => {
+            tracing::info!(
+                "CONFIG_TYPE=GRPC_XDS_SOTW: configuration files (RUNTIME_*) are not read"
+            );
+            let client = XdsClient::new((**options).clone())
+                .map_err(|e| ServeError::ConfigSource(Box::new(e)))?;
+            Some(tokio::spawn(client.run(metrics.clone(), publish)))
+        }
+    };
+    Ok((configs, task.map(AbortOnDrop)))
+}
+
+/// Whether health may say SERVING with this configuration in force.
+fn config_ok(config: Option<&RateLimitConfig>, needs_a_domain: bool) -> bool {
+    !needs_a_domain || config.is_some_and(|c| c.domain_names().next().is_some())
+}
+
+/// Installs every configuration the source publishes; counters survive, as their keys do not
+/// depend on the configuration object.
+async fn apply_configs(
+    mut configs: Configs,
+    limiter: Arc<RateLimiter>,
+    health: Health,
+    needs_a_domain: bool,
+) {
+    while configs.changed().await.is_ok() {
+        let Some(config) = configs.borrow_and_update().clone() else {
+            continue;
+        };
+        limiter.set_config(config.clone());
+        if needs_a_domain {
+            health.set_config_ok(config_ok(Some(&config), true)).await;
+        }
+    }
 }
 
 /// Ends a background task when `serve` returns, however it returns.

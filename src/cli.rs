@@ -1,5 +1,6 @@
 //! The command line: `sluice serve` and `sluice check-config`. The edge of the program, so errors
-//! are `anyhow` here and exit codes are decided here.
+//! are `anyhow` here and exit codes are decided here. With no subcommand the binary serves, as
+//! upstream's `/bin/ratelimit` does (Envoy Gateway runs it with no arguments).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,8 +18,9 @@ use crate::settings::{Env, Settings};
     about = "An Envoy-compatible rate limit service"
 )]
 struct Cli {
+    /// Nothing: `serve` with every setting from the environment.
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -32,7 +34,7 @@ enum Command {
     },
 }
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Default)]
 struct ServeArgs {
     /// Config directory: every file in it is loaded, whatever its name ends with.
     #[arg(long)]
@@ -51,8 +53,9 @@ struct ServeArgs {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve(args),
-        Command::CheckConfig { dir } => check_config(dir),
+        None => serve(ServeArgs::default()),
+        Some(Command::Serve(args)) => serve(args),
+        Some(Command::CheckConfig { dir }) => check_config(dir),
     };
     match result {
         Ok(code) => code,

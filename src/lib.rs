@@ -3,7 +3,8 @@
 //! The request path reads top to bottom through the modules: [`server`] adapts gRPC and HTTP to
 //! [`rls`], the Envoy decision path, which matches descriptors against the [`config`], builds
 //! counter keys and asks a [`store`] (in-process memory or Redis) for one atomic decision per
-//! request; [`named`] holds the native API's named limiters. [`settings`] turns the environment
+//! request; [`named`] holds the native API's named limiters; [`xds`] is the config source that follows an
+//! xDS control plane instead of files. [`settings`] turns the environment
 //! into typed options, [`app`] wires everything from them, and [`cli`] is the command line. Modules import each other in one direction (ARCHITECTURE.md,
 //! `tests/module_graph.rs`).
 
@@ -25,3 +26,4 @@ pub mod settings;
 pub mod store;
 pub mod telemetry;
 pub mod util;
+pub mod xds;

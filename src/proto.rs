@@ -1,4 +1,5 @@
-//! Generated protocol types: Envoy's RLS v3 service and the messages it uses.
+//! Generated protocol types: Envoy's RLS v3 service and the messages it uses, and the xDS
+//! (ADS) messages and `RateLimitConfig` resources of the xDS config source.
 //!
 //! The module tree mirrors the protobuf packages so generated cross-references resolve. The rest
 //! of the crate imports the few types it needs through the short aliases at the bottom.
@@ -28,11 +29,34 @@ pub mod envoy {
         }
     }
     pub mod service {
+        pub mod discovery {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.discovery.v3");
+            }
+        }
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
             }
         }
+    }
+}
+
+/// The resources of upstream's xDS config source (`proto/ratelimit/config/ratelimit/v3/`).
+pub mod ratelimit {
+    pub mod config {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("ratelimit.config.ratelimit.v3");
+            }
+        }
+    }
+}
+
+/// `google.rpc.Status`, carried by a NACK.
+pub mod google {
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
     }
 }
 

@@ -141,19 +141,45 @@ pub fn load_sources(
     sources: Vec<(PathBuf, String)>,
     options: &LoadOptions,
 ) -> Result<RateLimitConfig, ConfigErrors> {
+    let documents = sources
+        .into_iter()
+        .map(|(path, text)| (path, Document::Text(text)))
+        .collect();
+    load_documents(documents, options)
+}
+
+/// One config document on its way to the validator: a file's text, or a tree built from
+/// something else (an xDS resource), checked by the same rules.
+pub(super) enum Document {
+    Text(String),
+    /// Built, not written: its nodes carry no meaningful line, so errors name the source only.
+    Tree(Node),
+}
+
+/// Validates and compiles documents, each named by its source (a file path or a resource name).
+/// Every source of configuration goes through here, so files and xDS share one validator.
+pub(super) fn load_documents(
+    documents: Vec<(PathBuf, Document)>,
+    options: &LoadOptions,
+) -> Result<RateLimitConfig, ConfigErrors> {
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
     // Domain name → (descriptors in file order, where the domain was first declared).
     let mut domains: Vec<(String, Vec<DescriptorSpec>)> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
 
-    for (path, text) in sources {
+    for (path, document) in documents {
         let mut checker = FileChecker {
             file: Arc::from(path.as_path()),
+            lines: matches!(document, Document::Text(_)),
             errors: &mut errors,
             warnings: &mut warnings,
         };
-        let Some(spec) = checker.file(&text) else {
+        let spec = match &document {
+            Document::Text(text) => checker.file(text),
+            Document::Tree(tree) => checker.document(tree),
+        };
+        let Some(spec) = spec else {
             continue;
         };
         match index.get(&spec.domain) {
@@ -211,7 +237,8 @@ struct FileSpec {
 
 struct DescriptorSpec {
     file: Arc<Path>,
-    line: usize,
+    /// `None` for a descriptor built from an xDS resource.
+    line: Option<usize>,
     key: String,
     value: String,
     limit: Option<LimitSpec>,
@@ -254,7 +281,7 @@ fn build_level(
         if !seen.insert(composite.clone()) {
             errors.push(ConfigError {
                 file: spec.file.to_path_buf(),
-                line: Some(spec.line),
+                line: spec.line,
                 reason: format!("duplicate descriptor composite key '{path}'"),
             });
             continue;
@@ -328,6 +355,8 @@ struct StatsPath {
 /// Validates one file's YAML tree, recording errors and warnings against its path.
 struct FileChecker<'a> {
     file: Arc<Path>,
+    /// Whether node lines mean anything (false for trees built from xDS resources).
+    lines: bool,
     errors: &'a mut Vec<ConfigError>,
     warnings: &'a mut Vec<ConfigError>,
 }
@@ -345,7 +374,7 @@ impl FileChecker<'_> {
     fn at(&self, line: usize, reason: impl Into<String>) -> ConfigError {
         ConfigError {
             file: self.file.to_path_buf(),
-            line: Some(line),
+            line: self.lines.then_some(line),
             reason: reason.into(),
         }
     }
@@ -362,8 +391,13 @@ impl FileChecker<'_> {
                 return None;
             }
         };
+        self.document(&doc)
+    }
+
+    /// Validates one document's tree.
+    fn document(&mut self, doc: &Node) -> Option<FileSpec> {
         let before = self.errors.len();
-        let fields = self.mapping(&doc, "config file", &["domain", "descriptors"])?;
+        let fields = self.mapping(doc, "config file", &["domain", "descriptors"])?;
         let domain = match fields.get("domain") {
             Some(node) => self.string(node, "domain").unwrap_or_default(),
             None => String::new(),
@@ -457,7 +491,7 @@ impl FileChecker<'_> {
         };
         Some(DescriptorSpec {
             file: self.file.clone(),
-            line: node.line,
+            line: self.lines.then_some(node.line),
             key,
             value,
             limit,

@@ -9,6 +9,7 @@
 
 mod load;
 mod wildcard;
+mod xds;
 pub mod yaml;
 
 use std::collections::HashMap;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 
 pub use load::{LoadOptions, load_dir, load_sources};
 pub use wildcard::Wildcard;
+pub use xds::load_resources;
 
 use crate::proto::{DescriptorEntry, OverrideUnit, ResponseUnit};
 
@@ -295,13 +297,18 @@ impl fmt::Display for Algorithm {
 /// Where a limit was defined, for messages and the config dump.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {
+    /// The file, or for an xDS resource its name.
     pub file: Arc<Path>,
-    pub line: usize,
+    /// `None` for an xDS resource, which has no lines.
+    pub line: Option<usize>,
 }
 
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.file.display(), self.line)
+        match self.line {
+            Some(line) => write!(f, "{}:{line}", self.file.display()),
+            None => write!(f, "{}", self.file.display()),
+        }
     }
 }
 

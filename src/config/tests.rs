@@ -186,7 +186,7 @@ descriptors:
     assert_eq!(limit.replaces, vec!["other".to_string()]);
     assert_eq!(limit.shared_value(0), Some("dir/*"));
     assert_eq!(limit.path, "d.files_dir/*");
-    assert_eq!(limit.origin.as_ref().unwrap().line, 4);
+    assert_eq!(limit.origin.as_ref().unwrap().line, Some(4));
     let meta = limit.metadata.as_ref().unwrap();
     assert_eq!(meta.fields.len(), 3);
 }

@@ -10,29 +10,41 @@ use tonic_health::server::HealthReporter;
 /// The gRPC health service name upstream registers.
 pub(super) const SERVICE_NAME: &str = "ratelimit";
 
-/// SERVING while the store answers and the service is not shutting down (upstream's health is
-/// likewise the AND of its components).
+/// SERVING while the store answers, the configuration is as required and the service is not
+/// shutting down (upstream's health is likewise the AND of its components).
 #[derive(Clone)]
 pub struct Health {
     reporter: HealthReporter,
     store_usable: Arc<AtomicBool>,
+    /// False only under `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` while the configuration in
+    /// force has no domain (or none has arrived).
+    config_ok: Arc<AtomicBool>,
     stopping: Arc<AtomicBool>,
 }
 
 impl Health {
-    /// Starts SERVING: by the time it exists, the config is loaded and the store answered.
-    pub async fn new(reporter: HealthReporter) -> Self {
+    /// Starts SERVING unless `config_ok` is false: by the time it exists the store answered.
+    pub async fn new(reporter: HealthReporter, config_ok: bool) -> Self {
         let health = Self {
             reporter,
             store_usable: Arc::new(AtomicBool::new(true)),
+            config_ok: Arc::new(AtomicBool::new(config_ok)),
             stopping: Arc::new(AtomicBool::new(false)),
         };
-        health.report(ServingStatus::Serving).await;
+        health.publish().await;
         health
     }
 
     pub fn is_serving(&self) -> bool {
-        self.store_usable.load(Ordering::Relaxed) && !self.stopping.load(Ordering::Relaxed)
+        self.store_usable.load(Ordering::Relaxed)
+            && self.config_ok.load(Ordering::Relaxed)
+            && !self.stopping.load(Ordering::Relaxed)
+    }
+
+    /// Follows the configuration in force (see `config_ok`).
+    pub async fn set_config_ok(&self, ok: bool) {
+        self.config_ok.store(ok, Ordering::Relaxed);
+        self.publish().await;
     }
 
     /// Follows the store's circuit breaker.

@@ -59,6 +59,9 @@ pub enum ServeError {
     /// `PROMETHEUS_MAPPER_YAML` names a file that does not load.
     #[error("PROMETHEUS_MAPPER_YAML: {0}")]
     Mapper(#[from] crate::metrics::MapperError),
+    /// The configuration source (the xDS client) cannot start.
+    #[error("config source: {0}")]
+    ConfigSource(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Where the gRPC port listens: TCP (`GRPC_HOST:GRPC_PORT`) or, as upstream with `GRPC_UDS`, a

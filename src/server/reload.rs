@@ -6,14 +6,17 @@
 //! symlink (`..data`) without touching the files' own paths. A config that fails to load keeps
 //! the old one in force; the errors are logged with file and line and counted. Counters survive a
 //! reload: their keys depend on the descriptor and the limit's unit, not on the config object.
+//! A loaded config is published on a `watch` channel, as the xDS source (`crate::xds`) publishes
+//! its own; `app` applies whatever arrives there.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::config::{self, LoadOptions};
+use tokio::sync::watch;
+
+use crate::config::{self, LoadOptions, RateLimitConfig};
 use crate::metrics::Metrics;
-use crate::rls::RateLimiter;
 
 /// What the directory looks like now; any difference means "load again".
 #[derive(Debug, PartialEq, Eq)]
@@ -51,11 +54,11 @@ fn walk(dir: &Path, files: &mut Vec<(PathBuf, u64, Option<SystemTime>)>) {
     }
 }
 
-/// Watches `dir` until the task is dropped, installing every config that loads.
+/// Watches `dir` until the task is dropped, publishing every config that loads.
 pub async fn watch(
     dir: PathBuf,
     options: LoadOptions,
-    limiter: Arc<RateLimiter>,
+    publish: watch::Sender<Option<Arc<RateLimitConfig>>>,
     metrics: Arc<Metrics>,
     interval: Duration,
 ) {
@@ -78,7 +81,7 @@ pub async fn watch(
                     tracing::warn!(%warning, "config");
                 }
                 let (domains, limits) = (config.domain_names().count(), config.limits().len());
-                limiter.set_config(Arc::new(config));
+                publish.send_replace(Some(Arc::new(config)));
                 metrics.config_load_success.inc();
                 tracing::info!(domains, limits, "configuration reloaded");
             }

@@ -51,23 +51,23 @@ pub const UPSTREAM_VARIABLES: &[(&str, Support)] = &[
     ("GRPC_CLIENT_TLS_SAN", Implemented),
     ("LOG_LEVEL", Implemented),
     ("LOG_FORMAT", Implemented),
-    ("CONFIG_TYPE", Elsewhere),
-    ("FORCE_START_WITHOUT_INITIAL_CONFIG", Elsewhere),
-    ("CONFIG_GRPC_XDS_NODE_ID", Elsewhere),
-    ("CONFIG_GRPC_XDS_NODE_METADATA", Elsewhere),
-    ("CONFIG_GRPC_XDS_SERVER_URL", Elsewhere),
-    ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", Elsewhere),
-    ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", Elsewhere),
-    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", Elsewhere),
-    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Elsewhere),
-    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Elsewhere),
-    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Elsewhere),
-    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", Elsewhere),
-    ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", Elsewhere),
-    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", Elsewhere),
-    ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", Elsewhere),
-    ("XDS_CLIENT_BACKOFF_JITTER", Elsewhere),
-    ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Elsewhere),
+    ("CONFIG_TYPE", Implemented),
+    ("FORCE_START_WITHOUT_INITIAL_CONFIG", Implemented),
+    ("CONFIG_GRPC_XDS_NODE_ID", Implemented),
+    ("CONFIG_GRPC_XDS_NODE_METADATA", Implemented),
+    ("CONFIG_GRPC_XDS_SERVER_URL", Implemented),
+    ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", Implemented),
+    ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", Implemented),
+    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", Implemented),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Implemented),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Implemented),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Implemented),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", Implemented),
+    ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", Implemented),
+    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", Implemented),
+    ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", Implemented),
+    ("XDS_CLIENT_BACKOFF_JITTER", Implemented),
+    ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Implemented),
     ("USE_DOG_STATSD", Implemented),
     (
         "USE_DOG_STATSD_MOGRIFIERS",
@@ -108,7 +108,7 @@ pub const UPSTREAM_VARIABLES: &[(&str, Support)] = &[
     ("LIMIT_LIMIT_HEADER", Implemented),
     ("LIMIT_REMAINING_HEADER", Implemented),
     ("LIMIT_RESET_HEADER", Implemented),
-    ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", Elsewhere),
+    ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", Implemented),
     ("REDIS_SOCKET_TYPE", Implemented),
     ("REDIS_TYPE", Implemented),
     ("REDIS_URL", Implemented),
@@ -381,6 +381,8 @@ mod tests {
             ("USE_STATSD", "false"),
             ("TRACING_ENABLED", "true"),
             ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
         ]
         .into_iter()
         .collect();
@@ -416,7 +418,7 @@ mod tests {
     fn set_variables_that_are_not_implemented_are_named() {
         let set: HashMap<&str, &str> = [
             ("REDIS_PIPELINE_WINDOW", "150us"),
-            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
             ("REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR", "true"),
             ("SHADOW_MODE", "true"),
         ]
@@ -425,11 +427,11 @@ mod tests {
         let notices = notices(|n| set.get(n).map(|v| v.to_string()));
         assert_eq!(notices.len(), 2, "{notices:?}");
         assert!(
-            notices[0].starts_with("not supported: CONFIG_TYPE "),
+            notices[1].starts_with("not supported: REDIS_PIPELINE_WINDOW ("),
             "{notices:?}"
         );
         assert!(
-            notices[1].starts_with("not supported: REDIS_PIPELINE_WINDOW ("),
+            notices[0].starts_with("not supported: STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT "),
             "{notices:?}"
         );
         let off = notices_of(&[("REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR", "false")]);

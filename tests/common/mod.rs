@@ -8,6 +8,7 @@
 pub mod envoy;
 pub mod load;
 pub mod raw_h2;
+pub mod xds;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -398,6 +399,15 @@ pub async fn ask(
     req: RateLimitRequest,
 ) -> RateLimitResponse {
     client.should_rate_limit(req).await.unwrap().into_inner()
+}
+
+/// Polls `check` every 20 ms until it holds; panics naming `what` after 30 s.
+pub fn wait_until(what: &str, check: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(Instant::now() < deadline, "{what}: not reached in 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A scratch directory path that is kept for the test's duration.
