@@ -236,12 +236,14 @@ async fn istio_cluster_names_as_authority_are_answered() {
     };
     // Ready only once Envoy's gRPC health checks, which carry the same :authority, pass.
     let envoy = Envoy::start_bootstrap(make, ISTIO, sluice.grpc, app.addr);
-    stay_in_one_minute().await;
-    count_to_the_per_address_limit(StoreKind::Memory, &envoy);
+    // Three requests, far under every shipped limit: each is admitted on Sluice's answer, not
+    // on a failed call (which Envoy, failing open, would admit too).
+    let sent = envoy.send(3, 1, Duration::ZERO, "/", &[]);
+    assert_eq!(sent, StatusCounts([(200, 3)].into()));
     let stats = envoy.ratelimit_stats();
     assert_eq!(
-        (stats.error, stats.failure_mode_allowed),
-        (0, 0),
+        (stats.ok, stats.error, stats.failure_mode_allowed),
+        (3, 0, 0),
         "{stats:?}"
     );
 }
