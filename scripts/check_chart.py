@@ -72,7 +72,8 @@ def env_of(docs):
 
 scenarios = {
     "defaults": ({}, {"BACKEND_TYPE": "memory"}),
-    "redis": ({"backend": "redis"}, {"BACKEND_TYPE": "redis", "REDIS_TYPE": "single"}),
+    "redis": ({"backend": "redis"}, {"BACKEND_TYPE": "redis", "REDIS_TYPE": "single",
+                                     "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true"}),
     "redis cluster": (
         {"backend": "redis", "redis": {"type": "cluster", "url": "n1:6379,n2:6379,n3:6379"}},
         {"REDIS_TYPE": "cluster", "REDIS_URL": "n1:6379,n2:6379,n3:6379"},

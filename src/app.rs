@@ -23,7 +23,9 @@ use crate::metrics::{Instrumented, Mapper, Metrics, StatStore, StatsdOptions};
 use crate::named::NamedLimiters;
 use crate::rls::{KeyBuilder, RateLimiter};
 use crate::server::connections::{ConnectionLimit, LimitedListener};
-use crate::server::{GrpcOptions, Health, ServeError, bind, debug, http, named, reload, rls};
+use crate::server::{
+    GrpcListener, GrpcOptions, Health, ServeError, bind, bind_unix, debug, http, named, reload, rls,
+};
 use crate::settings::{Backend, ConfigSource, Settings};
 use crate::store::breaker::Breaker;
 use crate::store::{CounterStore, LimiterStore, MemoryStore, RedisOptions, RedisStore};
@@ -37,6 +39,10 @@ pub async fn serve(
     settings: Settings,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    for notice in &settings.notices {
+        tracing::warn!("{notice}");
+    }
+    tracing::info!(store = settings.backend.name(), why = %settings.backend_reason, "store chosen");
     let shutdown = std::pin::pin!(shutdown);
     let mut shutdown = shutdown;
     let metrics = Arc::new(metrics(&settings)?);
@@ -58,6 +64,7 @@ pub async fn serve(
     let mut per_second_store = None;
     let mut memory_store = None;
     let mut named_store = None;
+    let mut health_follows_store = false;
     let store: Arc<dyn CounterStore> = match &settings.backend {
         Backend::Memory(options) => {
             let store = Arc::new(MemoryStore::new(options.clone(), clock.clone()));
@@ -70,7 +77,9 @@ pub async fn serve(
             per_second,
             startup_max_wait,
             start_degraded,
+            health_follows_redis,
         } => {
+            health_follows_store = *health_follows_redis;
             // Starting degraded means not blocking on Redis: without a wait limit, try once.
             let degraded = *start_degraded;
             let wait = if degraded {
@@ -151,14 +160,8 @@ pub async fn serve(
     }
     tracing::info!(store = limiter.store_kind(), "rate limiter ready");
 
-    let grpc_listener = bind(settings.grpc_addr)?;
+    let (grpc_listener, grpc_addr, _remove_socket) = bind_grpc(&settings)?;
     let http_listener = bind(settings.http_addr)?;
-    let grpc_addr = grpc_listener
-        .local_addr()
-        .map_err(|source| ServeError::Bind {
-            addr: settings.grpc_addr,
-            source,
-        })?;
     let http_addr = http_listener
         .local_addr()
         .map_err(|source| ServeError::Bind {
@@ -184,7 +187,19 @@ pub async fn serve(
     };
 
     if !store_usable.is_empty() {
-        tokio::spawn(follow_stores(health.clone(), metrics.clone(), store_usable));
+        if !health_follows_store {
+            tracing::info!(
+                "health follows Redis only until it first answers, as upstream; set \
+                 REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true to turn it NOT_SERVING whenever a \
+                 Redis circuit breaker is open"
+            );
+        }
+        tokio::spawn(follow_stores(
+            health.clone(),
+            metrics.clone(),
+            store_usable,
+            health_follows_store,
+        ));
     }
 
     let grpc_options = GrpcOptions {
@@ -332,6 +347,44 @@ pub async fn serve(
     }
 }
 
+/// Binds the gRPC listener: `GRPC_UDS` when set (in place of TCP, as upstream), else
+/// `GRPC_HOST:GRPC_PORT`. Returns what to log as its address, and a guard that removes the
+/// socket file when `serve` returns.
+fn bind_grpc(
+    settings: &Settings,
+) -> Result<(GrpcListener, String, Option<RemoveOnDrop>), ServeError> {
+    if let Some(path) = &settings.grpc_uds {
+        let listener = bind_unix(path)?;
+        let guard = RemoveOnDrop(path.clone());
+        return Ok((
+            GrpcListener::Unix(listener),
+            format!("unix:{}", path.display()),
+            Some(guard),
+        ));
+    }
+    let listener = bind(settings.grpc_addr)?;
+    let addr = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: settings.grpc_addr,
+        source,
+    })?;
+    Ok((GrpcListener::Tcp(listener), addr.to_string(), None))
+}
+
+/// Removes a Unix socket file when dropped, as Go's listener does on close.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The loaded config files, for the start-up log.
+fn list_files(files: &[std::path::PathBuf]) -> String {
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    names.join(", ")
+}
+
 /// Loads the first configuration from files (xDS sends its own when it connects) and starts the
 /// task that follows the source. The task stops when the returned guard is dropped.
 fn start_config_source(
@@ -350,7 +403,10 @@ fn start_config_source(
                     }
                     metrics.config_load_success.inc();
                     let (domains, limits) = (config.domain_names().count(), config.limits().len());
-                    tracing::info!(dir = %dir.display(), domains, limits, "configuration loaded");
+                    let files = list_files(&config.files);
+                    tracing::info!(
+                        dir = %dir.display(), %files, domains, limits, "configuration loaded"
+                    );
                     publish.send_replace(Some(Arc::new(config)));
                 }
                 Err(errors) if force_start => {
@@ -469,13 +525,17 @@ enum HealthRole {
     Ignored,
 }
 
-/// Keeps health SERVING only while every RLS store's breaker is closed, and the breaker gauges
-/// current.
+/// Keeps the breaker gauges current, and health SERVING only while every RLS store's breaker is
+/// closed: until they have all been closed once (a start degraded waits for Redis), and after
+/// that only when `keep_following` (`REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`). Upstream's health
+/// likewise waits for Redis's first answer and, without that variable, ignores Redis after it.
 async fn follow_stores(
     health: Health,
     metrics: Arc<Metrics>,
     mut stores: Vec<(&'static str, watch::Receiver<bool>, HealthRole)>,
+    keep_following: bool,
 ) {
+    let mut following = true;
     loop {
         let mut all = true;
         for (name, usable, counts) in &mut stores {
@@ -486,7 +546,10 @@ async fn follow_stores(
                 .set(i64::from(!usable));
             all &= usable || *counts == HealthRole::Ignored;
         }
-        health.set_store_usable(all).await;
+        if following {
+            health.set_store_usable(all).await;
+            following = keep_following || !all;
+        }
         let changes = stores.iter_mut().map(|(_, s, _)| Box::pin(s.changed()));
         if futures::future::select_all(changes).await.0.is_err() {
             return;
@@ -504,12 +567,6 @@ fn metrics(settings: &Settings) -> Result<Metrics, ServeError> {
     };
     if !stats.enabled {
         tracing::info!("upstream's stats are off (DISABLE_STATS=true)");
-    }
-    if stats.mogrifiers_set {
-        tracing::warn!(
-            "USE_DOG_STATSD_MOGRIFIERS is not supported: DogStatsD stats keep upstream's names, \
-             with EXTRA_TAGS as tags"
-        );
     }
     if let Some(sink) = &stats.statsd {
         tracing::info!(

@@ -29,14 +29,14 @@ enum Command {
     Serve(ServeArgs),
     /// Validate a config directory and print the compiled limits. Exits 1 on errors.
     CheckConfig {
-        /// Directory of *.yaml files (default: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY).
+        /// Config directory: every file in it is loaded (default: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY).
         dir: Option<PathBuf>,
     },
 }
 
 #[derive(clap::Args, Debug, Default)]
 struct ServeArgs {
-    /// Directory of *.yaml limit files.
+    /// Config directory: every file in it is loaded, whatever its name ends with.
     #[arg(long)]
     config_dir: Option<PathBuf>,
     /// Use Redis at this URL (redis://host:port, rediss://…, unix:///path) instead of BACKEND_TYPE.
@@ -98,6 +98,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
 fn check_config(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     let settings = Settings::from_env().context("invalid environment")?;
+    for notice in &settings.notices {
+        eprintln!("warning: {notice}");
+    }
     let dir = dir.unwrap_or(settings.config_dir);
     let config = match config::load_dir(&dir, &settings.load) {
         Ok(config) => config,
@@ -110,13 +113,17 @@ fn check_config(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     for warning in &config.warnings {
         eprintln!("warning: {warning}");
     }
+    for file in &config.files {
+        println!("loaded {}", file.display());
+    }
     let limits = config.limits();
     for limit in &limits {
         println!("{limit}");
     }
     println!(
-        "{}: OK, {} domain(s), {} limit(s)",
+        "{}: OK, {} file(s), {} domain(s), {} limit(s)",
         dir.display(),
+        config.files.len(),
         config.domain_names().count(),
         limits.len()
     );

@@ -20,16 +20,25 @@ use crate::telemetry::{LogSettings, TraceSettings};
 use crate::util::parse_go_duration;
 use crate::xds::{BackoffOptions, XdsOptions, XdsTls};
 
+pub mod upstream;
+
 /// Everything `sluice serve` needs.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub grpc_addr: SocketAddr,
+    /// `GRPC_UDS`: gRPC on this Unix socket instead of `grpc_addr`, as upstream.
+    pub grpc_uds: Option<PathBuf>,
     pub http_addr: SocketAddr,
     pub config_dir: PathBuf,
     pub load: LoadOptions,
     /// `CONFIG_TYPE` and how start-up and health depend on the configuration.
     pub config_source: ConfigSourceSettings,
     pub backend: Backend,
+    /// Why that store: `BACKEND_TYPE`, or the Redis variable that chose it (for the start-up log).
+    pub backend_reason: String,
+    /// Upstream variables that are set but not implemented, one line each
+    /// ([`upstream::notices`]); `serve` logs them and `check-config` prints them.
+    pub notices: Vec<String>,
     pub cache_key_prefix: String,
     pub rls: RlsOptions,
     pub log: LogSettings,
@@ -77,8 +86,6 @@ pub struct StatsSettings {
     pub extra_tags: Vec<(String, String)>,
     /// `DEBUG_HOST:DEBUG_PORT`: `/`, `/rlconfig`, `/stats`.
     pub debug_addr: SocketAddr,
-    /// `USE_DOG_STATSD_MOGRIFIERS` is set: not supported, logged at start-up.
-    pub mogrifiers_set: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,6 +159,10 @@ pub enum Backend {
         /// `REDIS_STARTUP_DEGRADED`: start anyway when Redis is not ready by then (health
         /// NOT_SERVING, requests follow the failure policy until it answers).
         start_degraded: bool,
+        /// `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`: health follows Redis while serving (NOT_SERVING
+        /// while a Redis store's circuit breaker is open). Off, as upstream: once Redis has
+        /// answered, health no longer depends on it.
+        health_follows_redis: bool,
     },
 }
 
@@ -232,21 +243,18 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
     /// Go's listen address: `host:port`, or `:port` for every interface.
     fn listen_addr(&self, name: &str, default: &str) -> Result<SocketAddr, SettingsError> {
         let text = self.string(name, default);
-        let full = match text.strip_prefix(':') {
-            Some(port) => format!("0.0.0.0:{port}"),
-            None => text,
-        };
-        full.parse()
-            .map_err(|_| self.error(name, "expected host:port or :port"))
+        let (host, port) = text
+            .rsplit_once(':')
+            .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+            .ok_or_else(|| self.error(name, "expected host:port or :port"))?;
+        let host = if host.is_empty() { "0.0.0.0" } else { host };
+        listen_host(host, port).map_err(|reason| self.error(name, reason))
     }
 
     fn addr(&self, host_var: &str, port_var: &str, port: u16) -> Result<SocketAddr, SettingsError> {
         let host = self.string(host_var, "0.0.0.0");
-        let ip: IpAddr = host
-            .trim_matches(['[', ']'])
-            .parse()
-            .map_err(|_| self.error(host_var, "expected an IP address"))?;
-        Ok(SocketAddr::new(ip, self.number(port_var, port)?))
+        let port = self.number(port_var, port)?;
+        listen_host(&host, port).map_err(|reason| self.error(host_var, reason))
     }
 }
 
@@ -265,11 +273,8 @@ impl Settings {
         }
         config_dir.push(env.string("RUNTIME_APPDIRECTORY", "config"));
 
-        let backend = match env
-            .string("BACKEND_TYPE", "memory")
-            .to_ascii_lowercase()
-            .as_str()
-        {
+        let (backend_type, backend_reason) = backend_type(env);
+        let backend = match backend_type.as_str() {
             "memory" => Backend::Memory(MemoryStoreOptions {
                 max_counters: env.number("MEMORY_MAX_COUNTERS", 1_000_000usize)?,
                 ..MemoryStoreOptions::default()
@@ -311,6 +316,9 @@ impl Settings {
         };
         Ok(Settings {
             grpc_addr: env.addr("GRPC_HOST", "GRPC_PORT", 8081)?,
+            grpc_uds: grpc_uds(env)?,
+            backend_reason,
+            notices: upstream::notices(|name| env.raw(name)),
             http_addr: env.addr("HOST", "PORT", 8080)?,
             config_dir,
             config_source: config_source(env, &load)?,
@@ -386,6 +394,58 @@ impl Settings {
             },
         })
     }
+}
+
+/// The address to listen on for `host`, an IP address or a host name, as Go's `net.Listen`
+/// (upstream's) takes it: a name is resolved, and its first IPv4 address is used, else its
+/// first address.
+fn listen_host(host: &str, port: u16) -> Result<SocketAddr, String> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .map_err(|e| format!("expected an IP address or a host name that resolves: {e}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| "the host name resolves to no address".to_string())
+}
+
+/// The store `BACKEND_TYPE` names, and why. Unset, it is Redis when any Redis variable is set
+/// (upstream's default store is Redis, and its usual environment sets only `REDIS_*`), and the
+/// in-process store otherwise, so `sluice serve` runs with nothing else installed.
+fn backend_type<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> (String, String) {
+    if let Some(kind) = env.raw("BACKEND_TYPE") {
+        return (kind.to_ascii_lowercase(), format!("BACKEND_TYPE={kind}"));
+    }
+    match upstream::redis_variable_set(|name| env.raw(name).is_some()) {
+        Some(name) => (
+            "redis".into(),
+            format!("BACKEND_TYPE is unset and {name} is set (upstream's default store is Redis)"),
+        ),
+        None => (
+            "memory".into(),
+            "BACKEND_TYPE is unset and no REDIS_* variable is set".into(),
+        ),
+    }
+}
+
+/// `GRPC_UDS`: a Unix socket path for the gRPC listener, in place of `GRPC_HOST:GRPC_PORT`.
+fn grpc_uds<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Option<PathBuf>, SettingsError> {
+    let Some(path) = env.raw("GRPC_UDS") else {
+        return Ok(None);
+    };
+    if env.bool("GRPC_SERVER_USE_TLS", false)? {
+        return Err(env.error(
+            "GRPC_UDS",
+            "TLS on a Unix socket is not supported (unset GRPC_SERVER_USE_TLS or GRPC_UDS)",
+        ));
+    }
+    Ok(Some(PathBuf::from(path)))
 }
 
 /// `CONFIG_TYPE`, the xDS client's `CONFIG_GRPC_XDS_*` and `XDS_CLIENT_*` variables, and the
@@ -596,6 +656,7 @@ fn redis_options<F: Fn(&str) -> Option<String>>(
             "certificate files are set but TLS is off (set REDIS_TLS=true or use rediss://)",
         ));
     }
+    let tls_files = shared_tls_files(env, prefix, uses_tls, tls_files)?;
     let jitter_secs: u64 = env.number("EXPIRATION_JITTER_MAX_SECONDS", 300)?;
     Ok(RedisOptions {
         target,
@@ -611,6 +672,21 @@ fn redis_options<F: Fn(&str) -> Option<String>>(
     })
 }
 
+/// Upstream has one set of Redis TLS files (`REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`,
+/// `REDIS_TLS_CLIENT_KEY`) for both of its Redis pools; the per-second Redis uses them too when
+/// it speaks TLS and names no `REDIS_PERSECOND_TLS_*` files of its own.
+fn shared_tls_files<F: Fn(&str) -> Option<String>>(
+    env: &Env<F>,
+    prefix: &str,
+    uses_tls: bool,
+    own: TlsFiles,
+) -> Result<TlsFiles, SettingsError> {
+    if prefix == "REDIS_" || !uses_tls || own != TlsFiles::default() {
+        return Ok(own);
+    }
+    Ok(redis_options(env, "REDIS_")?.tls)
+}
+
 fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend, SettingsError> {
     let max_wait = env.duration("REDIS_STARTUP_MAX_ELAPSED_TIME", Duration::ZERO)?;
     let per_second = if env.bool("REDIS_PERSECOND", false)? {
@@ -623,6 +699,7 @@ fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend,
         per_second,
         startup_max_wait: (!max_wait.is_zero()).then_some(max_wait),
         start_degraded: env.bool("REDIS_STARTUP_DEGRADED", false)?,
+        health_follows_redis: env.bool("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", false)?,
     })
 }
 
@@ -811,7 +888,6 @@ fn stats_settings<F: Fn(&str) -> Option<String>>(
         mapper_file: env.raw("PROMETHEUS_MAPPER_YAML").map(PathBuf::from),
         extra_tags,
         debug_addr: env.addr("DEBUG_HOST", "DEBUG_PORT", 6070)?,
-        mogrifiers_set: env.raw("USE_DOG_STATSD_MOGRIFIERS").is_some(),
     })
 }
 
@@ -1022,6 +1098,115 @@ mod tests {
         );
         assert_eq!(redis_url("rediss://h:1", "unix").unwrap(), "rediss://h:1");
         assert!(redis_url("h:1", "udp").is_err());
+    }
+
+    #[test]
+    fn the_store_follows_upstreams_environment_when_backend_type_is_unset() {
+        let memory = settings(&[]).unwrap();
+        assert_eq!(memory.backend.name(), "memory");
+        assert!(
+            memory.backend_reason.contains("no REDIS_"),
+            "{}",
+            memory.backend_reason
+        );
+        // Upstream's usual environment (Envoy Gateway's too): no BACKEND_TYPE.
+        let upstream =
+            settings(&[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "redis:6379")]).unwrap();
+        let Backend::Redis {
+            options,
+            health_follows_redis,
+            ..
+        } = &upstream.backend
+        else {
+            panic!("not redis: {}", upstream.backend_reason)
+        };
+        assert_eq!(options.target, Target::Single("redis://redis:6379".into()));
+        assert!(!health_follows_redis);
+        assert!(
+            upstream.backend_reason.contains("REDIS_SOCKET_TYPE is set"),
+            "{}",
+            upstream.backend_reason
+        );
+        for name in [
+            "REDIS_TYPE",
+            "REDIS_PERSECOND",
+            "REDIS_STARTUP_DEGRADED",
+            "REDIS_AUTH",
+        ] {
+            let value = if name == "REDIS_TYPE" {
+                "single"
+            } else {
+                "false"
+            };
+            let s = settings(&[(name, value)]).unwrap();
+            assert_eq!(s.backend.name(), "redis", "{name}");
+        }
+        // Said explicitly, BACKEND_TYPE wins.
+        let s = settings(&[("BACKEND_TYPE", "memory"), ("REDIS_URL", "redis:6379")]).unwrap();
+        assert_eq!(s.backend.name(), "memory");
+        let s = settings(&[
+            ("BACKEND_TYPE", "redis"),
+            ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true"),
+        ])
+        .unwrap();
+        assert!(matches!(
+            s.backend,
+            Backend::Redis {
+                health_follows_redis: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn the_per_second_redis_shares_upstreams_tls_files() {
+        let per_second_ca = |per_second_tls: &str| {
+            let s = settings(&[
+                ("BACKEND_TYPE", "redis"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_URL", "main:6379"),
+                ("REDIS_TLS", "true"),
+                ("REDIS_TLS_CACERT", "/ca.pem"),
+                ("REDIS_PERSECOND", "true"),
+                ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+                ("REDIS_PERSECOND_URL", "second:6379"),
+                ("REDIS_PERSECOND_TLS", per_second_tls),
+            ])
+            .unwrap();
+            let Backend::Redis { per_second, .. } = s.backend else {
+                panic!("not redis")
+            };
+            per_second.unwrap().tls.ca_cert
+        };
+        assert_eq!(per_second_ca("true"), Some(PathBuf::from("/ca.pem")));
+        // Without TLS of its own it takes none of them.
+        assert_eq!(per_second_ca("false"), None);
+    }
+
+    #[test]
+    fn listen_hosts_may_be_names_and_grpc_may_use_a_unix_socket() {
+        let s = settings(&[("HOST", "localhost"), ("GRPC_HOST", "127.0.0.1")]).unwrap();
+        assert!(s.http_addr.ip().is_loopback(), "{}", s.http_addr);
+        assert_eq!(s.http_addr.port(), 8080);
+        let s = settings(&[
+            ("USE_PROMETHEUS", "true"),
+            ("USE_STATSD", "false"),
+            ("PROMETHEUS_ADDR", "localhost:9102"),
+        ])
+        .unwrap();
+        assert!(s.prometheus.unwrap().addr.ip().is_loopback());
+        let err = settings(&[("HOST", "no-such-host.invalid")]).unwrap_err();
+        assert_eq!(err.variable, "HOST");
+
+        assert_eq!(settings(&[]).unwrap().grpc_uds, None);
+        let s = settings(&[("GRPC_UDS", "/tmp/rls.sock")]).unwrap();
+        assert_eq!(s.grpc_uds, Some(PathBuf::from("/tmp/rls.sock")));
+        let err = settings(&[
+            ("GRPC_UDS", "/tmp/rls.sock"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.variable, "GRPC_UDS");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //!
 //! Most checks speak raw HTTP/2 over a plain socket (or rustls), because a gRPC client hides
 //! exactly what matters here: whether a GOAWAY came, and when the socket closed. The frame
-//! codec below is the minimum a client needs (RFC 9113 §4.1: a 9-byte header of 24-bit length,
+//! codec is the minimum a client needs (`common::raw_h2`: a 9-byte header of 24-bit length,
 //! type, flags and 31-bit stream id; headers as HPACK literals without Huffman coding).
 
 mod common;
@@ -14,6 +14,10 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::raw_h2::{
+    ACK, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, RST_STREAM, SETTINGS, encode_frame,
+    header_block,
+};
 use common::*;
 use prost::Message;
 use sluice::proto::sluice::v1::limiter_client::LimiterClient;
@@ -23,15 +27,7 @@ use sluice::proto::sluice::v1::{
 };
 use tonic::transport::Channel;
 
-const DATA: u8 = 0x0;
-const HEADERS: u8 = 0x1;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
 const PING: u8 = 0x6;
-const GOAWAY: u8 = 0x7;
-const END_STREAM: u8 = 0x1;
-const ACK: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
 
 /// Longest a raw connection may stay open, and longest a read may wait; far beyond every
 /// expected moment.
@@ -52,30 +48,6 @@ impl Frame {
         let word = |i: usize| u32::from_be_bytes(self.payload[i..i + 4].try_into().unwrap());
         (word(0) & 0x7fff_ffff, word(4))
     }
-}
-
-fn encode_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len() as u32;
-    let mut out = len.to_be_bytes()[1..].to_vec();
-    out.extend([kind, flags]);
-    out.extend(stream.to_be_bytes());
-    out.extend(payload);
-    out
-}
-
-/// A header block of literals "without indexing, new name" (RFC 7541 §6.2.2), short strings
-/// without Huffman coding.
-fn header_block(headers: &[(&str, &str)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (name, value) in headers {
-        out.push(0);
-        for s in [name, value] {
-            assert!(s.len() < 127);
-            out.push(s.len() as u8);
-            out.extend(s.as_bytes());
-        }
-    }
-    out
 }
 
 /// A client speaking raw HTTP/2 over `S` (a TCP or TLS stream).

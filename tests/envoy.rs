@@ -14,7 +14,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::envoy::{Envoy, RatelimitStats, SHIPPED_LIMITS_YAML, StatusCounts, Upstream};
+use common::envoy::{
+    Envoy, RatelimitStats, SHIPPED_LIMITS_YAML, StatusCounts, Upstream, replace_once,
+};
 use common::{RedisServer, Sluice, StoreKind, avoid_window_edge, config_dir, for_each_store};
 
 /// `requests_per_unit` of the limit called `name` in the shipped limits.yaml, so the tests
@@ -208,5 +210,40 @@ async fn connection_age_through_envoy_loses_no_decision() {
         envoy.stat("cluster.sluice.upstream_cx_destroy_with_active_rq"),
         0,
         "connections to Sluice closed under calls"
+    );
+}
+
+/// Under Istio the rate limit cluster is named `outbound|8081||<host>`, and Envoy sends that
+/// name as the `:authority` of its calls (and of its gRPC health checks). Sluice answers them
+/// (it used to reset every one, and Envoy, failing open, admitted everything).
+#[tokio::test]
+async fn istio_cluster_names_as_authority_are_answered() {
+    const ISTIO: &str = "outbound|8081||sluice.default.svc.cluster.local";
+    let (_config, sluice) = shipped_sluice(None);
+    let app = Upstream::start();
+    let filter = "cluster_name: sluice\n                  - name: envoy.filters.http.router";
+    let renamed_filter =
+        format!("cluster_name: \"{ISTIO}\"\n                  - name: envoy.filters.http.router");
+    let cluster = "    - name: sluice\n      type: STRICT_DNS";
+    let renamed_cluster = format!("    - name: \"{ISTIO}\"\n      type: STRICT_DNS");
+    let assignment = "load_assignment:\n        cluster_name: sluice";
+    let renamed_assignment = format!("load_assignment:\n        cluster_name: \"{ISTIO}\"");
+    let make = |listener, admin| {
+        let yaml = common::envoy::shipped_config(listener, admin, sluice.grpc, app.addr);
+        let yaml = replace_once(&yaml, filter, &renamed_filter);
+        let yaml = replace_once(&yaml, cluster, &renamed_cluster);
+        replace_once(&yaml, assignment, &renamed_assignment)
+    };
+    // Ready only once Envoy's gRPC health checks, which carry the same :authority, pass.
+    let envoy = Envoy::start_bootstrap(make, ISTIO, sluice.grpc, app.addr);
+    // Three requests, far under every shipped limit: each is admitted on Sluice's answer, not
+    // on a failed call (which Envoy, failing open, would admit too).
+    let sent = envoy.send(3, 1, Duration::ZERO, "/", &[]);
+    assert_eq!(sent, StatusCounts([(200, 3)].into()));
+    let stats = envoy.ratelimit_stats();
+    assert_eq!(
+        (stats.ok, stats.error, stats.failure_mode_allowed),
+        (3, 0, 0),
+        "{stats:?}"
     );
 }

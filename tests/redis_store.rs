@@ -271,10 +271,21 @@ fn health(sluice: &Sluice) -> u16 {
 async fn a_dead_redis_opens_the_breaker_and_health_follows() {
     let mut redis = RedisServer::start();
     let dir = config_dir(CONFIG);
-    let sluice = Sluice::start(dir.path(), Some(&redis), &[("REDIS_TIMEOUT", "200ms")]);
+    let sluice = Sluice::start(
+        dir.path(),
+        Some(&redis),
+        &[
+            ("REDIS_TIMEOUT", "200ms"),
+            ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true"),
+        ],
+    );
+    // Without that variable health does not follow Redis once it has answered, as upstream.
+    let unfollowing = Sluice::start(dir.path(), Some(&redis), &[("REDIS_TIMEOUT", "200ms")]);
     let mut c = sluice.client().await;
+    let mut unfollowing_client = unfollowing.client().await;
     let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     assert_eq!(health(&sluice), 200);
+    assert_eq!(health(&unfollowing), 200);
 
     redis.kill();
     let mut slowest = Duration::ZERO;
@@ -300,6 +311,19 @@ async fn a_dead_redis_opens_the_breaker_and_health_follows() {
         "{status:?}"
     );
     println!("an open breaker answered in {:?}", started.elapsed());
+    // Twenty failures open its breaker too (after BREAKER_FAILURES, 5).
+    for _ in 0..20 {
+        let status = unfollowing_client
+            .should_rate_limit(alice())
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+    }
+    assert_eq!(
+        health(&unfollowing),
+        200,
+        "health does not follow Redis unless asked"
+    );
 
     redis.restart();
     let back = Instant::now();

@@ -105,6 +105,57 @@ fn check_config_prints_limits_or_errors() {
 }
 
 #[test]
+fn check_config_loads_every_file_as_upstream_and_warns_on_an_empty_directory() {
+    let check = |dir: &std::path::Path, env: &[(&str, &str)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("check-config")
+            .arg(dir)
+            .env_clear()
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let limit = |domain: &str| {
+        format!(
+            "domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: 1}}\n"
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("limits.yml"), limit("yml")).unwrap();
+    std::fs::write(dir.path().join("limits"), limit("bare")).unwrap();
+    std::fs::write(dir.path().join(".dot.yaml"), limit("dot")).unwrap();
+    // Kubernetes' ConfigMap layout: the real files under `..<timestamp>`, reached through `..data`.
+    std::fs::create_dir(dir.path().join("..2026_11_24")).unwrap();
+    std::fs::write(dir.path().join("..2026_11_24/limits.yml"), limit("yml")).unwrap();
+    std::os::unix::fs::symlink("..2026_11_24", dir.path().join("..data")).unwrap();
+
+    let (stdout, stderr) = check(dir.path(), &[]);
+    for file in ["limits.yml", "limits", ".dot.yaml"] {
+        let line = format!("loaded {}", dir.path().join(file).display());
+        assert!(stdout.contains(&line), "{line} missing in\n{stdout}");
+    }
+    assert!(!stdout.contains("..2026"), "{stdout}");
+    assert!(stdout.contains("OK, 3 file(s), 3 domain(s)"), "{stdout}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+
+    let (stdout, _) = check(dir.path(), &[("RUNTIME_IGNOREDOTFILES", "true")]);
+    assert!(stdout.contains("OK, 2 file(s), 2 domain(s)"), "{stdout}");
+
+    let empty = tempfile::tempdir().unwrap();
+    let (stdout, stderr) = check(empty.path(), &[]);
+    assert!(stdout.contains("OK, 0 file(s), 0 domain(s)"), "{stdout}");
+    assert!(
+        stderr.contains("warning: ") && stderr.contains("no domain loaded"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn serve_reads_upstreams_environment_without_flags() {
     // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, as upstream's manifests set them.
     let root = tempfile::tempdir().unwrap();

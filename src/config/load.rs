@@ -55,21 +55,24 @@ const EXTENSION_KEYS: &[&str] = &[
     "record_refused_hits",
 ];
 
-/// Loads every `*.yaml` file under `dir` (recursively, in path order).
+/// Loads every regular file under `dir` (recursively, in path order), whatever its name ends
+/// with, as upstream's runtime loader does: `limits.yml` and `limits` are config files too.
 ///
-/// Directories whose name starts with `..` are Kubernetes' ConfigMap internals (`..data`,
-/// `..2024_…`): the same files are visible through the top-level links, so they are always skipped.
+/// Names starting with `..` are Kubernetes' ConfigMap internals (`..data`, `..2024_…`): the same
+/// files are visible through the top-level links, so they are always skipped. Other dot-files
+/// are loaded unless [`LoadOptions::ignore_dotfiles`]. A directory that yields no domain loads,
+/// with a warning, since upstream's service starts on it too.
 pub fn load_dir(dir: &Path, options: &LoadOptions) -> Result<RateLimitConfig, ConfigErrors> {
     let mut files = Vec::new();
     let mut errors = Vec::new();
     collect_files(dir, options, &mut files, &mut errors);
     files.sort();
     let mut sources = Vec::with_capacity(files.len());
-    for file in files {
-        match fs::read_to_string(&file) {
-            Ok(text) => sources.push((file, text)),
+    for file in &files {
+        match fs::read_to_string(file) {
+            Ok(text) => sources.push((file.clone(), text)),
             Err(e) => errors.push(ConfigError {
-                file,
+                file: file.clone(),
                 line: None,
                 reason: format!("cannot read file: {e}"),
             }),
@@ -78,7 +81,20 @@ pub fn load_dir(dir: &Path, options: &LoadOptions) -> Result<RateLimitConfig, Co
     if !errors.is_empty() {
         return Err(ConfigErrors(errors));
     }
-    load_sources(sources, options)
+    let mut config = load_sources(sources, options)?;
+    if config.domains.is_empty() {
+        config.warnings.push(ConfigError {
+            file: dir.to_path_buf(),
+            line: None,
+            reason: format!(
+                "no domain loaded from {} file(s): every request will be answered OK \
+                 with no limit",
+                files.len()
+            ),
+        });
+    }
+    config.files = files;
+    Ok(config)
 }
 
 fn collect_files(
@@ -108,7 +124,8 @@ fn collect_files(
         // `metadata` follows symlinks, as ConfigMap mounts need.
         match fs::metadata(&path) {
             Ok(meta) if meta.is_dir() => collect_files(&path, options, files, errors),
-            Ok(_) if name.ends_with(".yaml") => files.push(path),
+            Ok(meta) if meta.is_file() => files.push(path),
+            // Sockets, pipes, devices: not files anyone writes limits into.
             Ok(_) => {}
             Err(e) => errors.push(ConfigError {
                 file: path,
@@ -524,11 +541,17 @@ impl FileChecker<'_> {
             .unwrap_or(0);
 
         let quota = if unlimited {
-            if unit_text.is_some() {
-                self.error(
+            // Upstream refuses only a valid unit here; any other text (`unit: ""`) is ignored.
+            match unit_text.as_deref() {
+                Some(text) if Unit::parse(text).is_some() => self.error(
                     node.line,
                     "should not specify rate limit unit when unlimited",
-                );
+                ),
+                Some(text) if !text.is_empty() => self.warn(
+                    fields.get("unit").map_or(node.line, |n| n.line),
+                    format!("unit '{text}' is not a unit; ignored on an unlimited rate limit"),
+                ),
+                _ => {}
             }
             if let Some(key) = EXTENSION_KEYS.iter().find(|k| fields.contains_key(**k)) {
                 self.error(
@@ -758,8 +781,12 @@ impl FileChecker<'_> {
                 continue;
             };
             if allowed.contains(&text.as_str()) {
+                // yaml.v2 keeps the last of duplicate keys; so do we, loudly.
                 if fields.insert(text.as_str(), value).is_some() {
-                    self.error(key.line, format!("config error, duplicate key '{text}'"));
+                    self.warn(
+                        key.line,
+                        format!("duplicate key '{text}': this later value is the one used"),
+                    );
                 }
             } else if EXTENSION_KEYS.contains(&text.as_str()) {
                 self.error(
@@ -793,13 +820,10 @@ impl FileChecker<'_> {
     }
 
     fn boolean(&mut self, node: &Node, field: &str) -> Option<bool> {
-        if let Value::Scalar { text, plain: true } = &node.value {
-            // YAML 1.1 booleans, as upstream's yaml.v2 reads them.
-            match text.to_ascii_lowercase().as_str() {
-                "true" | "yes" | "on" | "y" => return Some(true),
-                "false" | "no" | "off" | "n" => return Some(false),
-                _ => {}
-            }
+        if let Value::Scalar { text, plain: true } = &node.value
+            && let Some(b) = yaml11_bool(text)
+        {
+            return Some(b);
         }
         self.error(
             node.line,
@@ -809,10 +833,22 @@ impl FileChecker<'_> {
     }
 
     fn count(&mut self, node: &Node, field: &str) -> Option<u32> {
-        if let Value::Scalar { text, plain: true } = &node.value
-            && let Ok(n) = text.parse::<u32>()
-        {
-            return Some(n);
+        if let Value::Scalar { text, plain: true } = &node.value {
+            match yaml11_number(text) {
+                Some(Number::Int(n)) => {
+                    if let Ok(n) = u32::try_from(n) {
+                        return Some(n);
+                    }
+                }
+                // yaml.v2 would cut `1.5` to 1 without a word; a fraction of a request is a
+                // mistake, so only whole numbers written as floats (`1e3`) are taken.
+                Some(Number::Float(f))
+                    if f.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&f) =>
+                {
+                    return Some(f as u32);
+                }
+                _ => {}
+            }
         }
         self.error(
             node.line,
@@ -845,6 +881,15 @@ impl FileChecker<'_> {
     }
 }
 
+/// YAML 1.1 booleans, as upstream's yaml.v2 reads them.
+fn yaml11_bool(text: &str) -> Option<bool> {
+    match text.to_ascii_lowercase().as_str() {
+        "true" | "yes" | "on" | "y" => Some(true),
+        "false" | "no" | "off" | "n" => Some(false),
+        _ => None,
+    }
+}
+
 fn describe(node: &Node) -> String {
     match &node.value {
         Value::Scalar { text, .. } => format!("'{text}'"),
@@ -852,17 +897,78 @@ fn describe(node: &Node) -> String {
     }
 }
 
+/// A plain scalar that YAML 1.1, as yaml.v2 resolves it, reads as a number.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Number {
+    Int(i128),
+    Float(f64),
+}
+
+/// yaml.v2's number resolution (upstream reads its files with it): underscores are dropped
+/// anywhere (`1_000`), a sign may lead (`+5`), Go's integer prefixes apply (`0x10`, `0o17`,
+/// `0b101`, and a leading `0` for octal: `010` is 8), and else a decimal float (`1e3`, `2.5`,
+/// `08`). Anything else (`.inf`, `1:30`, `ten`) is not a number.
+fn yaml11_number(text: &str) -> Option<Number> {
+    if !text.starts_with(|c: char| c.is_ascii_digit() || c == '+' || c == '-') {
+        return None;
+    }
+    let plain = text.replace('_', "");
+    let (negative, unsigned) = match plain.as_bytes().first() {
+        Some(b'-') => (true, &plain[1..]),
+        Some(b'+') => (false, &plain[1..]),
+        _ => (false, plain.as_str()),
+    };
+    let lower = unsigned.to_ascii_lowercase();
+    let (radix, digits) = if let Some(d) = lower.strip_prefix("0x") {
+        (16, d)
+    } else if let Some(d) = lower.strip_prefix("0o") {
+        (8, d)
+    } else if let Some(d) = lower.strip_prefix("0b") {
+        (2, d)
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        (8, &lower[1..])
+    } else {
+        (10, lower.as_str())
+    };
+    // `from_str_radix` would take a second sign after the prefix; Go does not.
+    if !digits.is_empty()
+        && !digits.starts_with(['+', '-'])
+        && let Ok(n) = i128::from_str_radix(digits, radix)
+    {
+        return Some(Number::Int(if negative { -n } else { n }));
+    }
+    let float = plain.strip_prefix(['+', '-']).unwrap_or(&plain);
+    let (mantissa, exponent) = match float.find(['e', 'E']) {
+        Some(at) => (&float[..at], Some(&float[at + 1..])),
+        None => (float, None),
+    };
+    let digits_only = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let mantissa_ok = match mantissa.split_once('.') {
+        Some((whole, fraction)) => {
+            (whole.is_empty() && digits_only(fraction))
+                || (digits_only(whole) && (fraction.is_empty() || digits_only(fraction)))
+        }
+        None => digits_only(mantissa),
+    };
+    let exponent_ok = exponent.is_none_or(|e| digits_only(e.strip_prefix(['+', '-']).unwrap_or(e)));
+    if mantissa_ok && exponent_ok {
+        return plain.parse().ok().map(Number::Float);
+    }
+    None
+}
+
 /// Converts free-form YAML (descriptor `metadata`) into a protobuf `Value`, typing plain scalars
-/// the way YAML does (null, booleans, numbers, else strings). Errors carry the offending line.
+/// the way yaml.v2 does (null, YAML 1.1 booleans, numbers, else strings). Errors carry the
+/// offending line.
 fn to_proto_value(node: &Node) -> Result<prost_types::Value, usize> {
     let kind = match &node.value {
         _ if node.is_null() => Kind::NullValue(0),
         Value::Scalar { text, plain: false } => Kind::StringValue(text.clone()),
-        Value::Scalar { text, plain: true } => match text.as_str() {
-            "true" | "True" | "TRUE" => Kind::BoolValue(true),
-            "false" | "False" | "FALSE" => Kind::BoolValue(false),
-            _ => match text.parse::<f64>() {
-                Ok(n) if n.is_finite() => Kind::NumberValue(n),
+        Value::Scalar { text, plain: true } => match yaml11_bool(text) {
+            Some(b) => Kind::BoolValue(b),
+            None => match yaml11_number(text) {
+                Some(Number::Int(n)) => Kind::NumberValue(n as f64),
+                Some(Number::Float(f)) if f.is_finite() => Kind::NumberValue(f),
                 _ => Kind::StringValue(text.clone()),
             },
         },

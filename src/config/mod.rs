@@ -457,6 +457,8 @@ pub struct RateLimitConfig {
     limit_count: usize,
     /// Non-fatal findings (keys upstream accepts but ignores where they stand).
     pub warnings: Vec<ConfigError>,
+    /// The files it was loaded from, in load order (empty when not loaded from a directory).
+    pub files: Vec<std::path::PathBuf>,
 }
 
 impl RateLimitConfig {

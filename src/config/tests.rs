@@ -364,14 +364,32 @@ fn loads_a_directory_recursively_and_skips_configmap_internals() {
     };
     write("a.yaml", "domain: a\n");
     write("nested/b.yaml", "domain: b\n");
-    write("notes.txt", "not yaml");
+    // Every regular file is a config file, as upstream: `.yml`, no extension, anything.
+    write("c.yml", "domain: c\n");
+    write("limits", "domain: e\n");
     write("..data/a.yaml", "domain: a\n");
     write(".hidden.yaml", "domain: hidden\n");
 
     let config = load_dir(dir.path(), &LoadOptions::default()).unwrap();
     let mut names: Vec<&str> = config.domain_names().collect();
     names.sort();
-    assert_eq!(names, ["a", "b", "hidden"]);
+    assert_eq!(names, ["a", "b", "c", "e", "hidden"]);
+    let files: Vec<_> = config
+        .files
+        .iter()
+        .map(|f| f.strip_prefix(dir.path()).unwrap().to_str().unwrap())
+        .collect();
+    assert_eq!(
+        files,
+        [".hidden.yaml", "a.yaml", "c.yml", "limits", "nested/b.yaml"]
+    );
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+
+    // A file that is not YAML config is an error, as upstream, not skipped.
+    write("notes.txt", "not yaml");
+    let err = load_dir(dir.path(), &LoadOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("notes.txt"), "{err}");
+    std::fs::remove_file(dir.path().join("notes.txt")).unwrap();
 
     let options = LoadOptions {
         ignore_dotfiles: true,
@@ -379,6 +397,16 @@ fn loads_a_directory_recursively_and_skips_configmap_internals() {
     };
     let config = load_dir(dir.path(), &options).unwrap();
     assert!(config.domain("hidden").is_none());
+
+    // A directory with no domain loads, with a warning that says so.
+    let empty = tempfile::tempdir().unwrap();
+    let config = load_dir(empty.path(), &options).unwrap();
+    assert_eq!(config.domain_names().count(), 0);
+    assert!(
+        config.warnings[0].to_string().contains("no domain loaded"),
+        "{:?}",
+        config.warnings
+    );
 
     let missing = load_dir(&dir.path().join("missing"), &options).unwrap_err();
     assert!(
@@ -558,4 +586,144 @@ fn algorithm_parameters_that_make_no_sense_are_refused() {
         got,
         ["limits.yaml:4: config error, 'burst' is only valid under rate_limit"]
     );
+}
+
+/// The limit `k=v` of domain `d` gets, as (requests per unit, unit) or "unlimited".
+fn limit_of(config: &RateLimitConfig) -> String {
+    let limit = config
+        .domain("d")
+        .unwrap()
+        .find(&entries(&[("k", "v")]))
+        .unwrap();
+    match &limit.quota {
+        Quota::PerUnit {
+            requests_per_unit,
+            unit,
+            ..
+        } => format!("{requests_per_unit}/{}", unit.name()),
+        Quota::Unlimited => "unlimited".into(),
+    }
+}
+
+#[test]
+fn yaml_forms_upstreams_yaml_v2_accepts_load() {
+    let one = |rate_limit: &str| {
+        let text = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {rate_limit}\n");
+        match load(&text) {
+            Ok(config) => Ok(limit_of(&config)),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    // YAML 1.1 integers, as yaml.v2 resolves them.
+    for (written, read) in [
+        ("1_000", 1000),
+        ("0x10", 16),
+        ("0X1f", 31),
+        ("0o17", 15),
+        ("010", 8),
+        ("08", 8),
+        ("0b101", 5),
+        ("+5", 5),
+        ("1e3", 1000),
+        ("100.0", 100),
+        ("4_294_967_295", u32::MAX),
+    ] {
+        assert_eq!(
+            one(&format!("{{unit: minute, requests_per_unit: {written}}}")),
+            Ok(format!("{read}/{}", Unit::Minute.name())),
+            "{written}"
+        );
+    }
+    for refused in [
+        "-1",
+        "4294967296",
+        "1.5",
+        "'5'",
+        "ten",
+        "0x",
+        "+-5",
+        "2001-12-14",
+    ] {
+        let err = one(&format!("{{unit: minute, requests_per_unit: {refused}}}")).unwrap_err();
+        assert!(
+            err.contains("requests_per_unit must be a whole number"),
+            "{refused}: {err}"
+        );
+    }
+
+    // `unit: ""` (or any text that is not a unit) beside `unlimited: true`, as upstream.
+    assert_eq!(one("{unlimited: true, unit: \"\"}").unwrap(), "unlimited");
+    let config = load("domain: d\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {unlimited: true, unit: forever}\n").unwrap();
+    assert_eq!(limit_of(&config), "unlimited");
+    assert!(
+        config.warnings[0].to_string().contains("unit 'forever'"),
+        "{:?}",
+        config.warnings
+    );
+
+    // Duplicate keys: the last one counts, with a warning.
+    let config = load(
+        "domain: d\ndescriptors:\n  - key: k\n    value: v\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      requests_per_unit: 2\n",
+    )
+    .unwrap();
+    assert_eq!(limit_of(&config), "2/second");
+    assert_eq!(
+        config.warnings[0].to_string(),
+        "limits.yaml:8: duplicate key 'requests_per_unit': this later value is the one used"
+    );
+
+    // Merge keys, one map or a list of maps; the map's own keys win.
+    let config = load(
+        "domain: d\n\
+         descriptors:\n\
+         \x20 - key: k\n\
+         \x20   value: v\n\
+         \x20   rate_limit:\n\
+         \x20     <<: [{unit: hour, requests_per_unit: 3}, {unit: day, name: n}]\n\
+         \x20     requests_per_unit: 4\n\
+         \x20 - &base\n\
+         \x20   key: other\n\
+         \x20   rate_limit: {unit: minute, requests_per_unit: 9}\n\
+         \x20 - <<: *base\n\
+         \x20   key: third\n",
+    )
+    .unwrap();
+    assert_eq!(limit_of(&config), "4/hour");
+    let third = config
+        .domain("d")
+        .unwrap()
+        .find(&entries(&[("third", "x")]))
+        .unwrap();
+    assert!(
+        matches!(
+            third.quota,
+            Quota::PerUnit {
+                requests_per_unit: 9,
+                ..
+            }
+        ),
+        "{:?}",
+        third.quota
+    );
+}
+
+#[test]
+fn metadata_scalars_are_typed_as_yaml_1_1() {
+    let config = load(
+        "domain: d\ndescriptors:\n  - key: k\n    value: v\n    metadata: {a: 0x10, b: yes, c: 1_000, d: '0x10', e: .inf}\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let limit = config
+        .domain("d")
+        .unwrap()
+        .find(&entries(&[("k", "v")]))
+        .unwrap();
+    let fields = &limit.metadata.as_ref().unwrap().fields;
+    use prost_types::value::Kind;
+    let kind = |k: &str| fields[k].kind.clone().unwrap();
+    assert_eq!(kind("a"), Kind::NumberValue(16.0));
+    assert_eq!(kind("b"), Kind::BoolValue(true));
+    assert_eq!(kind("c"), Kind::NumberValue(1000.0));
+    assert_eq!(kind("d"), Kind::StringValue("0x10".into()));
+    assert_eq!(kind("e"), Kind::StringValue(".inf".into()));
 }

@@ -195,7 +195,13 @@ impl MarkedEventReceiver for TreeBuilder {
                     while let (Some(k), Some(v)) = (items.next(), items.next()) {
                         pairs.push((k, v));
                     }
-                    Value::Mapping(pairs)
+                    match merge_keys(pairs) {
+                        Ok(pairs) => Value::Mapping(pairs),
+                        Err(err) => {
+                            self.fail(err.line, err.message);
+                            return;
+                        }
+                    }
                 } else {
                     Value::Sequence(partial.items)
                 };
@@ -225,6 +231,54 @@ impl MarkedEventReceiver for TreeBuilder {
             | Event::DocumentEnd => {}
         }
     }
+}
+
+/// Resolves YAML 1.1 merge keys (`<<: *base`, `<<: [*a, *b]`) as yaml.v2 does: the merged
+/// maps' entries are added after the map's own, a key the map sets itself keeps its own value,
+/// and in a list of maps the first that sets a key wins. Without a `<<` key nothing changes.
+fn merge_keys(pairs: Vec<(Node, Node)>) -> Result<Vec<(Node, Node)>, SyntaxError> {
+    let is_merge =
+        |key: &Node| matches!(&key.value, Value::Scalar { text, plain: true } if text == "<<");
+    if !pairs.iter().any(|(k, _)| is_merge(k)) {
+        return Ok(pairs);
+    }
+    let (merges, mut own): (Vec<_>, Vec<_>) = pairs.into_iter().partition(|(k, _)| is_merge(k));
+    let mut seen: std::collections::HashSet<String> = own
+        .iter()
+        .filter_map(|(k, _)| match &k.value {
+            Value::Scalar { text, .. } => Some(text.clone()),
+            _ => None,
+        })
+        .collect();
+    let not_a_map = |line| SyntaxError {
+        line,
+        message: "a merge key (<<) takes a map or a list of maps".into(),
+    };
+    for (_, source) in merges {
+        let maps = match source.value {
+            Value::Mapping(entries) => vec![entries],
+            Value::Sequence(items) => items
+                .into_iter()
+                .map(|item| match item.value {
+                    Value::Mapping(entries) => Ok(entries),
+                    _ => Err(not_a_map(item.line)),
+                })
+                .collect::<Result<_, _>>()?,
+            _ => return Err(not_a_map(source.line)),
+        };
+        for (key, value) in maps.into_iter().flatten() {
+            // A set of the scalar keys keeps hostile files (huge maps merged into huge maps)
+            // linear; other keys are rare and compared one by one.
+            let taken = match &key.value {
+                Value::Scalar { text, .. } => !seen.insert(text.clone()),
+                _ => own.iter().any(|(k, _)| k.value == key.value),
+            };
+            if !taken {
+                own.push((key, value));
+            }
+        }
+    }
+    Ok(own)
 }
 
 #[cfg(test)]
@@ -295,6 +349,58 @@ mod tests {
         }
         let err = parse(&text).unwrap_err();
         assert!(err.message.contains("excessive aliasing"), "{err:?}");
+    }
+
+    fn keys_and_values(node: &Node) -> Vec<(String, String)> {
+        let Value::Mapping(pairs) = &node.value else {
+            panic!("not a map")
+        };
+        pairs
+            .iter()
+            .map(|(k, v)| match (&k.value, &v.value) {
+                (Value::Scalar { text: k, .. }, Value::Scalar { text: v, .. }) => {
+                    (k.clone(), v.clone())
+                }
+                _ => panic!("not scalars"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn merge_keys_resolve_as_in_yaml_1_1() {
+        let doc = parse(
+            "base: &base {unit: minute, requests_per_unit: 5}\n\
+             other: &other {unit: hour, name: n}\n\
+             one: {<<: *base, requests_per_unit: 7}\n\
+             list:\n  <<: [*other, *base]\n  extra: x\n",
+        )
+        .unwrap()
+        .unwrap();
+        let Value::Mapping(top) = &doc.value else {
+            panic!("not a map")
+        };
+        let pairs = |at: usize| keys_and_values(&top[at].1);
+        let own = |k: &str, v: &str| (k.to_string(), v.to_string());
+        // The map's own key wins over the merged one.
+        assert_eq!(
+            pairs(2),
+            [own("requests_per_unit", "7"), own("unit", "minute")]
+        );
+        // In a list, the first map that sets a key wins.
+        assert_eq!(
+            pairs(3),
+            [
+                own("extra", "x"),
+                own("unit", "hour"),
+                own("name", "n"),
+                own("requests_per_unit", "5")
+            ]
+        );
+        let err = parse("a: {<<: 5}\n").unwrap_err();
+        assert!(err.message.contains("merge key"), "{err:?}");
+        // A quoted "<<" is an ordinary key.
+        let doc = parse("'<<': x\n").unwrap().unwrap();
+        assert_eq!(keys_and_values(&doc), [own("<<", "x")]);
     }
 
     #[test]

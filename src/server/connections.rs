@@ -26,7 +26,7 @@ use std::time::Duration;
 use futures::Stream;
 use prometheus::{IntCounter, IntGauge};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 
@@ -74,12 +74,27 @@ impl ConnectionLimit {
     /// Accepts until a connection is admitted. Accept errors (out of file descriptors, say) are
     /// logged and retried after a pause rather than ending the listener.
     pub async fn accept(&self, listener: &TcpListener) -> (Admitted<TcpStream>, SocketAddr) {
+        self.accept_from(|| async {
+            let (stream, peer) = listener.accept().await?;
+            // Rate limit answers are small and latency-bound.
+            let _ = stream.set_nodelay(true);
+            Ok((stream, peer))
+        })
+        .await
+    }
+
+    /// [`Self::accept`] for any kind of listener, given as its accept call.
+    async fn accept_from<IO, Peer, Accepted>(
+        &self,
+        mut accept: impl FnMut() -> Accepted,
+    ) -> (Admitted<IO>, Peer)
+    where
+        Accepted: Future<Output = io::Result<(IO, Peer)>>,
+    {
         loop {
-            match listener.accept().await {
-                Ok((stream, peer)) => {
-                    // Rate limit answers are small and latency-bound.
-                    let _ = stream.set_nodelay(true);
-                    if let Some(admitted) = self.admit(stream) {
+            match accept().await {
+                Ok((io, peer)) => {
+                    if let Some(admitted) = self.admit(io) {
                         return (admitted, peer);
                     }
                 }
@@ -92,15 +107,41 @@ impl ConnectionLimit {
     }
 }
 
+/// A listener the gRPC server accepts from: TCP, or a Unix socket (`GRPC_UDS`).
+pub(crate) trait Acceptor: Send + Sync + 'static {
+    type Io: Send + 'static;
+
+    fn accept_io(&self) -> impl Future<Output = io::Result<(Self::Io, ())>> + Send;
+}
+
+impl Acceptor for TcpListener {
+    type Io = TcpStream;
+
+    async fn accept_io(&self) -> io::Result<(TcpStream, ())> {
+        let (stream, _) = self.accept().await?;
+        // Rate limit answers are small and latency-bound.
+        let _ = stream.set_nodelay(true);
+        Ok((stream, ()))
+    }
+}
+
+impl Acceptor for UnixListener {
+    type Io = UnixStream;
+
+    async fn accept_io(&self) -> io::Result<(UnixStream, ())> {
+        Ok((self.accept().await?.0, ()))
+    }
+}
+
 /// The admitted connections of `listener`, as the stream tonic serves from, each closed
 /// `lifetime` after it is handed over (`None`: never).
-pub(crate) fn incoming(
-    listener: TcpListener,
+pub(crate) fn incoming<L: Acceptor>(
+    listener: L,
     limit: ConnectionLimit,
     lifetime: Option<Duration>,
-) -> impl Stream<Item = io::Result<Expiring<Admitted<TcpStream>>>> + Send + 'static {
+) -> impl Stream<Item = io::Result<Expiring<Admitted<L::Io>>>> + Send + 'static {
     futures::stream::unfold((listener, limit), move |(listener, limit)| async move {
-        let (admitted, _) = limit.accept(&listener).await;
+        let (admitted, ()) = limit.accept_from(|| listener.accept_io()).await;
         Some((Ok(Expiring::new(admitted, lifetime)), (listener, limit)))
     })
 }
@@ -177,8 +218,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
     }
 }
 
-impl tonic::transport::server::Connected for Admitted<TcpStream> {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected for Admitted<IO> {
+    type ConnectInfo = IO::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.io.connect_info()

@@ -13,9 +13,10 @@ pub(crate) mod rls;
 pub mod tls;
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 
 pub use health::Health;
 
@@ -48,12 +49,43 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+    #[error("cannot listen on the Unix socket {path}: {source}")]
+    BindUnix {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("gRPC TLS (GRPC_SERVER_USE_TLS) is not supported on a Unix socket (GRPC_UDS)")]
+    TlsOnUnixSocket,
     /// `PROMETHEUS_MAPPER_YAML` names a file that does not load.
     #[error("PROMETHEUS_MAPPER_YAML: {0}")]
     Mapper(#[from] crate::metrics::MapperError),
     /// The configuration source (the xDS client) cannot start.
     #[error("config source: {0}")]
     ConfigSource(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Where the gRPC port listens: TCP (`GRPC_HOST:GRPC_PORT`) or, as upstream with `GRPC_UDS`, a
+/// Unix socket instead.
+pub(crate) enum GrpcListener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+/// Listens on the Unix socket `path`. A socket file left there by a process that is gone (no
+/// one accepts on it) is replaced; any other file there is an error, never removed.
+pub(crate) fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
+    let error = |source| ServeError::BindUnix {
+        path: path.to_path_buf(),
+        source,
+    };
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path)
+        && meta.file_type().is_socket()
+        && std::os::unix::net::UnixStream::connect(path).is_err()
+    {
+        std::fs::remove_file(path).map_err(error)?;
+    }
+    UnixListener::bind(path).map_err(error)
 }
 
 /// What every gRPC listener needs to know (from `GRPC_*`, `MAX_CONNECTIONS` and the reload

@@ -25,7 +25,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::connections::{self, ConnectionLimit};
 use super::named::NamedApiService;
-use super::{GrpcOptions, ServeError, tls};
+use super::{GrpcListener, GrpcOptions, ServeError, tls};
 use crate::metrics::{ApiMetrics, Metrics};
 use crate::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
 use crate::rls::{RateLimiter, RlsError};
@@ -112,7 +112,7 @@ pub(crate) fn to_status(error: RlsError) -> Status {
 /// Serves RLS, health, reflection and, when it shares the port, the native API on `listener`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve<H>(
-    listener: TcpListener,
+    listener: GrpcListener,
     options: &GrpcOptions,
     limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
@@ -163,7 +163,7 @@ pub(crate) fn serve_named_api(
 ) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError> {
     let limit = ConnectionLimit::new(options.max_connections, "limiter_api", metrics);
     let router = builder(options).add_service(service);
-    listen(router, listener, limit, options, stopped)
+    listen(router, GrpcListener::Tcp(listener), limit, options, stopped)
 }
 
 /// The HTTP/2 settings every gRPC listener shares.
@@ -192,15 +192,29 @@ fn lifetime(options: &GrpcOptions) -> Option<Duration> {
     (!age.is_zero() && !grace.is_zero()).then(|| age.saturating_add(grace))
 }
 
+/// A gRPC listener at work, until it stops or fails.
+type Serving = Pin<Box<dyn Future<Output = Result<(), ServeError>> + Send>>;
+
 /// Accepts on `listener` (with TLS when configured) until `stopped`.
 fn listen(
     router: tonic::transport::server::Router,
-    listener: TcpListener,
+    listener: GrpcListener,
     limit: ConnectionLimit,
     options: &GrpcOptions,
     stopped: impl Future<Output = ()> + Send + 'static,
-) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError> {
+) -> Result<Serving, ServeError> {
     let lifetime = lifetime(options);
+    let listener = match listener {
+        GrpcListener::Tcp(listener) => listener,
+        GrpcListener::Unix(_) if options.tls.is_some() => return Err(ServeError::TlsOnUnixSocket),
+        GrpcListener::Unix(listener) => {
+            let incoming = connections::incoming(listener, limit, lifetime);
+            let serving = router.serve_with_incoming_shutdown(incoming, stopped);
+            return Ok(Box::pin(
+                async move { serving.await.map_err(ServeError::from) },
+            ));
+        }
+    };
     let serving: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
         match &options.tls {
             None => {
@@ -218,5 +232,7 @@ fn listen(
                 Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
             }
         };
-    Ok(async move { serving.await.map_err(ServeError::from) })
+    Ok(Box::pin(
+        async move { serving.await.map_err(ServeError::from) },
+    ))
 }

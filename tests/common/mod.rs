@@ -7,6 +7,7 @@
 
 pub mod envoy;
 pub mod load;
+pub mod raw_h2;
 pub mod xds;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -217,6 +218,8 @@ pub fn sluice_command(config: &Path) -> Command {
         .env("DEBUG_PORT", "0")
         .env("LOG_FORMAT", "json")
         .env("LOG_LEVEL", "info")
+        // Said explicitly, since REDIS_TIMEOUT below would otherwise select Redis.
+        .env("BACKEND_TYPE", "memory")
         .env("REDIS_TIMEOUT", "5s")
         // Off by default in the service; most tests use it (tests/limiter_api.rs checks the
         // default with this removed).
@@ -275,8 +278,10 @@ impl Sluice {
             };
             if event["fields"]["message"] == "sluice is listening" {
                 let addr = |k: &str| event["fields"][k].as_str().unwrap().parse().unwrap();
+                // With GRPC_UDS the gRPC address is `unix:<path>` (the test knows the path).
+                let grpc = event["fields"]["grpc"].as_str().unwrap();
                 return Sluice {
-                    grpc: addr("grpc"),
+                    grpc: grpc.parse().unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
                     http: addr("http"),
                     debug: addr("debug"),
                     limiter_api: event["fields"]["limiter"]

@@ -155,13 +155,6 @@ Checks that fail the render with a clear message instead of producing a broken r
 {{- if lt (int .Values.terminationGracePeriodSeconds) (add $sleep $grace) }}
 {{- fail (printf "terminationGracePeriodSeconds (%d) must be at least lifecycle.preStopSleepSeconds + settings.shutdownGracePeriodSeconds (%d)" (int .Values.terminationGracePeriodSeconds) (add $sleep $grace)) }}
 {{- end }}
-{{- if not .Values.existingConfigMap }}
-{{- range $file, $_ := .Values.limits }}
-{{- if not (hasSuffix ".yaml" $file) }}
-{{- fail (printf "limits: %q does not end in .yaml, and Sluice reads only *.yaml files" $file) }}
-{{- end }}
-{{- end }}
-{{- end }}
 {{- end }}
 
 {{/*
