@@ -1087,6 +1087,45 @@ fn image_runs_where_upstreams_runs() {
 /// tests opens a file for writing or makes a temporary file (logs go to stdout, counters to
 /// memory or Redis). A write added later must come with a volume in the chart and an entry in
 /// ALLOWED saying why it is fine.
+/// Every directory Cargo must see to build the workspace (its members and patched crates) is in
+/// the image's build context, which `Dockerfile.dockerignore` filters by an allow-list: a
+/// member left out fails `cargo build --locked` inside the image, where no test runs it.
+#[test]
+fn the_image_build_context_holds_the_workspace() {
+    let manifest = read("Cargo.toml");
+    let allowed: Vec<&str> = DOCKERIGNORE_ALLOW
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix('!'))
+        .collect();
+    let members = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("members = "))
+        .expect("Cargo.toml has a workspace members list");
+    let patches = manifest
+        .lines()
+        .filter(|l| l.contains("{ path = "))
+        .filter_map(|l| l.split('"').nth(1));
+    let needed: Vec<&str> = members
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .chain(patches)
+        .filter(|dir| *dir != ".")
+        .collect();
+    assert!(!needed.is_empty());
+    for dir in needed {
+        assert!(
+            allowed
+                .iter()
+                .any(|a| dir.starts_with(a.trim_end_matches('/'))),
+            "deploy/docker/Dockerfile.dockerignore leaves {dir}/ out of the image's build \
+             context, but Cargo.toml needs it (allowed: {allowed:?})"
+        );
+    }
+}
+
+const DOCKERIGNORE_ALLOW: &str = include_str!("../deploy/docker/Dockerfile.dockerignore");
+
 #[test]
 fn the_service_writes_no_file() {
     /// (file, call, why): writes the service makes only where the operator asked for a file.
