@@ -71,7 +71,11 @@ def env_of(docs):
 
 
 scenarios = {
-    "defaults": ({}, {"BACKEND_TYPE": "memory"}),
+    "defaults": ({}, {"BACKEND_TYPE": "memory", "USE_STATSD": "false"}),
+    "statsd": (
+        {"statsd": {"enabled": True, "host": "statsd.monitoring", "port": 9125}},
+        {"USE_STATSD": "true", "STATSD_HOST": "statsd.monitoring", "STATSD_PORT": "9125"},
+    ),
     "redis": ({"backend": "redis"}, {"BACKEND_TYPE": "redis", "REDIS_TYPE": "single",
                                      "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true"}),
     "redis cluster": (
