@@ -92,7 +92,8 @@ scenarios = {
     "tracing and fail-open": (
         {"tracing": {"otlpEndpoint": "http://collector:4317"}, "failurePolicy": "fail_open",
          "serviceMonitor": {"enabled": True}},
-        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "FAILURE_POLICY": "fail_open"},
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "TRACING_EXPORTER_PROTOCOL": "grpc",
+         "FAILURE_POLICY": "fail_open"},
     ),
 }
 for label, (values, want_env) in scenarios.items():

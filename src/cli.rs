@@ -60,10 +60,25 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("sluice: {error:#}");
+            eprintln!("sluice: {}", describe(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each once: most of Sluice's errors already quote their cause in
+/// their own message (`cannot listen on …: <cause>`), so a cause whose text is already shown is
+/// not repeated (anyhow's `{:#}` would print it twice).
+fn describe(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -128,4 +143,24 @@ fn check_config(dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
         limits.len()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cause_is_shown_once() {
+        let bind = crate::server::ServeError::Bind {
+            addr: "127.0.0.1:1".parse().unwrap(),
+            source: std::io::Error::other("address in use"),
+        };
+        assert_eq!(
+            describe(&anyhow::Error::from(bind)),
+            "cannot listen on 127.0.0.1:1: address in use"
+        );
+        let wrapped = anyhow::Error::from(std::io::Error::other("no such variable"))
+            .context("invalid environment");
+        assert_eq!(describe(&wrapped), "invalid environment: no such variable");
+    }
 }

@@ -80,8 +80,9 @@ async fn serve(addr: SocketAddr) -> Result<()> {
     println!(
         "{}",
         serde_json::json!({
-            "level": "INFO",
-            "fields": {"message": "null-server is listening", "grpc": local.to_string()},
+            "level": "info",
+            "@message": "null-server is listening",
+            "grpc": local.to_string(),
         })
     );
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));

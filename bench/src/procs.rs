@@ -2,7 +2,7 @@
 //!
 //! Every process is started on a free loopback port and killed when its handle drops, so an
 //! error or Ctrl-C in the middle of a run leaves nothing behind. Servers report their address
-//! on stdout as a JSON log line (`fields.message` + `fields.grpc`), which is parsed here; their
+//! on stdout as a JSON log line (`@message` + `grpc`), which is parsed here; their
 //! output is drained into a short tail that is shown when a process dies.
 
 use std::collections::VecDeque;
@@ -186,8 +186,8 @@ struct Proc {
 const TAIL_LINES: usize = 30;
 
 impl Proc {
-    /// Spawns a server that prints a JSON line with `fields.message == ready_message` and
-    /// `fields.grpc`, and returns it with that address.
+    /// Spawns a server that prints a JSON line with `@message == ready_message` and
+    /// `grpc`, and returns it with that address.
     fn spawn_server(
         name: &'static str,
         mut cmd: Command,
@@ -249,7 +249,7 @@ impl Drop for Proc {
 }
 
 /// Reads `pipe` line by line on a thread of its own, keeping the last lines; with `ready`, sends
-/// the gRPC address from the first JSON line whose `fields.message` is the given one.
+/// the gRPC address from the first JSON line whose `@message` is the given one.
 fn drain(
     pipe: impl Read + Send + 'static,
     tail: Arc<Mutex<VecDeque<String>>>,
@@ -275,10 +275,10 @@ fn drain(
 
 fn listening_addr(line: &str, message: &str) -> Option<SocketAddr> {
     let event: serde_json::Value = serde_json::from_str(line).ok()?;
-    if event["fields"]["message"] != message {
+    if event["@message"] != message {
         return None;
     }
-    event["fields"]["grpc"].as_str()?.parse().ok()
+    event["grpc"].as_str()?.parse().ok()
 }
 
 /// A `redis-server` without persistence on a free loopback port.

@@ -150,14 +150,8 @@ pub const UPSTREAM_VARIABLES: &[(&str, Support)] = &[
     ("MERGE_DOMAIN_CONFIG", Implemented),
     ("TRACING_ENABLED", Implemented),
     ("TRACING_SERVICE_NAME", Implemented),
-    (
-        "TRACING_SERVICE_NAMESPACE",
-        NotSupported("spans carry only the service name (TRACING_SERVICE_NAME)"),
-    ),
-    (
-        "TRACING_SERVICE_INSTANCE_ID",
-        NotSupported("spans carry only the service name (TRACING_SERVICE_NAME)"),
-    ),
+    ("TRACING_SERVICE_NAMESPACE", Implemented),
+    ("TRACING_SERVICE_INSTANCE_ID", Implemented),
     ("TRACING_EXPORTER_PROTOCOL", Implemented),
     ("TRACING_SAMPLING_RATE", Implemented),
     // Newer releases than the settings.go above.

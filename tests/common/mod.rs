@@ -276,17 +276,16 @@ impl Sluice {
             let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
                 continue;
             };
-            if event["fields"]["message"] == "sluice is listening" {
-                let addr = |k: &str| event["fields"][k].as_str().unwrap().parse().unwrap();
+            // LOG_FORMAT=json: upstream's field names, the event's fields beside them.
+            if event["@message"] == "sluice is listening" {
+                let addr = |k: &str| event[k].as_str().unwrap().parse().unwrap();
                 // With GRPC_UDS the gRPC address is `unix:<path>` (the test knows the path).
-                let grpc = event["fields"]["grpc"].as_str().unwrap();
+                let grpc = event["grpc"].as_str().unwrap();
                 return Sluice {
                     grpc: grpc.parse().unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
                     http: addr("http"),
                     debug: addr("debug"),
-                    limiter_api: event["fields"]["limiter"]
-                        .as_str()
-                        .map(|a| a.parse().unwrap()),
+                    limiter_api: event["limiter"].as_str().map(|a| a.parse().unwrap()),
                     child,
                     stdout_rest: rx,
                 };
