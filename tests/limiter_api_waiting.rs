@@ -53,13 +53,23 @@ async fn waiters_are_served_in_arrival_order_with_few_store_calls() {
         for i in 0..WAITERS {
             let mut c = c.clone();
             let request = take(Duration::from_secs(60));
+            let (queued, on_the_way) = tokio::sync::oneshot::channel();
             waiters.push(tokio::spawn(async move {
-                let r = c.try_acquire(request).await.unwrap().into_inner();
+                let mut call = std::pin::pin!(c.try_acquire(request));
+                // The first poll puts the request on the channel's queue, behind the earlier
+                // waiters' (a task scheduled late must not overtake them on the client side).
+                if let std::task::Poll::Ready(r) = futures::poll!(call.as_mut()) {
+                    panic!("answered before waiting: {r:?}");
+                }
+                queued.send(()).unwrap();
+                let r = call.await.unwrap().into_inner();
                 (i, r.acquired, Instant::now())
             }));
-            // Arrivals 50 ms apart, so their order is known even when a busy machine delays a
-            // task by a few tens of milliseconds (a quiet one: well under 1 ms).
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            on_the_way.await.unwrap();
+            // Arrivals 100 ms apart (grants come every 200 ms, so a line still forms), so their
+            // order is known even when a busy machine delays the server's tasks by tens of
+            // milliseconds (a quiet one: well under 1 ms).
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let mut done = Vec::new();
         for w in waiters {
