@@ -13,8 +13,9 @@ use prost_types::value::Kind;
 
 use super::yaml::{self, Node, Value};
 use super::{
-    Algorithm, AlgorithmField, Children, ConfigError, ConfigErrors, Domain, Level, Limit, Origin,
-    Quota, RateLimitConfig, Stats, TreeNode, Unit, WarmUpProblem, Wildcard,
+    Algorithm, AlgorithmField, Children, ConfigError, ConfigErrors, Domain, Level, Limit,
+    MAX_WINDOW_SECS, Origin, Quota, RateLimitConfig, Stats, TreeNode, Unit, WarmUpProblem,
+    Wildcard,
 };
 
 /// Loader switches that come from the environment (upstream's variable names in brackets).
@@ -53,6 +54,7 @@ const EXTENSION_KEYS: &[&str] = &[
     "warmup_period",
     "cold_factor",
     "record_refused_hits",
+    "unit_multiplier",
 ];
 
 /// Loads every regular file under `dir` (recursively, in path order), whatever its name ends
@@ -517,6 +519,7 @@ impl FileChecker<'_> {
             "warmup_period",
             "cold_factor",
             "record_refused_hits",
+            "unit_multiplier",
         ];
         let fields = self.mapping(node, "rate_limit", FIELDS)?;
         let record_refused_hits = fields
@@ -563,11 +566,24 @@ impl FileChecker<'_> {
         } else {
             let text = unit_text.unwrap_or_default();
             match Unit::parse(&text) {
-                Some(unit) => Quota::PerUnit {
-                    requests_per_unit,
-                    unit,
-                    algorithm: self.algorithm(&fields, node.line, requests_per_unit, unit)?,
-                },
+                Some(unit) => {
+                    let unit_multiplier = match fields.get("unit_multiplier") {
+                        Some(n) => self.unit_multiplier(n, unit)?,
+                        None => 1,
+                    };
+                    let window_secs = unit.window_secs() * u64::from(unit_multiplier);
+                    Quota::PerUnit {
+                        requests_per_unit,
+                        unit,
+                        unit_multiplier,
+                        algorithm: self.algorithm(
+                            &fields,
+                            node.line,
+                            requests_per_unit,
+                            window_secs,
+                        )?,
+                    }
+                }
                 None => {
                     let line = fields.get("unit").map_or(node.line, |n| n.line);
                     self.error(line, format!("invalid rate limit unit '{text}'"));
@@ -634,7 +650,7 @@ impl FileChecker<'_> {
         fields: &HashMap<&str, &Node>,
         line: usize,
         requests_per_unit: u32,
-        unit: Unit,
+        window_secs: u64,
     ) -> Option<Algorithm> {
         let name = match fields.get("algorithm") {
             Some(n) => self.string(n, "algorithm")?,
@@ -731,7 +747,7 @@ impl FileChecker<'_> {
         }
 
         if let Err(problem) =
-            algorithm.check_numbers(u64::from(requests_per_unit), unit.window_secs() * 1_000_000)
+            algorithm.check_numbers(u64::from(requests_per_unit), window_secs * 1_000_000)
         {
             let field = match problem.field {
                 AlgorithmField::Rate => "requests_per_unit",
@@ -744,6 +760,44 @@ impl FileChecker<'_> {
             return None;
         }
         Some(algorithm)
+    }
+
+    /// Reads `unit_multiplier`: a whole number from 1 on, with the window it makes (`unit` times
+    /// it) at most [`MAX_WINDOW_SECS`].
+    fn unit_multiplier(&mut self, node: &Node, unit: Unit) -> Option<u32> {
+        let most = MAX_WINDOW_SECS / unit.window_secs();
+        let whole = match &node.value {
+            Value::Scalar { text, plain: true } => match yaml11_number(text) {
+                Some(Number::Int(n)) => Some(n),
+                Some(Number::Float(f)) if f.fract() == 0.0 && f.abs() < 1e30 => Some(f as i128),
+                _ => None,
+            },
+            _ => None,
+        };
+        match whole {
+            Some(n) if n >= 1 && n <= i128::from(most) => u32::try_from(n).ok(),
+            Some(n) if n >= 1 => {
+                self.error(
+                    node.line,
+                    format!(
+                        "unit_multiplier {n} makes a window longer than 100 years (at most \
+                         {most} for unit {})",
+                        unit.name()
+                    ),
+                );
+                None
+            }
+            _ => {
+                self.error(
+                    node.line,
+                    format!(
+                        "unit_multiplier must be a whole number of at least 1, found: {}",
+                        describe(node)
+                    ),
+                );
+                None
+            }
+        }
     }
 
     /// Checks that `node` is a map with string keys that upstream knows, and returns the entries

@@ -112,8 +112,31 @@ pub enum Quota {
     PerUnit {
         requests_per_unit: u32,
         unit: Unit,
+        /// `unit_multiplier` (a Sluice extension, 1 when absent): the window is this many units
+        /// long, and `requests_per_unit` counts per window.
+        unit_multiplier: u32,
         algorithm: Algorithm,
     },
+}
+
+/// The longest window `unit × unit_multiplier` may make: 100 years of 365 days. Far beyond any
+/// use, and it keeps every window in microseconds exact in Lua's doubles (2^53 µs is 285
+/// years).
+pub const MAX_WINDOW_SECS: u64 = 100 * 31_536_000;
+
+impl Quota {
+    /// The length of a counted limit's window in seconds (`unit × unit_multiplier`); `None` when
+    /// unlimited. The one place the multiplier is applied.
+    pub fn window_secs(&self) -> Option<u64> {
+        match *self {
+            Quota::Unlimited => None,
+            Quota::PerUnit {
+                unit,
+                unit_multiplier,
+                ..
+            } => Some(unit.window_secs() * u64::from(unit_multiplier.max(1))),
+        }
+    }
 }
 
 /// How a limit counts: `rate_limit.algorithm` and its parameters (a sluice extension; upstream
@@ -351,6 +374,8 @@ impl Limit {
             quota: Quota::PerUnit {
                 requests_per_unit,
                 unit,
+                // The protocol's override has no multiplier: always one unit.
+                unit_multiplier: 1,
                 algorithm: Algorithm::FixedWindow,
             },
             replaces: Vec::new(),
@@ -384,8 +409,19 @@ impl fmt::Display for Limit {
             Quota::PerUnit {
                 requests_per_unit,
                 unit,
+                unit_multiplier: 1,
                 algorithm,
             } => write!(f, "{requests_per_unit}/{} {algorithm}", unit.name())?,
+            Quota::PerUnit {
+                requests_per_unit,
+                unit,
+                unit_multiplier,
+                algorithm,
+            } => write!(
+                f,
+                "{requests_per_unit}/{unit_multiplier}x{} {algorithm}",
+                unit.name()
+            )?,
         }
         if !self.name.is_empty() {
             write!(f, " name={}", self.name)?;
@@ -414,7 +450,8 @@ impl fmt::Display for Limit {
 
 /// The limit as a line of upstream's debug dump (`/rlconfig` on the debug port):
 /// `<domain>.<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>`; an unlimited
-/// limit has unit `UNKNOWN` and 0 requests, as upstream stores it.
+/// limit has unit `UNKNOWN` and 0 requests, as upstream stores it. A `unit_multiplier` other
+/// than 1 (upstream has none) is added after the unit as `unit_multiplier=<n>`.
 pub struct UpstreamDumpLine<'a>(pub &'a Limit);
 
 impl fmt::Display for UpstreamDumpLine<'_> {
@@ -422,6 +459,18 @@ impl fmt::Display for UpstreamDumpLine<'_> {
         let limit = self.0;
         let (unit, requests) = match limit.quota {
             Quota::Unlimited => ("UNKNOWN".to_string(), 0),
+            Quota::PerUnit {
+                requests_per_unit,
+                unit,
+                unit_multiplier,
+                ..
+            } if unit_multiplier > 1 => (
+                format!(
+                    "{} unit_multiplier={unit_multiplier}",
+                    unit.name().to_ascii_uppercase()
+                ),
+                requests_per_unit,
+            ),
             Quota::PerUnit {
                 requests_per_unit,
                 unit,

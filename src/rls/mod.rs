@@ -145,6 +145,9 @@ struct Answers<'p> {
     /// Per status, the limit it was judged under when it is not over that limit (for the
     /// dynamic metadata).
     passed: Vec<Option<&'p Limit>>,
+    /// Per status, the length in seconds of the window of the limit it names (0: none), for
+    /// the draft headers' `w=` (the protocol's unit does not carry `unit_multiplier`).
+    windows: Vec<u64>,
     tally: response::Tally,
 }
 
@@ -284,15 +287,17 @@ impl RateLimiter {
                     requests_per_unit,
                     unit,
                     algorithm,
+                    ..
                 } = limit.quota
                 else {
                     return Plan::Unlimited;
                 };
+                let window_secs = limit.quota.window_secs().unwrap_or(unit.window_secs());
                 let (key, rule) = self.counter(
                     &request.domain,
                     descriptor,
                     &limit,
-                    (requests_per_unit, unit, algorithm),
+                    (requests_per_unit, window_secs, algorithm),
                     now_secs,
                 );
                 per_second.push(unit == Unit::Second);
@@ -305,6 +310,7 @@ impl RateLimiter {
                 let rate = response::Rate {
                     requests_per_unit,
                     unit,
+                    window_secs,
                 };
                 Plan::Counted(limit, rate, checks.len() - 1)
             })
@@ -345,6 +351,7 @@ impl RateLimiter {
         let mut answers = Answers {
             statuses: Vec::with_capacity(plan.slots.len()),
             passed: Vec::with_capacity(plan.slots.len()),
+            windows: Vec::with_capacity(plan.slots.len()),
             tally: response::Tally::default(),
         };
         for (index, (slot, descriptor)) in plan.slots.iter().zip(&request.descriptors).enumerate() {
@@ -390,6 +397,10 @@ impl RateLimiter {
             answers.passed.push(match slot {
                 Plan::Counted(limit, ..) if !judged.over => Some(&**limit),
                 _ => None,
+            });
+            answers.windows.push(match slot {
+                Plan::Counted(_, rate, _) => rate.window_secs,
+                _ => 0,
             });
             answers.statuses.push(status);
         }
@@ -524,6 +535,7 @@ impl RateLimiter {
         let Answers {
             statuses,
             passed,
+            windows,
             tally,
         } = answers;
         let over_limit = tally.over_limit();
@@ -544,14 +556,15 @@ impl RateLimiter {
             ..Default::default()
         };
         let headers = self.options.response_headers.is_some() || self.options.draft_headers;
-        if headers && let Some(status) = tally.header_source().map(|i| &statuses[i]) {
+        if headers && let Some(source) = tally.header_source() {
+            let status = &statuses[source];
             if let Some(names) = &self.options.response_headers {
                 reply.response_headers_to_add = names.headers(status);
             }
             if self.options.draft_headers {
                 reply
                     .response_headers_to_add
-                    .extend(response::draft_headers(status));
+                    .extend(response::draft_headers(status, windows[source]));
             }
         }
         if self.options.dynamic_metadata {
@@ -568,11 +581,10 @@ impl RateLimiter {
         domain: &str,
         descriptor: &RateLimitDescriptor,
         limit: &Limit,
-        (requests_per_unit, unit, algorithm): (u32, Unit, ConfigAlgorithm),
+        (requests_per_unit, window_secs, algorithm): (u32, u64, ConfigAlgorithm),
         now_secs: u64,
     ) -> (String, Rule) {
         let entries = &descriptor.entries;
-        let window_secs = unit.window_secs();
         let mut rule = rule_for(
             algorithm,
             u64::from(requests_per_unit),
