@@ -255,3 +255,312 @@ fn check_config_refuses_bad_unit_multipliers() {
         );
     }
 }
+
+/// 5 per second and 20 per minute on one descriptor, named so statuses show which decided.
+const BURST_AND_SUSTAINED: &str = "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {name: burst, unit: second, requests_per_unit: 5}
+      - {name: sustained, unit: minute, requests_per_unit: 20}
+";
+
+/// The same budgets, counted by a sliding-window log and a token bucket.
+const LOG_AND_BUCKET: &str = "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {name: burst, unit: second, requests_per_unit: 5, algorithm: sliding_window_log}
+      - {name: sustained, unit: minute, requests_per_unit: 20, algorithm: token_bucket}
+";
+
+const CALLERS: usize = 64;
+
+/// `CALLERS` concurrent requests for `k=a`; returns the responses.
+async fn flood(limiter: &Arc<RateLimiter>) -> Vec<RateLimitResponse> {
+    let tasks: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { ask(&limiter, &[("k", "a")]).await })
+        })
+        .collect();
+    let mut responses = Vec::with_capacity(CALLERS);
+    for task in tasks {
+        responses.push(task.await.expect("a caller finishes"));
+    }
+    responses
+}
+
+fn admitted(responses: &[RateLimitResponse]) -> usize {
+    responses
+        .iter()
+        .filter(|r| r.overall_code == Code::Ok as i32)
+        .count()
+}
+
+/// The name of the limit a refused response's status names (all refused ones agree).
+fn refused_by(responses: &[RateLimitResponse]) -> String {
+    let names: std::collections::BTreeSet<String> = responses
+        .iter()
+        .filter(|r| r.overall_code == Code::OverLimit as i32)
+        .map(|r| {
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .map(|l| l.name.clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    names.into_iter().next().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn burst_and_sustained_fixed_windows_under_64_callers() {
+    for_each_store(|kind, redis| async move {
+        let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
+        let store = store_for(&kind, redis.as_ref(), &clock);
+        let limiter = Arc::new(limiter(
+            store,
+            &clock,
+            BURST_AND_SUSTAINED,
+            RlsOptions::default(),
+        ));
+        // Exactly 5 in each of the first four seconds: the 59 refused each second charged
+        // neither limit, or the minute's 20 would be gone after the first.
+        for second in 0..4 {
+            let responses = flood(&limiter).await;
+            assert_eq!(admitted(&responses), 5, "{kind:?}, second {second}");
+            // Once both are over, the status names the one that refuses longest.
+            let deciding = if second < 3 { "burst" } else { "sustained" };
+            assert_eq!(refused_by(&responses), deciding, "second {second}");
+            let refused = responses
+                .iter()
+                .find(|r| r.overall_code == Code::OverLimit as i32)
+                .expect("some are refused");
+            let wait = if second < 3 { 1 } else { 57 };
+            assert_eq!(reset_secs(refused), wait, "second {second}");
+            clock.advance_micros(secs(1));
+        }
+        // The minute's 20 are used: nothing more until it ends, and its limit says so.
+        for _ in 4..10 {
+            let responses = flood(&limiter).await;
+            assert_eq!(admitted(&responses), 0, "{kind:?}");
+            assert_eq!(refused_by(&responses), "sustained");
+            clock.advance_micros(secs(1));
+        }
+        let refused = ask(&limiter, &[("k", "a")]).await;
+        assert_eq!(reset_secs(&refused), 50, "{refused:?}");
+        // The next minute starts a fresh budget.
+        clock.set_micros(secs(BOUNDARY_SECS + 60) + 100_000);
+        assert_eq!(admitted(&flood(&limiter).await), 5, "{kind:?}, next minute");
+
+        if let Some(server) = &redis {
+            let mut keys: Vec<String> = server
+                .cli(&["--raw", "KEYS", "*"])
+                .unwrap_or_default()
+                .lines()
+                .filter(|k| !k.is_empty() && k.contains(":fixed_window:60_"))
+                .map(str::to_string)
+                .collect();
+            keys.sort();
+            assert_eq!(
+                keys,
+                vec![
+                    format!("{{d_k_a}}:fixed_window:60_{BOUNDARY_SECS}"),
+                    format!("{{d_k_a}}:fixed_window:60_{}", BOUNDARY_SECS + 60),
+                ]
+            );
+            let minute = server
+                .cli(&["GET", &format!("{{d_k_a}}:fixed_window:60_{BOUNDARY_SECS}")])
+                .unwrap_or_default();
+            assert_eq!(minute.trim(), "20", "refused requests were not counted");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sliding_log_and_a_token_bucket_under_64_callers() {
+    for_each_store(|kind, redis| async move {
+        let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
+        let store = store_for(&kind, redis.as_ref(), &clock);
+        let limiter = Arc::new(limiter(
+            store,
+            &clock,
+            LOG_AND_BUCKET,
+            RlsOptions::default(),
+        ));
+        // The log admits 5 in any second; the bucket holds 20. Refused requests take nothing
+        // from either, so four spaced floods get 5 each.
+        let mut total = 0;
+        for batch in 0..4 {
+            let responses = flood(&limiter).await;
+            assert_eq!(admitted(&responses), 5, "{kind:?}, batch {batch}");
+            assert_eq!(refused_by(&responses), "burst");
+            total += 5;
+            clock.advance_micros(1_100_000);
+        }
+        // 4.5 s in, the bucket has refilled one request every 3 s: at most 2 more, and it is
+        // the bucket that refuses the rest.
+        let responses = flood(&limiter).await;
+        let more = admitted(&responses);
+        assert!((1..=2).contains(&more), "{kind:?}: {more}");
+        assert_eq!(refused_by(&responses), "sustained");
+        total += more;
+        // Over the rest of the minute, never more than the bucket refills (20 per minute).
+        for _ in 0..11 {
+            clock.advance_micros(secs(5));
+            total += admitted(&flood(&limiter).await);
+        }
+        let elapsed = 0.1 + 4.4 + 55.0;
+        assert!(
+            total as f64 <= 20.0 + elapsed / 3.0 + 1.0,
+            "{kind:?}: {total} admitted in {elapsed} s"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_status_and_headers_show_the_deciding_limit() {
+    for_each_store(|kind, redis| async move {
+        let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
+        let store = store_for(&kind, redis.as_ref(), &clock);
+        let limiter = limiter(store, &clock, BURST_AND_SUSTAINED, with_headers());
+        // First: burst has 4 left, sustained 19: burst (least remaining) decides.
+        let first = ask(&limiter, &[("k", "a")]).await;
+        let name = |r: &RateLimitResponse| r.statuses[0].current_limit.clone().unwrap().name;
+        assert_eq!(name(&first), "burst", "{kind:?}");
+        assert_eq!(header(&first, "RateLimit-Limit"), "5");
+        assert_eq!(header(&first, "RateLimit-Remaining"), "4");
+        assert_eq!(header(&first, "RateLimit-Reset"), "1");
+        assert_eq!(header(&first, "RateLimit-Policy"), "\"burst\";q=5;w=1");
+        // Spend 16 more over four seconds: sustained has 3 left, burst (new second) 5.
+        for _ in 0..4 {
+            clock.advance_micros(secs(1));
+            for _ in 0..4 {
+                assert_eq!(
+                    ask(&limiter, &[("k", "a")]).await.overall_code,
+                    Code::Ok as i32
+                );
+            }
+        }
+        clock.advance_micros(secs(1));
+        let later = ask(&limiter, &[("k", "a")]).await;
+        assert_eq!(name(&later), "sustained", "{kind:?}");
+        assert_eq!(header(&later, "RateLimit-Limit"), "20");
+        assert_eq!(header(&later, "RateLimit-Remaining"), "2");
+        assert_eq!(header(&later, "RateLimit-Reset"), "55");
+        assert_eq!(
+            header(&later, "RateLimit-Policy"),
+            "\"sustained\";q=20;w=60"
+        );
+    })
+    .await;
+}
+
+/// `cmdstat_evalsha`'s calls in `INFO commandstats`.
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    let info = server.cli(&["INFO", "commandstats"]).unwrap_or_default();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_two_limit_descriptor_costs_one_script_call() {
+    let server = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
+    let store = store_for(&StoreKind::Redis, Some(&server), &clock);
+    let limiter = limiter(store, &clock, BURST_AND_SUSTAINED, RlsOptions::default());
+    // The first call may load the script; count from the second.
+    ask(&limiter, &[("k", "a")]).await;
+    for _ in 0..10 {
+        let before = evalsha_calls(&server);
+        ask(&limiter, &[("k", "a")]).await;
+        assert_eq!(evalsha_calls(&server), before + 1);
+    }
+    let info = server.cli(&["INFO", "commandstats"]).unwrap_or_default();
+    assert!(!info.contains("cmdstat_eval:"), "{info}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replaces_drops_one_limit_of_a_list() {
+    let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
+    let store = store_for(&StoreKind::Memory, None, &clock);
+    // `vip` replaces the list's burst limit: only the 3-per-minute one still counts.
+    let yaml = "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {name: burst, unit: second, requests_per_unit: 1}
+      - {name: sustained, unit: minute, requests_per_unit: 3}
+  - key: vip
+    rate_limit: {unit: hour, requests_per_unit: 100, replaces: [{name: burst}]}
+";
+    let limiter = limiter(store, &clock, yaml, RlsOptions::default());
+    let both = || {
+        request(
+            "d",
+            vec![descriptor(&[("k", "a")]), descriptor(&[("vip", "x")])],
+        )
+    };
+    for _ in 0..3 {
+        let r = limiter.should_rate_limit(&both()).await.unwrap();
+        assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+        assert_eq!(
+            r.statuses[0].current_limit.as_ref().unwrap().name,
+            "sustained"
+        );
+    }
+    let r = limiter.should_rate_limit(&both()).await.unwrap();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    // Without vip the burst limit is back.
+    clock.advance_micros(secs(60));
+    assert_eq!(
+        ask(&limiter, &[("k", "a")]).await.overall_code,
+        Code::Ok as i32
+    );
+    assert_eq!(
+        ask(&limiter, &[("k", "a")]).await.overall_code,
+        Code::OverLimit as i32
+    );
+}
+
+#[test]
+fn check_config_refuses_bad_rate_limits() {
+    let cases = [
+        (
+            "    rate_limit: {unit: second, requests_per_unit: 1}\n    rate_limits:\n      - {unit: minute, requests_per_unit: 1}\n",
+            "bad.yaml:6: a descriptor has rate_limit or rate_limits, not both",
+        ),
+        (
+            "    rate_limits: []\n",
+            "bad.yaml:4: rate_limits must list at least one rate limit",
+        ),
+        (
+            "    rate_limits: {unit: second, requests_per_unit: 1}\n",
+            "bad.yaml:4: rate_limits must be a list of rate limits",
+        ),
+        (
+            "    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unlimited: true}\n",
+            "bad.yaml:6: unlimited has no meaning in rate_limits",
+        ),
+        (
+            "    rate_limits:\n      - {unit: minute, requests_per_unit: 1}\n      - {unit: second, unit_multiplier: 60, requests_per_unit: 9}\n",
+            "bad.yaml:6: two limits of one rate_limits list with algorithm fixed_window and a window of 60s",
+        ),
+        (
+            "    rate_limits:\n      - {unit: minute, requests_per_unit: 1}\n      - {unit: hour, requests_per_unit: 9, unit_multiplier: 0}\n",
+            "bad.yaml:6: unit_multiplier must be a whole number of at least 1, found: '0'",
+        ),
+    ];
+    for (body, expected) in cases {
+        let yaml = format!("domain: d\ndescriptors:\n  - key: k\n{body}");
+        let error = load_error(&yaml);
+        assert!(error.starts_with(expected), "{body}: {error}");
+    }
+}

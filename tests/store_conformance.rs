@@ -67,6 +67,7 @@ fn fixed(key: &str, hits: u64, limit: u64, window_secs: u64, now_micros: u64) ->
             window_start,
         },
         record_refused: false,
+        group: None,
     }
 }
 
@@ -186,6 +187,7 @@ async fn reset_is_clamped_when_clocks_disagree() {
             window_start,
         },
         record_refused: false,
+        group: None,
     };
     // Separate keys: the memory store expires by its (pinned) clock, Redis by its real one.
     p.clock.set_micros((window_start + 75) * 1_000_000);
@@ -270,6 +272,7 @@ async fn every_algorithm_agrees_on_a_scripted_sequence() {
                     hits,
                     rule: rule.clone(),
                     record_refused,
+                    group: None,
                 };
                 p.both(std::slice::from_ref(&check)).await;
             }
@@ -296,7 +299,7 @@ proptest::proptest! {
             for (gap, hits) in steps {
                 now += gap;
                 p.clock.set_micros(now);
-                let check = Check { key: key.clone(), hits, rule: rule.clone(), record_refused };
+                let check = Check { key: key.clone(), hits, rule: rule.clone(), record_refused, group: None };
                 p.both(std::slice::from_ref(&check)).await;
             }
         });
@@ -367,6 +370,7 @@ async fn fixed_window_admits_twice_the_limit_across_a_boundary_and_the_log_does_
                     hits: 1,
                     rule,
                     record_refused: false,
+                    group: None,
                 }])
                 .await[0]
                     .admitted
@@ -398,6 +402,7 @@ async fn the_counter_reports_no_reset_beyond_its_window() {
             window: 10_000_000,
         },
         record_refused: false,
+        group: None,
     };
     let taken = p.both(&[check(3)]).await[0];
     assert!(taken.admitted);
@@ -467,6 +472,7 @@ async fn zero_cost_checks_then_charges_admit_at_most_the_limit() {
             hits,
             rule: rule.clone(),
             record_refused: false,
+            group: None,
         };
         let mut admitted = 0;
         for _ in 0..20 {
@@ -493,6 +499,7 @@ async fn larger_charges_stay_within_the_limit_only_when_refusals_are_recorded() 
                 hits,
                 rule: rule.clone(),
                 record_refused,
+                group: None,
             };
             let mut admitted = 0;
             for _ in 0..20 {
@@ -770,6 +777,7 @@ async fn stop_when_over_charges_only_what_would_go_over() {
             hits,
             rule: rule.clone(),
             record_refused: false,
+            group: None,
         };
         let wide = check(format!("w_{name}"), 1, &wide_rule);
         let tight = check(format!("t_{name}"), 1, &tight_rule);

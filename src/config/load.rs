@@ -14,7 +14,7 @@ use prost_types::value::Kind;
 use super::yaml::{self, Node, Value};
 use super::{
     Algorithm, AlgorithmField, Children, ConfigError, ConfigErrors, Domain, Level, Limit,
-    MAX_WINDOW_SECS, Origin, Quota, RateLimitConfig, Stats, TreeNode, Unit, WarmUpProblem,
+    MAX_WINDOW_SECS, Member, Origin, Quota, RateLimitConfig, Stats, TreeNode, Unit, WarmUpProblem,
     Wildcard,
 };
 
@@ -217,7 +217,7 @@ pub(super) fn load_documents(
     domains.sort_by(|a, b| a.0.cmp(b.0));
     let limits = domains.into_iter().flat_map(|(_, d)| d.nodes.iter_mut());
     let mut count = 0;
-    for (id, limit) in limits.filter_map(|n| n.limit.as_mut()).enumerate() {
+    for (id, limit) in limits.flat_map(|n| n.limits.iter_mut()).enumerate() {
         limit.id = Some(id);
         count = id + 1;
     }
@@ -243,7 +243,10 @@ struct DescriptorSpec {
     line: Option<usize>,
     key: String,
     value: String,
-    limit: Option<LimitSpec>,
+    /// Empty: no limit; else `rate_limit`'s one limit or `rate_limits`' list.
+    limits: Vec<LimitSpec>,
+    /// The limits came as a `rate_limits` list (even of one).
+    listed: bool,
     shadow_mode: bool,
     quota_mode: bool,
     share_threshold: bool,
@@ -254,6 +257,8 @@ struct DescriptorSpec {
 }
 
 struct LimitSpec {
+    /// Where an entry of `rate_limits` starts (`None` for `rate_limit`, or without lines).
+    line: Option<usize>,
     name: String,
     quota: Quota,
     replaces: Vec<String>,
@@ -298,31 +303,50 @@ fn build_level(
         if spec.value_to_metric {
             stats.value_levels.push(depth);
         }
-        let limit = spec.limit.map(|l| Limit {
-            id: None,
-            name: l.name,
-            quota: l.quota,
-            replaces: l.replaces,
-            record_refused_hits: l.record_refused_hits,
-            shadow_mode: spec.shadow_mode,
-            quota_mode: spec.quota_mode,
-            metadata: spec.metadata,
-            shared_values: shared.clone(),
-            stats: Stats {
-                key: stats.segments.join("."),
-                segments: stats.segments.clone(),
-                value_levels: stats.value_levels.clone(),
-                detailed: spec.detailed_metric,
-            },
-            path: path.clone(),
-            origin: Some(Origin {
-                file: spec.file.clone(),
-                line: spec.line,
-            }),
-        });
+        let of = spec.limits.len();
+        let limits = spec
+            .limits
+            .into_iter()
+            .enumerate()
+            .map(|(at, l)| {
+                let member = spec.listed.then(|| Member {
+                    position: at + 1,
+                    of,
+                    label: Member::label_for(at + 1, &l.name),
+                });
+                // Each limit of a list is counted in its own stats, named by its label.
+                let suffix = member
+                    .as_ref()
+                    .map_or(String::new(), |m| format!("_{}", m.label));
+                Limit {
+                    id: None,
+                    name: l.name,
+                    quota: l.quota,
+                    replaces: l.replaces,
+                    record_refused_hits: l.record_refused_hits,
+                    shadow_mode: spec.shadow_mode,
+                    quota_mode: spec.quota_mode,
+                    metadata: spec.metadata.clone(),
+                    shared_values: shared.clone(),
+                    stats: Stats {
+                        key: format!("{}{suffix}", stats.segments.join(".")),
+                        segments: stats.segments.clone(),
+                        value_levels: stats.value_levels.clone(),
+                        detailed: spec.detailed_metric,
+                        suffix,
+                    },
+                    path: path.clone(),
+                    origin: Some(Origin {
+                        file: spec.file.clone(),
+                        line: l.line.or(spec.line),
+                    }),
+                    member,
+                }
+            })
+            .collect();
         let id = nodes.len();
         nodes.push(TreeNode {
-            limit,
+            limits,
             children: Level::default(),
         });
         nodes[id].children = build_level(
@@ -441,6 +465,7 @@ impl FileChecker<'_> {
             "key",
             "value",
             "rate_limit",
+            "rate_limits",
             "descriptors",
             "shadow_mode",
             "quota_mode",
@@ -483,9 +508,19 @@ impl FileChecker<'_> {
             );
         }
         let metadata = fields.get("metadata").and_then(|n| self.metadata(n));
-        let limit = match fields.get("rate_limit") {
-            Some(n) if !n.is_null() => self.limit(n),
-            _ => None,
+        let single = fields.get("rate_limit").filter(|n| !n.is_null());
+        let list = fields.get("rate_limits");
+        let (limits, listed) = match (single, list) {
+            (Some(_), Some(list)) => {
+                self.error(
+                    list.line,
+                    "a descriptor has rate_limit or rate_limits, not both",
+                );
+                (Vec::new(), false)
+            }
+            (Some(n), None) => (self.limit(n).into_iter().collect(), false),
+            (None, Some(list)) => (self.limit_list(list), true),
+            (None, None) => (Vec::new(), false),
         };
         let children = match fields.get("descriptors") {
             Some(n) => self.descriptor_list(n),
@@ -496,7 +531,8 @@ impl FileChecker<'_> {
             line: self.lines.then_some(node.line),
             key,
             value,
-            limit,
+            limits,
+            listed,
             shadow_mode,
             quota_mode,
             share_threshold,
@@ -637,11 +673,66 @@ impl FileChecker<'_> {
             return None;
         }
         Some(LimitSpec {
+            line: None,
             name,
             quota,
             replaces,
             record_refused_hits,
         })
+    }
+
+    /// Reads `rate_limits` (a Sluice extension): a non-empty list of complete `rate_limit`s, all
+    /// of which must admit a request. Each is counted apart, so two with the same algorithm and
+    /// window would be the same counter (and its keys, `rls::key`, tell them apart by those):
+    /// refused, as is `unlimited`, which would make the others pointless.
+    fn limit_list(&mut self, node: &Node) -> Vec<LimitSpec> {
+        let Value::Sequence(items) = &node.value else {
+            self.error(
+                node.line,
+                format!(
+                    "rate_limits must be a list of rate limits, found a {}",
+                    node.kind()
+                ),
+            );
+            return Vec::new();
+        };
+        if items.is_empty() {
+            self.error(node.line, "rate_limits must list at least one rate limit");
+            return Vec::new();
+        }
+        let mut limits: Vec<LimitSpec> = Vec::with_capacity(items.len());
+        let mut seen: Vec<(&'static str, u64, usize)> = Vec::new();
+        for item in items {
+            let Some(mut limit) = self.limit(item) else {
+                continue;
+            };
+            limit.line = self.lines.then_some(item.line);
+            let Quota::PerUnit { algorithm, .. } = limit.quota else {
+                self.error(
+                    item.line,
+                    "unlimited has no meaning in rate_limits (use rate_limit: {unlimited: true})",
+                );
+                continue;
+            };
+            let window = limit.quota.window_secs().unwrap_or(0);
+            if let Some((_, _, first)) = seen
+                .iter()
+                .find(|(name, secs, _)| *name == algorithm.name() && *secs == window)
+            {
+                self.error(
+                    item.line,
+                    format!(
+                        "two limits of one rate_limits list with algorithm {} and a window of \
+                         {window}s (the first on line {first}); they would share one counter",
+                        algorithm.name()
+                    ),
+                );
+                continue;
+            }
+            seen.push((algorithm.name(), window, item.line));
+            limits.push(limit);
+        }
+        limits
     }
 
     /// Reads and checks `algorithm` and its parameters.
