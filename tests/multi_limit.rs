@@ -564,3 +564,45 @@ fn check_config_refuses_bad_rate_limits() {
         assert!(error.starts_with(expected), "{body}: {error}");
     }
 }
+
+#[test]
+fn dumps_and_stats_name_each_limit() {
+    let config = load_sources(
+        vec![(
+            PathBuf::from("multi.yaml"),
+            format!(
+                "{LOG_AND_BUCKET}  - key: report\n    rate_limit: {{unit: minute, \
+                 unit_multiplier: 15, requests_per_unit: 4}}\n"
+            ),
+        )],
+        &LoadOptions::default(),
+    )
+    .expect("loads");
+    let limits = config.limits();
+    let dump: Vec<String> = limits
+        .iter()
+        .map(|l| sluice::config::UpstreamDumpLine(l).to_string())
+        .collect();
+    assert_eq!(
+        dump,
+        vec![
+            "d.k: unit=SECOND requests_per_unit=5, shadow_mode: false, limit: 1 of 2 (burst)",
+            "d.k: unit=MINUTE requests_per_unit=20, shadow_mode: false, limit: 2 of 2 (sustained)",
+            "d.report: unit=MINUTE unit_multiplier=15 requests_per_unit=4, shadow_mode: false",
+        ]
+    );
+    let lines: Vec<String> = limits.iter().map(|l| l.to_string()).collect();
+    assert!(lines[0].contains("limit 1 of 2 (burst)"), "{lines:?}");
+    assert!(
+        lines[2].starts_with("d.report: 4/15 minutes fixed_window"),
+        "{lines:?}"
+    );
+    let entries = descriptor(&[("k", "a")]).entries;
+    let stats: Vec<String> = limits[..2]
+        .iter()
+        .map(|l| sluice::metrics::stats_key(l, &entries).into_owned())
+        .collect();
+    assert_eq!(stats, vec!["k_burst", "k_sustained"]);
+    // Distinct metric slots for each limit of the list.
+    assert_ne!(limits[0].id, limits[1].id);
+}

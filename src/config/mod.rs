@@ -452,7 +452,7 @@ impl fmt::Display for Limit {
                 algorithm,
             } => write!(
                 f,
-                "{requests_per_unit}/{unit_multiplier}x{} {algorithm}",
+                "{requests_per_unit}/{unit_multiplier} {}s {algorithm}",
                 unit.name()
             )?,
         }
