@@ -832,3 +832,71 @@ async fn stop_when_over_charges_only_what_would_go_over() {
         );
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
+
+    /// Groups (the limits of one descriptor's `rate_limits`) beside a check on its own, under
+    /// both chargings: the two stores agree, and a group with a refused check leaves every
+    /// check of it as it was (a look before and after agrees), unless that check records its
+    /// refused hits.
+    #[test]
+    fn groups_agree_and_are_all_or_nothing(
+        rules_of in proptest::collection::vec(0usize..5, 2..4),
+        record in proptest::collection::vec(proptest::bool::ANY, 4),
+        stop in proptest::bool::ANY,
+        alone in proptest::bool::ANY,
+        steps in proptest::collection::vec((0u64..2_000_000, 0u64..4), 1..30),
+    ) {
+        runtime().block_on(async {
+            // A pair of its own: its clock must not move under the other property's cases,
+            // which run beside these.
+            static PAIR: std::sync::OnceLock<Pair> = std::sync::OnceLock::new();
+            let p = shared(&PAIR, pair).await;
+            let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let charging = if stop { Charging::StopWhenOver } else { Charging::Each };
+            let mut now = T0 + 2_000_000_000;
+            for (gap, hits) in steps {
+                now += gap;
+                p.clock.set_micros(now);
+                let build = |i: usize, rule: usize, hits: u64| {
+                    let mut check = match rules().get(rule) {
+                        Some((name, r)) => Check {
+                            key: format!("group:{case}:{i}:{name}"),
+                            hits,
+                            rule: r.clone(),
+                            record_refused: record[i],
+                            group: None,
+                        },
+                        None => fixed(&format!("group:{case}:{i}:fixed"), hits, 4, 2, now),
+                    };
+                    check.group = Some(7);
+                    check
+                };
+                let mut checks: Vec<Check> = rules_of
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &rule)| build(i, rule, hits))
+                    .collect();
+                if alone {
+                    let mut single = build(3, 0, 1);
+                    single.group = None;
+                    checks.push(single);
+                }
+                let looks: Vec<Check> = checks.iter().map(|c| Check { hits: 0, ..c.clone() }).collect();
+                let before = p.both(&looks).await;
+                let out = p.both_charging(&checks, charging).await;
+                let after = p.both(&looks).await;
+                let members = rules_of.len();
+                if out[..members].iter().any(|o| !o.admitted) {
+                    for i in 0..members {
+                        let charged_anyway = !out[i].admitted && checks[i].record_refused;
+                        if !charged_anyway && checks[i].hits > 0 {
+                            assert_eq!(before[i], after[i], "check {i} of a refused group: {checks:?} {out:?}");
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
