@@ -317,15 +317,26 @@ fn refused_by(responses: &[RateLimitResponse]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn burst_and_sustained_fixed_windows_under_64_callers() {
+    burst_and_sustained(RlsOptions::default).await;
+}
+
+/// The same with the local over-limit cache and STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, which
+/// must not change what a group admits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn burst_and_sustained_with_the_local_cache_and_stop_increment() {
+    burst_and_sustained(|| RlsOptions {
+        local_cache_bytes: 1 << 20,
+        stop_increment_when_over: true,
+        ..Default::default()
+    })
+    .await;
+}
+
+async fn burst_and_sustained(options: fn() -> RlsOptions) {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
         let store = store_for(&kind, redis.as_ref(), &clock);
-        let limiter = Arc::new(limiter(
-            store,
-            &clock,
-            BURST_AND_SUSTAINED,
-            RlsOptions::default(),
-        ));
+        let limiter = Arc::new(limiter(store, &clock, BURST_AND_SUSTAINED, options()));
         // Exactly 5 in each of the first four seconds: the 59 refused each second charged
         // neither limit, or the minute's 20 would be gone after the first.
         for second in 0..4 {
@@ -605,4 +616,42 @@ fn dumps_and_stats_name_each_limit() {
     assert_eq!(stats, vec!["k_burst", "k_sustained"]);
     // Distinct metric slots for each limit of the list.
     assert_ne!(limits[0].id, limits[1].id);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_list_goes_to_the_per_second_store_only_when_all_its_limits_are_per_second() {
+    let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
+    let main = Arc::new(MemoryStore::new(
+        MemoryStoreOptions::default(),
+        clock.clone(),
+    ));
+    let fast = Arc::new(MemoryStore::new(
+        MemoryStoreOptions::default(),
+        clock.clone(),
+    ));
+    let yaml = format!(
+        "{BURST_AND_SUSTAINED}  - key: fast\n    rate_limits:\n      - {{unit: second, \
+         requests_per_unit: 5}}\n      - {{unit: second, unit_multiplier: 10, requests_per_unit: \
+         20}}\n"
+    );
+    let limiter = limiter(main.clone(), &clock, &yaml, RlsOptions::default())
+        .with_per_second_store(fast.clone());
+    assert_eq!(
+        ask(&limiter, &[("k", "a")]).await.overall_code,
+        Code::Ok as i32
+    );
+    assert_eq!(
+        (main.len(), fast.len()),
+        (2, 0),
+        "a mixed list stays in the main store"
+    );
+    assert_eq!(
+        ask(&limiter, &[("fast", "a")]).await.overall_code,
+        Code::Ok as i32
+    );
+    assert_eq!(
+        (main.len(), fast.len()),
+        (2, 2),
+        "an all-second list goes to the fast one"
+    );
 }
