@@ -60,10 +60,11 @@
 //! # Redis Cluster slot
 //!
 //! No escaped part contains `{` or `}`, and the prefix may not contain them either (checked by
-//! [`KeyBuilder::new`]). So a fixed-window key has no hash tag: Redis hashes the whole key, which
-//! spreads descriptors and windows over all slots. The other keys have exactly one tag, the
-//! whole descriptor, placed by us. Either way a value cannot choose which part of a key is hashed,
-//! and each descriptor's decision touches one slot.
+//! [`KeyBuilder::new`]). So a lone fixed-window key has no hash tag: Redis hashes the whole key,
+//! which spreads descriptors and windows over all slots. The other keys, and every key of a
+//! `rate_limits` list, have exactly one tag, the whole descriptor, placed by us. Either way a
+//! value cannot choose which part of a key is hashed, and each descriptor's decision touches one
+//! slot.
 
 use std::fmt::Write;
 

@@ -5,8 +5,9 @@
 //! implement whichever they wrap. A counter store receives every counted descriptor of one
 //! request as a batch of [`Check`]s and answers them in one atomic step per key (one Lua script
 //! call on Redis, one shard lock per key in memory), or for the whole batch under
-//! [`Charging::StopWhenOver`] (the same script call; the shards of all its keys locked together
-//! in memory). The algorithm runs inside the store because only there can the read-modify-write
+//! [`Charging::StopWhenOver`] or when it holds a group of checks that are all or nothing (the
+//! limits of one descriptor's `rate_limits`, see [`charged_hits`]): the same script call, the
+//! shards of all its keys locked together in memory. The algorithm runs inside the store because only there can the read-modify-write
 //! be atomic across service replicas; the memory store and the scripts in `lua/` implement the
 //! same semantics and are tested against each other.
 
