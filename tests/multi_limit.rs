@@ -603,7 +603,7 @@ fn dumps_and_stats_name_each_limit() {
         ]
     );
     let lines: Vec<String> = limits.iter().map(|l| l.to_string()).collect();
-    assert!(lines[0].contains("limit 1 of 2 (burst)"), "{lines:?}");
+    assert!(lines[0].contains("name=burst limit 1 of 2"), "{lines:?}");
     assert!(
         lines[2].starts_with("d.report: 4/15 minutes fixed_window"),
         "{lines:?}"

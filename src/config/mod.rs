@@ -475,11 +475,11 @@ impl fmt::Display for Limit {
             write!(f, " shared={pattern}")?;
         }
         if let Some(member) = &self.member {
-            write!(
-                f,
-                " limit {} of {} ({})",
-                member.position, member.of, member.label
-            )?;
+            write!(f, " limit {} of {}", member.position, member.of)?;
+            // The label, when it is not the name already shown: what metrics call it.
+            if member.label != self.name {
+                write!(f, " ({})", member.label)?;
+            }
         }
         if let Some(origin) = &self.origin {
             write!(f, " ({origin})")?;

@@ -412,6 +412,8 @@ impl RateLimiter {
             tally: response::Tally::default(),
         };
         for (index, (slot, descriptor)) in plan.slots.iter().zip(&request.descriptors).enumerate() {
+            // The limit a counted status names, when there is one.
+            let mut decided = None;
             let (status, judged) = match slot {
                 // Upstream's `QUOTA_MODE` makes every descriptor that is not unlimited a quota
                 // one, those without a limit (unmatched, replaced, empty) too: such a request
@@ -426,24 +428,29 @@ impl RateLimiter {
                 // Refused descriptors are never quota ones: padding must not switch a limit off.
                 Plan::Refused => (response::refused(), response::Judged::REFUSED),
                 Plan::Unlimited => (response::unlimited(), response::Judged::NO_LIMIT),
-                Plan::Counted(one) => self.judge(
+                Plan::Counted(one) => {
+                    let members = std::slice::from_ref(one);
+                    self.judge(
+                        request,
+                        counters,
+                        plan,
+                        outcomes,
+                        descriptor,
+                        members,
+                        &mut decided,
+                    )
+                }
+                Plan::Group(members) => self.judge(
                     request,
                     counters,
                     plan,
                     outcomes,
                     descriptor,
-                    std::slice::from_ref(one),
+                    members,
+                    &mut decided,
                 ),
-                Plan::Group(members) => {
-                    self.judge(request, counters, plan, outcomes, descriptor, members)
-                }
             };
             answers.tally.add(index, judged);
-            let decided = match slot {
-                Plan::Counted(one) => Some(one),
-                Plan::Group(members) => members.get(decider(members, outcomes)),
-                _ => None,
-            };
             answers.passed.push(match decided {
                 Some(c) if !judged.over => Some(&*c.limit),
                 _ => None,
@@ -457,15 +464,18 @@ impl RateLimiter {
     }
 
     /// The status of a descriptor counted under `members` (one limit, or a `rate_limits` list),
-    /// recording each limit's metrics: the deciding limit's status ([`decider`]).
-    fn judge(
+    /// recording each limit's metrics: the deciding limit's status ([`decider`]), which is put
+    /// in `decided`.
+    #[allow(clippy::too_many_arguments)]
+    fn judge<'m, 'c>(
         &self,
         request: &RateLimitRequest,
         counters: &ConfigCounters,
         plan: &RequestPlan<'_>,
         outcomes: &[(Outcome, bool)],
         descriptor: &RateLimitDescriptor,
-        members: &[Counted<'_>],
+        members: &'m [Counted<'c>],
+        decided: &mut Option<&'m Counted<'c>>,
     ) -> (crate::proto::DescriptorStatus, response::Judged) {
         if let Some(metrics) = &self.metrics {
             for member in members {
@@ -482,6 +492,7 @@ impl RateLimiter {
             // Every limit of the list was replaced or unlimited: nothing was counted.
             return (response::no_limit(), response::Judged::NO_LIMIT);
         };
+        *decided = Some(member);
         let (limit, outcome) = (&*member.limit, &outcomes[member.check].0);
         let judged = response::Judged {
             over: !outcome.admitted && !limit.shadow_mode,
