@@ -655,3 +655,51 @@ async fn a_list_goes_to_the_per_second_store_only_when_all_its_limits_are_per_se
         "an all-second list goes to the fast one"
     );
 }
+
+/// A running `sluice serve`: `/metrics` counts each limit of a list under its own `key1`, the
+/// debug port's `/rlconfig` has one line per limit, and `sluice check-config` prints a bad
+/// list's error as `file:line: reason` and exits 1.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_service_names_each_limit() {
+    let dir = common::config_dir(BURST_AND_SUSTAINED);
+    let sluice = common::Sluice::start(dir.path(), None, &[("USE_STATSD", "false")]);
+    let mut client = sluice.client().await;
+    for _ in 0..7 {
+        common::ask(&mut client, request("d", vec![descriptor(&[("k", "a")])])).await;
+    }
+    // The first second admits 5 (a slow machine may spread the 7 over two seconds: 6 or 7).
+    let hits = |key: &str| {
+        sluice.metric(&format!(
+            "ratelimit_service_rate_limit_total_hits{{domain=\"d\",key1=\"{key}\"}}"
+        ))
+    };
+    assert_eq!((hits("k_burst"), hits("k_sustained")), (7.0, 7.0));
+    let burst_over =
+        sluice.metric("ratelimit_service_rate_limit_over_limit{domain=\"d\",key1=\"k_burst\"}");
+    assert!((0.0..=2.0).contains(&burst_over), "{burst_over}");
+    let (status, dump) = common::http_request(sluice.debug, "GET", "/rlconfig", "");
+    assert_eq!(status, 200);
+    assert_eq!(
+        dump,
+        "d.k: unit=SECOND requests_per_unit=5, shadow_mode: false, limit: 1 of 2 (burst)\n\
+         d.k: unit=MINUTE requests_per_unit=20, shadow_mode: false, limit: 2 of 2 (sustained)\n"
+    );
+
+    let bad = common::config_dir("domain: d\ndescriptors:\n  - key: k\n    rate_limits: []\n");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("check-config")
+        .arg(bad.path())
+        .output()
+        .expect("check-config runs");
+    assert_eq!(out.status.code(), Some(1));
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let file = bad.path().join("config.yaml");
+    assert!(
+        text.contains(&format!(
+            "{}:4: rate_limits must list at least one rate limit",
+            file.display()
+        )),
+        "{text}"
+    );
+}
