@@ -703,3 +703,73 @@ async fn a_running_service_names_each_limit() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shadow_and_quota_mode_apply_to_every_limit_of_a_list() {
+    let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
+    let store = store_for(&StoreKind::Memory, None, &clock);
+    let yaml = "domain: d
+descriptors:
+  - key: shadow
+    shadow_mode: true
+    rate_limits:
+      - {name: s1, unit: second, requests_per_unit: 1}
+      - {name: s2, unit: minute, requests_per_unit: 5}
+  - key: quota
+    quota_mode: true
+    rate_limits:
+      - {name: q1, unit: second, requests_per_unit: 1}
+      - {name: q2, unit: minute, requests_per_unit: 5}
+";
+    let limiter = limiter(store, &clock, yaml, RlsOptions::default());
+    assert_eq!(
+        ask(&limiter, &[("shadow", "a")]).await.overall_code,
+        Code::Ok as i32
+    );
+    // Over s1, answered OK all the same, with nothing left.
+    let shadowed = ask(&limiter, &[("shadow", "a")]).await;
+    assert_eq!(shadowed.overall_code, Code::Ok as i32);
+    assert_eq!(shadowed.statuses[0].code, Code::Ok as i32);
+    assert_eq!(shadowed.statuses[0].limit_remaining, 0);
+    assert_eq!(
+        shadowed.statuses[0].current_limit.as_ref().unwrap().name,
+        "s1"
+    );
+    // A quota descriptor over its list beside one that is not: OK overall.
+    let both = request(
+        "d",
+        vec![descriptor(&[("quota", "a")]), descriptor(&[("quota", "b")])],
+    );
+    assert_eq!(
+        ask(&limiter, &[("quota", "a")]).await.overall_code,
+        Code::Ok as i32
+    );
+    let r = limiter.should_rate_limit(&both).await.unwrap();
+    assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[1].code, Code::Ok as i32);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_override_from_envoy_keeps_one_unit() {
+    let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS + 30)));
+    let store = store_for(&StoreKind::Memory, None, &clock);
+    let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: \
+                {unit: minute, unit_multiplier: 5, requests_per_unit: 3}\n";
+    let limiter = limiter(store, &clock, yaml, with_headers());
+    let mut overridden = descriptor(&[("k", "a")]);
+    overridden.limit = Some(sluice::proto::RateLimitOverride {
+        requests_per_unit: 2,
+        unit: sluice::proto::OverrideUnit::Minute as i32,
+    });
+    let r = limiter
+        .should_rate_limit(&request("d", vec![overridden]))
+        .await
+        .unwrap();
+    // One minute, 30 s into it: 30 s left (the config's 5-minute window would leave 270).
+    assert_eq!(reset_secs(&r), 30, "{r:?}");
+    assert_eq!(header(&r, "RateLimit-Policy"), "\"default\";q=2;w=60");
+    // The config's limit on another value: its 5-minute window.
+    let configured = ask(&limiter, &[("k", "b")]).await;
+    assert_eq!(reset_secs(&configured), 270);
+}
