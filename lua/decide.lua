@@ -34,11 +34,13 @@ local group, record = {}, {}
 local any_group = false
 for check = 1, #KEYS do
   local flags = ARGV[LEADING_ARGS + ARGS_PER_CHECK + (check - 1) * ARGS_PER_CHECK]
-  local g, r = string.match(flags, '^(%d+):(.*)$')
-  if g then
-    group[check], record[check], any_group = g, r == '1', true
-  else
+  -- A check on its own ('' or '1') costs two comparisons; only a group's needs the pattern.
+  if flags == '' or flags == '1' then
     record[check] = flags == '1'
+  else
+    local g, r = string.match(flags, '^(%d+):(.*)$')
+    if not g then error('sluice: bad check flags ' .. flags) end
+    group[check], record[check], any_group = g, r == '1', true
   end
 end
 
