@@ -565,6 +565,10 @@ fn check_config_refuses_bad_rate_limits() {
             "bad.yaml:6: two limits of one rate_limits list with algorithm fixed_window and a window of 60s",
         ),
         (
+            "    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      rate_limits: []\n",
+            "bad.yaml:7: config error, 'rate_limits' is only valid on a descriptor",
+        ),
+        (
             "    rate_limits:\n      - {unit: minute, requests_per_unit: 1}\n      - {unit: hour, requests_per_unit: 9, unit_multiplier: 0}\n",
             "bad.yaml:6: unit_multiplier must be a whole number of at least 1, found: '0'",
         ),

@@ -938,6 +938,13 @@ impl FileChecker<'_> {
                     key.line,
                     format!("config error, '{text}' is only valid under rate_limit"),
                 );
+            } else if text == "rate_limits" {
+                // Sluice's own, like the keys above, but it belongs on a descriptor.
+                self.error(
+                    key.line,
+                    "config error, 'rate_limits' is only valid on a descriptor (instead of \
+                     rate_limit)",
+                );
             } else if UPSTREAM_KEYS.contains(&text.as_str()) {
                 self.warn(
                     key.line,
