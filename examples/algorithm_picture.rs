@@ -79,6 +79,7 @@ async fn main() -> anyhow::Result<()> {
                 hits: 1,
                 rule,
                 record_refused: false,
+                group: None,
             };
             let outcome = store.check(&[&check]).await?[0];
             let bin = (t / BIN) as usize;

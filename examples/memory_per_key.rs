@@ -138,6 +138,7 @@ async fn main() -> anyhow::Result<()> {
                         hits,
                         rule,
                         record_refused: false,
+                        group: None,
                     }
                 })
                 .collect();
@@ -174,6 +175,7 @@ async fn main() -> anyhow::Result<()> {
                 window_start,
             },
             record_refused: false,
+            group: None,
         };
         memory.check(&[&check]).await?;
     }

@@ -8,9 +8,15 @@
 -- 'stop' (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT) only those that would go over, when any
 -- would, the others being only looked at; 'look' none. Then follow the checks, ARGS_PER_CHECK
 -- arguments each: the algorithm name, the hits, that algorithm's four arguments (unused ones
--- are empty), and '1' when refused hits are to be charged too (record_refused_hits) or ''.
--- Check i uses KEYS[i]. The reply is four integers per check: admitted (0/1), remaining, reset
--- in milliseconds, and what the algorithm counts as used.
+-- are empty), and '1' when refused hits are to be charged too (record_refused_hits) or '',
+-- prefixed with '<group>:' for a check of a group (the limits of one descriptor's rate_limits,
+-- all or nothing). Check i uses KEYS[i]. The reply is four integers per check: admitted (0/1),
+-- remaining, reset in milliseconds, and what the algorithm counts as used.
+--
+-- Which checks are charged is store::charged_hits's rule (src/store/mod.rs), mirrored here: a
+-- group in which any check would go over is charged nothing (a check of it with
+-- record_refused_hits that goes over itself excepted); otherwise as the charging mode says. A
+-- check that would go over and is charged nothing is answered with its trial outcome.
 
 -- Needed on Redis 3.2-4.x to write after reading TIME; a no-op from Redis 5 on.
 if redis.replicate_commands then redis.replicate_commands() end
@@ -23,11 +29,26 @@ local REPLY_PER_CHECK = 4
 local now_us = script_now()
 local charging = ARGV[2]
 
+-- Per check: its group (nil on its own) and whether refused hits are charged.
+local group, record = {}, {}
+local any_group = false
+for check = 1, #KEYS do
+  local flags = ARGV[LEADING_ARGS + ARGS_PER_CHECK + (check - 1) * ARGS_PER_CHECK]
+  -- A check on its own ('' or '1') costs two comparisons; only a group's needs the pattern.
+  if flags == '' or flags == '1' then
+    record[check] = flags == '1'
+  else
+    local g, r = string.match(flags, '^(%d+):(.*)$')
+    if not g then error('sluice: bad check flags ' .. flags) end
+    group[check], record[check], any_group = g, r == '1', true
+  end
+end
+
 -- Runs check `check` with `hits` (a decimal string).
 local function run_check(check, hits)
   local arg = LEADING_ARGS + 1 + (check - 1) * ARGS_PER_CHECK
   return run_rule(KEYS[check], now_us, ARGV[arg], hits, ARGV[arg + 2], ARGV[arg + 3],
-    ARGV[arg + 4], ARGV[arg + 5], ARGV[arg + 6] == '1')
+    ARGV[arg + 4], ARGV[arg + 5], record[check])
 end
 
 local function hits_of(check)
@@ -38,19 +59,25 @@ local hits = {}
 for check = 1, #KEYS do
   if charging == 'look' then hits[check] = '0' else hits[check] = hits_of(check) end
 end
-if charging == 'stop' then
+local over, tried = {}, {}
+if charging == 'stop' or (charging ~= 'look' and any_group) then
   -- Try every check without writing (dry_run, common.lua): which would go over if charged?
   dry_run = true
-  local over = {}
   local any_over = false
+  local group_over = {}
   for check = 1, #KEYS do
-    over[check] = run_check(check, hits[check]) == 0
+    local admitted, remaining, reset, used = run_check(check, hits[check])
+    over[check] = admitted == 0
+    tried[check] = { admitted, remaining, reset, used }
     any_over = any_over or over[check]
+    if over[check] and group[check] then group_over[group[check]] = true end
   end
   dry_run = false
-  if any_over then
-    for check = 1, #KEYS do
-      if not over[check] then hits[check] = '0' end
+  for check = 1, #KEYS do
+    if group[check] and group_over[group[check]] then
+      if not (over[check] and record[check]) then hits[check] = '0' end
+    elseif charging == 'stop' and any_over and not over[check] then
+      hits[check] = '0'
     end
   end
 end
@@ -58,6 +85,11 @@ end
 local reply = {}
 for check = 1, #KEYS do
   local at = (check - 1) * REPLY_PER_CHECK
-  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = run_check(check, hits[check])
+  if over[check] and hits[check] == '0' then
+    local t = tried[check]
+    reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = t[1], t[2], t[3], t[4]
+  else
+    reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = run_check(check, hits[check])
+  end
 end
 return reply

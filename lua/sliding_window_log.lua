@@ -36,9 +36,9 @@ local function sliding_window_log(key, now, hits, limit, window, record)
     if ttl > 0 then write('PEXPIRE', key, micros_to_ms(ttl)) end
     return 1, limit - count - hits, micros_to_ms(ttl), count + hits
   end
-  -- A trial (common.lua) needs only the refusal; what follows reads members it did not add.
-  if dry_run then return 0, 0, 1, count end
-  if record and hits > 0 and count < limit then
+  -- A trial (common.lua) cannot charge refused hits (it would read members it did not add);
+  -- its outcome is used only where they are not charged (decide.lua).
+  if record and hits > 0 and count < limit and not dry_run then
     -- Refused, still charged: up to what fills the log to the limit.
     local n = math.min(hits, limit - count)
     log_hits(n)

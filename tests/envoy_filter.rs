@@ -44,6 +44,10 @@ descriptors:
     rate_limit: { name: per_cost_user, unit: day, requests_per_unit: 10 }
   - key: wide
     rate_limit: { name: wide, unit: hour, requests_per_unit: 50 }
+  - key: tier
+    rate_limits:
+      - { name: tier_second, unit: second, requests_per_unit: 2 }
+      - { name: tier_day, unit: day, requests_per_unit: 3 }
 ";
 
 /// Envoy's wait for Sluice in these tests (see RATELIMIT_TIMEOUT in tests/common/envoy.rs):
@@ -532,6 +536,61 @@ async fn ratelimit_headers_reach_the_client() {
         );
     }
     assert_eq!(s.envoy.ratelimit_stats_of("headers"), answered(10, 2));
+}
+
+/// [tier=<x-key>]: one descriptor with two limits (`rate_limits`).
+const TIER_ROUTES: &[Route] = &[Route {
+    cluster: "tier",
+    rate_limits: "- actions: [{ request_headers: { header_name: x-key, descriptor_key: tier } }]",
+    per_filter: "",
+}];
+
+/// A descriptor with two limits (2 a second, 3 a day) has one status, the deciding limit's:
+/// the one with the least remaining while both admit, the one that refuses after. Envoy's
+/// `X-RateLimit-*` headers, computed from that status, name it.
+#[tokio::test]
+async fn ratelimit_headers_show_the_deciding_limit_of_a_descriptor() {
+    let s = setup(None, &[], TIER_ROUTES);
+    stay_in_one_day().await;
+    let second = "2, 2;w=1;name=\"tier_second\"";
+    let day = "3, 3;w=86400;name=\"tier_day\"";
+    let ask = || s.envoy.request("/tier", &[("x-key", "t1")]);
+
+    // 1 of 2 this second left, 2 of 3 today: the second decides.
+    let r = ask();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("x-ratelimit-limit"), Some(second), "{r:?}");
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("1"), "{r:?}");
+    // 0 (or, a second later, 1) left this second and 1 today: still the second (the first of
+    // equals).
+    let r = ask();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("x-ratelimit-limit"), Some(second), "{r:?}");
+    assert!(
+        matches!(r.header("x-ratelimit-remaining"), Some("0" | "1")),
+        "{r:?}"
+    );
+    // In a new second: 1 left this second, 0 today: the day decides.
+    let into_second = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_millis();
+    tokio::time::sleep(Duration::from_millis(u64::from(1_050 - into_second))).await;
+    let r = ask();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("x-ratelimit-limit"), Some(day), "{r:?}");
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"), "{r:?}");
+    // Refused by the day, whatever this second allows; the reset is the day's.
+    let r = ask();
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.header("x-ratelimit-limit"), Some(day), "{r:?}");
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"), "{r:?}");
+    let reset: u64 = r
+        .header("x-ratelimit-reset")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no reset: {r:?}"));
+    assert!(reset.abs_diff(seconds_to_midnight()) <= 2, "{reset}: {r:?}");
+    assert_eq!(s.envoy.ratelimit_stats_of("tier"), answered(3, 1));
 }
 
 /// A descriptor's `hits_addend`, from the per-route filter config's `rate_limits`, reaches

@@ -21,6 +21,7 @@ fn config() -> tempfile::TempDir {
     }
     yaml.push_str("  - key: bucket\n    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: token_bucket, burst: 50}\n");
     yaml.push_str("  - key: log\n    rate_limit: {unit: hour, requests_per_unit: 50, algorithm: sliding_window_log}\n");
+    yaml.push_str("  - key: pair\n    rate_limits:\n      - {unit: hour, requests_per_unit: 3}\n      - {unit: day, requests_per_unit: 5}\n");
     config_dir(&yaml)
 }
 
@@ -304,4 +305,62 @@ async fn stop_increment_is_decided_per_slot() {
         let left = ask(&mut c, request("c", vec![look])).await.statuses[0].limit_remaining;
         assert_eq!(left, k10_left, "same slot: {same}");
     }
+}
+
+/// A descriptor with two limits (`rate_limits`) on a cluster: both keys carry the descriptor as
+/// hash tag, so they are in one slot and decided in one script call, all or nothing: after the
+/// hour's 3, a refused request leaves the day's count at 3, whichever node holds the values.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_two_limit_descriptor_is_one_slot_and_all_or_nothing() {
+    use sluice::store::redis::slot::slot;
+    let cluster = RedisCluster::start(3, 0);
+    let dir = config();
+    let sluice = start(&cluster, &dir, &[]);
+    let mut c = sluice.client().await;
+    avoid_window_edge(3600, 30).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (hour, day) = (now / 3600 * 3600, now / 86_400 * 86_400);
+    let port = cluster.master_ports()[0];
+    let mut slots = std::collections::BTreeSet::new();
+    for value in ["a", "b", "c", "d", "e", "f"] {
+        let one = || request("c", vec![descriptor(&[("pair", value)])]);
+        let codes: Vec<i32> = futures::future::join_all((0..5).map(|_| {
+            let mut c = c.clone();
+            async move { ask(&mut c, one()).await.overall_code }
+        }))
+        .await;
+        assert_eq!(
+            codes
+                .iter()
+                .filter(|&&code| code == Code::Ok as i32)
+                .count(),
+            3,
+            "{value}: {codes:?}"
+        );
+        let hour_key = format!("{{c_pair_{value}}}:fixed_window:3600_{hour}");
+        let day_key = format!("{{c_pair_{value}}}:fixed_window:86400_{day}");
+        assert_eq!(slot(hour_key.as_bytes()), slot(day_key.as_bytes()));
+        slots.insert(slot(hour_key.as_bytes()));
+        let get = |key: &str| {
+            cluster
+                .node(port)
+                .cli(&["-c", "GET", key])
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(
+            get(&day_key),
+            "3",
+            "{value}: refused requests charged the day"
+        );
+        assert_eq!(get(&hour_key), "3", "{value}");
+        let r = ask(&mut c, one()).await;
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+    }
+    assert!(slots.len() > 1, "the values spread over slots: {slots:?}");
+    drop(sluice);
 }

@@ -67,6 +67,7 @@ fn fixed(key: &str, hits: u64, limit: u64, window_secs: u64, now_micros: u64) ->
             window_start,
         },
         record_refused: false,
+        group: None,
     }
 }
 
@@ -186,6 +187,7 @@ async fn reset_is_clamped_when_clocks_disagree() {
             window_start,
         },
         record_refused: false,
+        group: None,
     };
     // Separate keys: the memory store expires by its (pinned) clock, Redis by its real one.
     p.clock.set_micros((window_start + 75) * 1_000_000);
@@ -270,6 +272,7 @@ async fn every_algorithm_agrees_on_a_scripted_sequence() {
                     hits,
                     rule: rule.clone(),
                     record_refused,
+                    group: None,
                 };
                 p.both(std::slice::from_ref(&check)).await;
             }
@@ -296,7 +299,7 @@ proptest::proptest! {
             for (gap, hits) in steps {
                 now += gap;
                 p.clock.set_micros(now);
-                let check = Check { key: key.clone(), hits, rule: rule.clone(), record_refused };
+                let check = Check { key: key.clone(), hits, rule: rule.clone(), record_refused, group: None };
                 p.both(std::slice::from_ref(&check)).await;
             }
         });
@@ -367,6 +370,7 @@ async fn fixed_window_admits_twice_the_limit_across_a_boundary_and_the_log_does_
                     hits: 1,
                     rule,
                     record_refused: false,
+                    group: None,
                 }])
                 .await[0]
                     .admitted
@@ -398,6 +402,7 @@ async fn the_counter_reports_no_reset_beyond_its_window() {
             window: 10_000_000,
         },
         record_refused: false,
+        group: None,
     };
     let taken = p.both(&[check(3)]).await[0];
     assert!(taken.admitted);
@@ -467,6 +472,7 @@ async fn zero_cost_checks_then_charges_admit_at_most_the_limit() {
             hits,
             rule: rule.clone(),
             record_refused: false,
+            group: None,
         };
         let mut admitted = 0;
         for _ in 0..20 {
@@ -493,6 +499,7 @@ async fn larger_charges_stay_within_the_limit_only_when_refusals_are_recorded() 
                 hits,
                 rule: rule.clone(),
                 record_refused,
+                group: None,
             };
             let mut admitted = 0;
             for _ in 0..20 {
@@ -770,6 +777,7 @@ async fn stop_when_over_charges_only_what_would_go_over() {
             hits,
             rule: rule.clone(),
             record_refused: false,
+            group: None,
         };
         let wide = check(format!("w_{name}"), 1, &wide_rule);
         let tight = check(format!("t_{name}"), 1, &tight_rule);
@@ -822,5 +830,73 @@ async fn stop_when_over_charges_only_what_would_go_over() {
             wide_now,
             "{name}: looked at"
         );
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
+
+    /// Groups (the limits of one descriptor's `rate_limits`) beside a check on its own, under
+    /// both chargings: the two stores agree, and a group with a refused check leaves every
+    /// check of it as it was (a look before and after agrees), unless that check records its
+    /// refused hits.
+    #[test]
+    fn groups_agree_and_are_all_or_nothing(
+        rules_of in proptest::collection::vec(0usize..5, 2..4),
+        record in proptest::collection::vec(proptest::bool::ANY, 4),
+        stop in proptest::bool::ANY,
+        alone in proptest::bool::ANY,
+        steps in proptest::collection::vec((0u64..2_000_000, 0u64..4), 1..30),
+    ) {
+        runtime().block_on(async {
+            // A pair of its own: its clock must not move under the other property's cases,
+            // which run beside these.
+            static PAIR: std::sync::OnceLock<Pair> = std::sync::OnceLock::new();
+            let p = shared(&PAIR, pair).await;
+            let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let charging = if stop { Charging::StopWhenOver } else { Charging::Each };
+            let mut now = T0 + 2_000_000_000;
+            for (gap, hits) in steps {
+                now += gap;
+                p.clock.set_micros(now);
+                let build = |i: usize, rule: usize, hits: u64| {
+                    let mut check = match rules().get(rule) {
+                        Some((name, r)) => Check {
+                            key: format!("group:{case}:{i}:{name}"),
+                            hits,
+                            rule: r.clone(),
+                            record_refused: record[i],
+                            group: None,
+                        },
+                        None => fixed(&format!("group:{case}:{i}:fixed"), hits, 4, 2, now),
+                    };
+                    check.group = Some(7);
+                    check
+                };
+                let mut checks: Vec<Check> = rules_of
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &rule)| build(i, rule, hits))
+                    .collect();
+                if alone {
+                    let mut single = build(3, 0, 1);
+                    single.group = None;
+                    checks.push(single);
+                }
+                let looks: Vec<Check> = checks.iter().map(|c| Check { hits: 0, ..c.clone() }).collect();
+                let before = p.both(&looks).await;
+                let out = p.both_charging(&checks, charging).await;
+                let after = p.both(&looks).await;
+                let members = rules_of.len();
+                if out[..members].iter().any(|o| !o.admitted) {
+                    for i in 0..members {
+                        let charged_anyway = !out[i].admitted && checks[i].record_refused;
+                        if !charged_anyway && checks[i].hits > 0 {
+                            assert_eq!(before[i], after[i], "check {i} of a refused group: {checks:?} {out:?}");
+                        }
+                    }
+                }
+            }
+        });
     }
 }

@@ -142,6 +142,10 @@ pub struct CommonArgs {
     /// requests_per_unit of every generated limit (unit: hour); high, so answers are OK.
     #[arg(long, default_value_t = 1_000_000_000)]
     pub limit: u32,
+    /// Limits on each generated descriptor: more than 1 gives a `rate_limits` list (windows of
+    /// 1, 2, … hours), decided together in one script call.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub limits_per_descriptor: u32,
     /// REDIS_POOL_SIZE of spawned Redis-backed servers.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub redis_pool_size: u32,
@@ -180,6 +184,7 @@ impl CommonArgs {
             redis_server: self.redis_server.clone(),
             descriptors,
             limit: self.limit,
+            limits_per_descriptor: self.limits_per_descriptor,
             redis_pool_size: self.redis_pool_size,
             redis_timeout: self.redis_timeout.clone(),
             server_env: self.server_env.clone(),
@@ -270,7 +275,11 @@ async fn run_main(args: RunArgs) -> Result<()> {
     if args.print_config {
         print!(
             "{}",
-            procs::config_yaml(args.descriptors, args.common.limit)
+            procs::config_yaml(
+                args.descriptors,
+                args.common.limit,
+                args.common.limits_per_descriptor
+            )
         );
         return Ok(());
     }

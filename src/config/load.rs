@@ -13,8 +13,9 @@ use prost_types::value::Kind;
 
 use super::yaml::{self, Node, Value};
 use super::{
-    Algorithm, AlgorithmField, Children, ConfigError, ConfigErrors, Domain, Level, Limit, Origin,
-    Quota, RateLimitConfig, Stats, TreeNode, Unit, WarmUpProblem, Wildcard,
+    Algorithm, AlgorithmField, Children, ConfigError, ConfigErrors, Domain, Level, Limit,
+    MAX_WINDOW_SECS, Member, Origin, Quota, RateLimitConfig, Stats, TreeNode, Unit, WarmUpProblem,
+    Wildcard,
 };
 
 /// Loader switches that come from the environment (upstream's variable names in brackets).
@@ -53,6 +54,7 @@ const EXTENSION_KEYS: &[&str] = &[
     "warmup_period",
     "cold_factor",
     "record_refused_hits",
+    "unit_multiplier",
 ];
 
 /// Loads every regular file under `dir` (recursively, in path order), whatever its name ends
@@ -215,7 +217,7 @@ pub(super) fn load_documents(
     domains.sort_by(|a, b| a.0.cmp(b.0));
     let limits = domains.into_iter().flat_map(|(_, d)| d.nodes.iter_mut());
     let mut count = 0;
-    for (id, limit) in limits.filter_map(|n| n.limit.as_mut()).enumerate() {
+    for (id, limit) in limits.flat_map(|n| n.limits.iter_mut()).enumerate() {
         limit.id = Some(id);
         count = id + 1;
     }
@@ -241,7 +243,10 @@ struct DescriptorSpec {
     line: Option<usize>,
     key: String,
     value: String,
-    limit: Option<LimitSpec>,
+    /// Empty: no limit; else `rate_limit`'s one limit or `rate_limits`' list.
+    limits: Vec<LimitSpec>,
+    /// The limits came as a `rate_limits` list (even of one).
+    listed: bool,
     shadow_mode: bool,
     quota_mode: bool,
     share_threshold: bool,
@@ -252,6 +257,8 @@ struct DescriptorSpec {
 }
 
 struct LimitSpec {
+    /// Where an entry of `rate_limits` starts (`None` for `rate_limit`, or without lines).
+    line: Option<usize>,
     name: String,
     quota: Quota,
     replaces: Vec<String>,
@@ -296,31 +303,50 @@ fn build_level(
         if spec.value_to_metric {
             stats.value_levels.push(depth);
         }
-        let limit = spec.limit.map(|l| Limit {
-            id: None,
-            name: l.name,
-            quota: l.quota,
-            replaces: l.replaces,
-            record_refused_hits: l.record_refused_hits,
-            shadow_mode: spec.shadow_mode,
-            quota_mode: spec.quota_mode,
-            metadata: spec.metadata,
-            shared_values: shared.clone(),
-            stats: Stats {
-                key: stats.segments.join("."),
-                segments: stats.segments.clone(),
-                value_levels: stats.value_levels.clone(),
-                detailed: spec.detailed_metric,
-            },
-            path: path.clone(),
-            origin: Some(Origin {
-                file: spec.file.clone(),
-                line: spec.line,
-            }),
-        });
+        let of = spec.limits.len();
+        let limits = spec
+            .limits
+            .into_iter()
+            .enumerate()
+            .map(|(at, l)| {
+                let member = spec.listed.then(|| Member {
+                    position: at + 1,
+                    of,
+                    label: Member::label_for(at + 1, &l.name),
+                });
+                // Each limit of a list is counted in its own stats, named by its label.
+                let suffix = member
+                    .as_ref()
+                    .map_or(String::new(), |m| format!("_{}", m.label));
+                Limit {
+                    id: None,
+                    name: l.name,
+                    quota: l.quota,
+                    replaces: l.replaces,
+                    record_refused_hits: l.record_refused_hits,
+                    shadow_mode: spec.shadow_mode,
+                    quota_mode: spec.quota_mode,
+                    metadata: spec.metadata.clone(),
+                    shared_values: shared.clone(),
+                    stats: Stats {
+                        key: format!("{}{suffix}", stats.segments.join(".")),
+                        segments: stats.segments.clone(),
+                        value_levels: stats.value_levels.clone(),
+                        detailed: spec.detailed_metric,
+                        suffix,
+                    },
+                    path: path.clone(),
+                    origin: Some(Origin {
+                        file: spec.file.clone(),
+                        line: l.line.or(spec.line),
+                    }),
+                    member,
+                }
+            })
+            .collect();
         let id = nodes.len();
         nodes.push(TreeNode {
-            limit,
+            limits,
             children: Level::default(),
         });
         nodes[id].children = build_level(
@@ -439,6 +465,7 @@ impl FileChecker<'_> {
             "key",
             "value",
             "rate_limit",
+            "rate_limits",
             "descriptors",
             "shadow_mode",
             "quota_mode",
@@ -481,9 +508,19 @@ impl FileChecker<'_> {
             );
         }
         let metadata = fields.get("metadata").and_then(|n| self.metadata(n));
-        let limit = match fields.get("rate_limit") {
-            Some(n) if !n.is_null() => self.limit(n),
-            _ => None,
+        let single = fields.get("rate_limit").filter(|n| !n.is_null());
+        let list = fields.get("rate_limits");
+        let (limits, listed) = match (single, list) {
+            (Some(_), Some(list)) => {
+                self.error(
+                    list.line,
+                    "a descriptor has rate_limit or rate_limits, not both",
+                );
+                (Vec::new(), false)
+            }
+            (Some(n), None) => (self.limit(n).into_iter().collect(), false),
+            (None, Some(list)) => (self.limit_list(list), true),
+            (None, None) => (Vec::new(), false),
         };
         let children = match fields.get("descriptors") {
             Some(n) => self.descriptor_list(n),
@@ -494,7 +531,8 @@ impl FileChecker<'_> {
             line: self.lines.then_some(node.line),
             key,
             value,
-            limit,
+            limits,
+            listed,
             shadow_mode,
             quota_mode,
             share_threshold,
@@ -517,6 +555,7 @@ impl FileChecker<'_> {
             "warmup_period",
             "cold_factor",
             "record_refused_hits",
+            "unit_multiplier",
         ];
         let fields = self.mapping(node, "rate_limit", FIELDS)?;
         let record_refused_hits = fields
@@ -563,11 +602,24 @@ impl FileChecker<'_> {
         } else {
             let text = unit_text.unwrap_or_default();
             match Unit::parse(&text) {
-                Some(unit) => Quota::PerUnit {
-                    requests_per_unit,
-                    unit,
-                    algorithm: self.algorithm(&fields, node.line, requests_per_unit, unit)?,
-                },
+                Some(unit) => {
+                    let unit_multiplier = match fields.get("unit_multiplier") {
+                        Some(n) => self.unit_multiplier(n, unit)?,
+                        None => 1,
+                    };
+                    let window_secs = unit.window_secs() * u64::from(unit_multiplier);
+                    Quota::PerUnit {
+                        requests_per_unit,
+                        unit,
+                        unit_multiplier,
+                        algorithm: self.algorithm(
+                            &fields,
+                            node.line,
+                            requests_per_unit,
+                            window_secs,
+                        )?,
+                    }
+                }
                 None => {
                     let line = fields.get("unit").map_or(node.line, |n| n.line);
                     self.error(line, format!("invalid rate limit unit '{text}'"));
@@ -621,11 +673,66 @@ impl FileChecker<'_> {
             return None;
         }
         Some(LimitSpec {
+            line: None,
             name,
             quota,
             replaces,
             record_refused_hits,
         })
+    }
+
+    /// Reads `rate_limits` (a Sluice extension): a non-empty list of complete `rate_limit`s, all
+    /// of which must admit a request. Each is counted apart, so two with the same algorithm and
+    /// window would be the same counter (and its keys, `rls::key`, tell them apart by those):
+    /// refused, as is `unlimited`, which would make the others pointless.
+    fn limit_list(&mut self, node: &Node) -> Vec<LimitSpec> {
+        let Value::Sequence(items) = &node.value else {
+            self.error(
+                node.line,
+                format!(
+                    "rate_limits must be a list of rate limits, found a {}",
+                    node.kind()
+                ),
+            );
+            return Vec::new();
+        };
+        if items.is_empty() {
+            self.error(node.line, "rate_limits must list at least one rate limit");
+            return Vec::new();
+        }
+        let mut limits: Vec<LimitSpec> = Vec::with_capacity(items.len());
+        let mut seen: Vec<(&'static str, u64, usize)> = Vec::new();
+        for item in items {
+            let Some(mut limit) = self.limit(item) else {
+                continue;
+            };
+            limit.line = self.lines.then_some(item.line);
+            let Quota::PerUnit { algorithm, .. } = limit.quota else {
+                self.error(
+                    item.line,
+                    "unlimited has no meaning in rate_limits (use rate_limit: {unlimited: true})",
+                );
+                continue;
+            };
+            let window = limit.quota.window_secs().unwrap_or(0);
+            if let Some((_, _, first)) = seen
+                .iter()
+                .find(|(name, secs, _)| *name == algorithm.name() && *secs == window)
+            {
+                self.error(
+                    item.line,
+                    format!(
+                        "two limits of one rate_limits list with algorithm {} and a window of \
+                         {window}s (the first on line {first}); they would share one counter",
+                        algorithm.name()
+                    ),
+                );
+                continue;
+            }
+            seen.push((algorithm.name(), window, item.line));
+            limits.push(limit);
+        }
+        limits
     }
 
     /// Reads and checks `algorithm` and its parameters.
@@ -634,7 +741,7 @@ impl FileChecker<'_> {
         fields: &HashMap<&str, &Node>,
         line: usize,
         requests_per_unit: u32,
-        unit: Unit,
+        window_secs: u64,
     ) -> Option<Algorithm> {
         let name = match fields.get("algorithm") {
             Some(n) => self.string(n, "algorithm")?,
@@ -731,7 +838,7 @@ impl FileChecker<'_> {
         }
 
         if let Err(problem) =
-            algorithm.check_numbers(u64::from(requests_per_unit), unit.window_secs() * 1_000_000)
+            algorithm.check_numbers(u64::from(requests_per_unit), window_secs * 1_000_000)
         {
             let field = match problem.field {
                 AlgorithmField::Rate => "requests_per_unit",
@@ -744,6 +851,44 @@ impl FileChecker<'_> {
             return None;
         }
         Some(algorithm)
+    }
+
+    /// Reads `unit_multiplier`: a whole number from 1 on, with the window it makes (`unit` times
+    /// it) at most [`MAX_WINDOW_SECS`].
+    fn unit_multiplier(&mut self, node: &Node, unit: Unit) -> Option<u32> {
+        let most = MAX_WINDOW_SECS / unit.window_secs();
+        let whole = match &node.value {
+            Value::Scalar { text, plain: true } => match yaml11_number(text) {
+                Some(Number::Int(n)) => Some(n),
+                Some(Number::Float(f)) if f.fract() == 0.0 && f.abs() < 1e30 => Some(f as i128),
+                _ => None,
+            },
+            _ => None,
+        };
+        match whole {
+            Some(n) if n >= 1 && n <= i128::from(most) => u32::try_from(n).ok(),
+            Some(n) if n >= 1 => {
+                self.error(
+                    node.line,
+                    format!(
+                        "unit_multiplier {n} makes a window longer than 100 years (at most \
+                         {most} for unit {})",
+                        unit.name()
+                    ),
+                );
+                None
+            }
+            _ => {
+                self.error(
+                    node.line,
+                    format!(
+                        "unit_multiplier must be a whole number of at least 1, found: {}",
+                        describe(node)
+                    ),
+                );
+                None
+            }
+        }
     }
 
     /// Checks that `node` is a map with string keys that upstream knows, and returns the entries
@@ -792,6 +937,13 @@ impl FileChecker<'_> {
                 self.error(
                     key.line,
                     format!("config error, '{text}' is only valid under rate_limit"),
+                );
+            } else if text == "rate_limits" {
+                // Sluice's own, like the keys above, but it belongs on a descriptor.
+                self.error(
+                    key.line,
+                    "config error, 'rate_limits' is only valid on a descriptor (instead of \
+                     rate_limit)",
                 );
             } else if UPSTREAM_KEYS.contains(&text.as_str()) {
                 self.warn(

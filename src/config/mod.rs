@@ -112,8 +112,31 @@ pub enum Quota {
     PerUnit {
         requests_per_unit: u32,
         unit: Unit,
+        /// `unit_multiplier` (a Sluice extension, 1 when absent): the window is this many units
+        /// long, and `requests_per_unit` counts per window.
+        unit_multiplier: u32,
         algorithm: Algorithm,
     },
+}
+
+/// The longest window `unit × unit_multiplier` may make: 100 years of 365 days. Far beyond any
+/// use, and it keeps every window in microseconds exact in Lua's doubles (2^53 µs is 285
+/// years).
+pub const MAX_WINDOW_SECS: u64 = 100 * 31_536_000;
+
+impl Quota {
+    /// The length of a counted limit's window in seconds (`unit × unit_multiplier`); `None` when
+    /// unlimited. The one place the multiplier is applied.
+    pub fn window_secs(&self) -> Option<u64> {
+        match *self {
+            Quota::Unlimited => None,
+            Quota::PerUnit {
+                unit,
+                unit_multiplier,
+                ..
+            } => Some(unit.window_secs() * u64::from(unit_multiplier.max(1))),
+        }
+    }
 }
 
 /// How a limit counts: `rate_limit.algorithm` and its parameters (a sluice extension; upstream
@@ -312,7 +335,8 @@ impl fmt::Display for Origin {
     }
 }
 
-/// A limit as the decision path needs it, compiled from one descriptor's `rate_limit`.
+/// A limit as the decision path needs it, compiled from one descriptor's `rate_limit` or from
+/// one entry of its `rate_limits`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limit {
     /// Its number among the limits of its configuration (`None` for an override): where the
@@ -339,6 +363,37 @@ pub struct Limit {
     pub path: String,
     /// `None` for a limit override that came with a request.
     pub origin: Option<Origin>,
+    /// Its place among the limits of a `rate_limits` list; `None` for a descriptor's only limit
+    /// (`rate_limit`, or an override).
+    pub member: Option<Member>,
+}
+
+/// A limit's place in its descriptor's `rate_limits` list (a Sluice extension): a request
+/// matching the descriptor is admitted only when every limit of the list admits it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Its position in the list, from 1.
+    pub position: usize,
+    /// How many limits the list has.
+    pub of: usize,
+    /// What names it in metrics and dumps: its `name` when that is a plain word (letters,
+    /// digits, `-`, `_`), else `limit<position>`.
+    pub label: String,
+}
+
+impl Member {
+    /// The label of the limit at `position` (from 1) named `name`.
+    pub fn label_for(position: usize, name: &str) -> String {
+        let plain = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if plain {
+            name.to_string()
+        } else {
+            format!("limit{position}")
+        }
+    }
 }
 
 impl Limit {
@@ -351,6 +406,8 @@ impl Limit {
             quota: Quota::PerUnit {
                 requests_per_unit,
                 unit,
+                // The protocol's override has no multiplier: always one unit.
+                unit_multiplier: 1,
                 algorithm: Algorithm::FixedWindow,
             },
             replaces: Vec::new(),
@@ -362,6 +419,7 @@ impl Limit {
             stats: Stats::default(),
             path: String::new(),
             origin: None,
+            member: None,
         }
     }
 
@@ -384,8 +442,19 @@ impl fmt::Display for Limit {
             Quota::PerUnit {
                 requests_per_unit,
                 unit,
+                unit_multiplier: 1,
                 algorithm,
             } => write!(f, "{requests_per_unit}/{} {algorithm}", unit.name())?,
+            Quota::PerUnit {
+                requests_per_unit,
+                unit,
+                unit_multiplier,
+                algorithm,
+            } => write!(
+                f,
+                "{requests_per_unit}/{unit_multiplier} {}s {algorithm}",
+                unit.name()
+            )?,
         }
         if !self.name.is_empty() {
             write!(f, " name={}", self.name)?;
@@ -405,6 +474,13 @@ impl fmt::Display for Limit {
         for (_, pattern) in &self.shared_values {
             write!(f, " shared={pattern}")?;
         }
+        if let Some(member) = &self.member {
+            write!(f, " limit {} of {}", member.position, member.of)?;
+            // The label, when it is not the name already shown: what metrics call it.
+            if member.label != self.name {
+                write!(f, " ({})", member.label)?;
+            }
+        }
         if let Some(origin) = &self.origin {
             write!(f, " ({origin})")?;
         }
@@ -414,7 +490,8 @@ impl fmt::Display for Limit {
 
 /// The limit as a line of upstream's debug dump (`/rlconfig` on the debug port):
 /// `<domain>.<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>`; an unlimited
-/// limit has unit `UNKNOWN` and 0 requests, as upstream stores it.
+/// limit has unit `UNKNOWN` and 0 requests, as upstream stores it. A `unit_multiplier` other
+/// than 1 (upstream has none) is added after the unit as `unit_multiplier=<n>`.
 pub struct UpstreamDumpLine<'a>(pub &'a Limit);
 
 impl fmt::Display for UpstreamDumpLine<'_> {
@@ -425,6 +502,18 @@ impl fmt::Display for UpstreamDumpLine<'_> {
             Quota::PerUnit {
                 requests_per_unit,
                 unit,
+                unit_multiplier,
+                ..
+            } if unit_multiplier > 1 => (
+                format!(
+                    "{} unit_multiplier={unit_multiplier}",
+                    unit.name().to_ascii_uppercase()
+                ),
+                requests_per_unit,
+            ),
+            Quota::PerUnit {
+                requests_per_unit,
+                unit,
                 ..
             } => (unit.name().to_ascii_uppercase(), requests_per_unit),
         };
@@ -432,7 +521,12 @@ impl fmt::Display for UpstreamDumpLine<'_> {
             f,
             "{}: unit={unit} requests_per_unit={requests}, shadow_mode: {}",
             limit.path, limit.shadow_mode
-        )
+        )?;
+        // Upstream has one limit per descriptor; each of a `rate_limits` list gets a line.
+        match &self.0.member {
+            Some(m) => write!(f, ", limit: {} of {} ({})", m.position, m.of, m.label),
+            None => Ok(()),
+        }
     }
 }
 
@@ -447,6 +541,9 @@ pub struct Stats {
     pub value_levels: Vec<usize>,
     /// `detailed_metric`: every segment becomes `<key>_<runtime value>`.
     pub detailed: bool,
+    /// Added to the last segment to name one limit of a `rate_limits` list (`_<label>`, see
+    /// [`Member::label`]); empty for a descriptor's only limit. Already part of `key`.
+    pub suffix: String,
 }
 
 /// A whole loaded configuration: every domain of every file.
@@ -480,8 +577,9 @@ impl RateLimitConfig {
         let mut all: Vec<&Limit> = self
             .domains
             .values()
-            .flat_map(|d| d.nodes.iter().filter_map(|n| n.limit.as_ref()))
+            .flat_map(|d| d.nodes.iter().flat_map(|n| &n.limits))
             .collect();
+        // Stable: the limits of one `rate_limits` list keep their order.
         all.sort_by(|a, b| a.path.cmp(&b.path));
         all
     }
@@ -513,13 +611,24 @@ struct Children {
 
 #[derive(Debug, Default)]
 struct TreeNode {
-    limit: Option<Limit>,
+    /// Empty: no limit. One: `rate_limit`. Several: a `rate_limits` list, in its order.
+    limits: Vec<Limit>,
     children: Level,
 }
 
 impl Domain {
-    /// The limit for a descriptor's entries, or `None` (no limit: the descriptor is answered OK).
+    /// The limit for a descriptor's entries, or `None` (no limit: the descriptor is answered OK);
+    /// for a `rate_limits` list, its first limit (see [`Domain::find_all`]).
     pub fn find(&self, entries: &[DescriptorEntry]) -> Option<&Limit> {
+        self.find_all(entries).first()
+    }
+
+    /// Every limit of a descriptor's entries: none, its `rate_limit`, or its `rate_limits`.
+    pub fn find_all(&self, entries: &[DescriptorEntry]) -> &[Limit] {
+        self.find_node(entries).map_or(&[], |n| &n.limits)
+    }
+
+    fn find_node(&self, entries: &[DescriptorEntry]) -> Option<&TreeNode> {
         let mut level = &self.root;
         let mut node = None;
         for entry in entries {
@@ -540,7 +649,7 @@ impl Domain {
             level = &found.children;
             node = Some(found);
         }
-        node?.limit.as_ref()
+        node
     }
 }
 

@@ -179,6 +179,7 @@ descriptors:
         Quota::PerUnit {
             requests_per_unit: u32::MAX,
             unit: Unit::Minute,
+            unit_multiplier: 1,
             algorithm: Algorithm::FixedWindow,
         }
     );

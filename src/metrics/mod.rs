@@ -469,7 +469,8 @@ pub fn split(hits: u64, after: u64, limit: u64, ratio: f64) -> (u64, u64, u64) {
 }
 
 /// Upstream's stats key (without the domain): the config path, `<key>_<runtime value>` at
-/// `value_to_metric` levels or everywhere with `detailed_metric`, runtime values for an override.
+/// `value_to_metric` levels or everywhere with `detailed_metric`, runtime values for an override;
+/// a limit of a `rate_limits` list adds `_<label>` to the last segment (`Stats::suffix`).
 pub fn stats_key<'l>(limit: &'l Limit, entries: &[DescriptorEntry]) -> Cow<'l, str> {
     let runtime = |i: usize, e: &DescriptorEntry| match limit.shared_value(i) {
         Some(pattern) => format!("{}_{pattern}", e.key),
@@ -483,7 +484,7 @@ pub fn stats_key<'l>(limit: &'l Limit, entries: &[DescriptorEntry]) -> Cow<'l, s
             .enumerate()
             .map(|(i, e)| runtime(i, e))
             .collect();
-        return Cow::Owned(parts.join("."));
+        return Cow::Owned(parts.join(".") + &stats.suffix);
     }
     if stats.value_levels.is_empty() {
         return Cow::Borrowed(&stats.key);
@@ -497,7 +498,7 @@ pub fn stats_key<'l>(limit: &'l Limit, entries: &[DescriptorEntry]) -> Cow<'l, s
             _ => segment.clone(),
         })
         .collect();
-    Cow::Owned(parts.join("."))
+    Cow::Owned(parts.join(".") + &stats.suffix)
 }
 
 #[cfg(test)]

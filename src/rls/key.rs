@@ -42,13 +42,29 @@
 //! The other algorithms keep their time inside their state, so their keys carry no window:
 //! `<prefix>{<domain>_<key1>_<value1>_…}:<algorithm>` (see [`KeyBuilder::state`]).
 //!
+//! # Several limits on one descriptor (`rate_limits`)
+//!
+//! Each limit of a `rate_limits` list has its own counter, named after its algorithm and its
+//! window length in seconds (the loader refuses two limits of one list that share both), so
+//! reordering the list or changing a rate keeps the counters:
+//!
+//! ```text
+//! <prefix>{<domain>_<key1>_<value1>_…}:fixed_window:<window secs>_<window start>
+//! <prefix>{<domain>_<key1>_<value1>_…}:<algorithm>:<window secs>
+//! ```
+//!
+//! Both carry the descriptor as their hash tag, so every limit of one descriptor lives in one
+//! Redis Cluster slot and one script call decides them together. A descriptor with a single
+//! `rate_limit` keeps the keys above.
+//!
 //! # Redis Cluster slot
 //!
 //! No escaped part contains `{` or `}`, and the prefix may not contain them either (checked by
-//! [`KeyBuilder::new`]). So a fixed-window key has no hash tag: Redis hashes the whole key, which
-//! spreads descriptors and windows over all slots. The other keys have exactly one tag, the
-//! whole descriptor, placed by us. Either way a value cannot choose which part of a key is hashed,
-//! and each descriptor's decision touches one slot.
+//! [`KeyBuilder::new`]). So a lone fixed-window key has no hash tag: Redis hashes the whole key,
+//! which spreads descriptors and windows over all slots. The other keys, and every key of a
+//! `rate_limits` list, have exactly one tag, the whole descriptor, placed by us. Either way a
+//! value cannot choose which part of a key is hashed, and each descriptor's decision touches one
+//! slot.
 
 use std::fmt::Write;
 
@@ -131,7 +147,11 @@ impl KeyBuilder {
         window_start: u64,
     ) -> String {
         let mut key = self.start(domain, entries);
-        self.write_descriptor(&mut key, domain, entries, limit);
+        if limit.member.is_some() {
+            self.write_member(&mut key, domain, entries, limit, "fixed_window");
+        } else {
+            self.write_descriptor(&mut key, domain, entries, limit);
+        }
         key.push('_');
         write!(key, "{window_start}").expect("writing to a String cannot fail");
         key
@@ -150,11 +170,33 @@ impl KeyBuilder {
         algorithm: &str,
     ) -> String {
         let mut key = self.start(domain, entries);
+        if limit.member.is_some() {
+            self.write_member(&mut key, domain, entries, limit, algorithm);
+            return key;
+        }
         key.push('{');
         self.write_descriptor(&mut key, domain, entries, limit);
         key.push_str("}:");
         key.push_str(algorithm);
         key
+    }
+
+    /// `{<descriptor>}:<algorithm>:<window secs>`: one limit of a `rate_limits` list (see the
+    /// module doc). The tag is the same for every limit of the list: one slot for all.
+    fn write_member(
+        &self,
+        key: &mut String,
+        domain: &str,
+        entries: &[DescriptorEntry],
+        limit: &Limit,
+        algorithm: &str,
+    ) {
+        key.push('{');
+        self.write_descriptor(key, domain, entries, limit);
+        key.push_str("}:");
+        key.push_str(algorithm);
+        let window = limit.quota.window_secs().unwrap_or(0);
+        write!(key, ":{window}").expect("writing to a String cannot fail");
     }
 
     /// The keys of a named limiter (native API): `<prefix>{limiter_<name>}:config`, `:state`,

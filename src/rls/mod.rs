@@ -145,6 +145,9 @@ struct Answers<'p> {
     /// Per status, the limit it was judged under when it is not over that limit (for the
     /// dynamic metadata).
     passed: Vec<Option<&'p Limit>>,
+    /// Per status, the length in seconds of the window of the limit it names (0: none), for
+    /// the draft headers' `w=` (the protocol's unit does not carry `unit_multiplier`).
+    windows: Vec<u64>,
     tally: response::Tally,
 }
 
@@ -163,10 +166,24 @@ enum Plan<'c> {
     /// Could not be judged: answered OVER_LIMIT without counting (see [`Refusal`]).
     Refused,
     Unlimited,
-    /// Counted: the limit, its rate (so the answer needs no second look at its quota) and the
-    /// index of its check.
-    Counted(Cow<'c, Limit>, response::Rate, usize),
+    /// Counted under one limit.
+    Counted(Counted<'c>),
+    /// Counted under every limit of a `rate_limits` list, all or nothing (see
+    /// [`crate::store::charged_hits`]); its status is the deciding limit's ([`decider`]).
+    Group(Vec<Counted<'c>>),
 }
+
+/// One limit a descriptor is counted under: the limit, its rate (so the answer needs no second
+/// look at its quota) and the index of its check.
+struct Counted<'c> {
+    limit: Cow<'c, Limit>,
+    rate: response::Rate,
+    check: usize,
+}
+
+/// The limits one descriptor matched: none, one, or a `rate_limits` list (borrowed from the
+/// config; owned for an override or after `replaces` dropped some of a list).
+type Matched<'c> = Option<Cow<'c, [Limit]>>;
 
 impl RateLimiter {
     pub fn new(
@@ -260,7 +277,7 @@ impl RateLimiter {
     /// Step 1: each descriptor's slot (matched, with `replaces` applied across the request; a
     /// descriptor that cannot be judged is refused on its own) and the checks for the store.
     fn plan<'c>(&self, domain: &'c Domain, request: &RateLimitRequest) -> RequestPlan<'c> {
-        let mut matched: Vec<Result<Option<Cow<Limit>>, Refusal>> = request
+        let mut matched: Vec<Result<Matched<'c>, Refusal>> = request
             .descriptors
             .iter()
             .enumerate()
@@ -274,39 +291,85 @@ impl RateLimiter {
         let slots = matched
             .into_iter()
             .zip(&request.descriptors)
-            .map(|(limit, descriptor)| {
-                let limit = match limit {
+            .enumerate()
+            .map(|(index, (limits, descriptor))| {
+                let limits = match limits {
                     Err(_) => return Plan::Refused,
                     Ok(None) => return Plan::NoLimit,
-                    Ok(Some(limit)) => limit,
+                    Ok(Some(limits)) => limits,
                 };
-                let Quota::PerUnit {
-                    requests_per_unit,
-                    unit,
-                    algorithm,
-                } = limit.quota
-                else {
-                    return Plan::Unlimited;
+                let mut count = |limit: Cow<'c, Limit>, group: Option<u32>, second: bool| {
+                    let Quota::PerUnit {
+                        requests_per_unit,
+                        unit,
+                        algorithm,
+                        ..
+                    } = limit.quota
+                    else {
+                        return None;
+                    };
+                    let window_secs = limit.quota.window_secs().unwrap_or(unit.window_secs());
+                    let (key, rule) = self.counter(
+                        &request.domain,
+                        descriptor,
+                        &limit,
+                        (requests_per_unit, window_secs, algorithm),
+                        now_secs,
+                    );
+                    per_second.push(second);
+                    checks.push(Check {
+                        key,
+                        hits: hits(request, descriptor),
+                        rule,
+                        record_refused: limit.record_refused_hits,
+                        group,
+                    });
+                    let rate = response::Rate {
+                        requests_per_unit,
+                        unit,
+                        window_secs,
+                    };
+                    Some(Counted {
+                        limit,
+                        rate,
+                        check: checks.len() - 1,
+                    })
                 };
-                let (key, rule) = self.counter(
-                    &request.domain,
-                    descriptor,
-                    &limit,
-                    (requests_per_unit, unit, algorithm),
-                    now_secs,
-                );
-                per_second.push(unit == Unit::Second);
-                checks.push(Check {
-                    key,
-                    hits: hits(request, descriptor),
-                    rule,
-                    record_refused: limit.record_refused_hits,
+                if limits.len() == 1 && limits[0].member.is_none() {
+                    let limit = match limits {
+                        Cow::Borrowed(list) => Cow::Borrowed(&list[0]),
+                        Cow::Owned(mut list) => Cow::Owned(list.swap_remove(0)),
+                    };
+                    let second = matches!(
+                        limit.quota,
+                        Quota::PerUnit {
+                            unit: Unit::Second,
+                            ..
+                        }
+                    );
+                    return count(limit, None, second).map_or(Plan::Unlimited, Plan::Counted);
+                }
+                // A group is decided in one store call: it goes to the per-second store only
+                // when all of its limits would.
+                let second = limits.iter().all(|l| {
+                    matches!(
+                        l.quota,
+                        Quota::PerUnit {
+                            unit: Unit::Second,
+                            ..
+                        }
+                    )
                 });
-                let rate = response::Rate {
-                    requests_per_unit,
-                    unit,
+                let group = u32::try_from(index).unwrap_or(u32::MAX);
+                let members: Vec<Cow<'c, Limit>> = match limits {
+                    Cow::Borrowed(list) => list.iter().map(Cow::Borrowed).collect(),
+                    Cow::Owned(list) => list.into_iter().map(Cow::Owned).collect(),
                 };
-                Plan::Counted(limit, rate, checks.len() - 1)
+                let counted: Vec<Counted<'c>> = members
+                    .into_iter()
+                    .filter_map(|limit| count(limit, Some(group), second))
+                    .collect();
+                Plan::Group(counted)
             })
             .collect();
         RequestPlan {
@@ -345,9 +408,12 @@ impl RateLimiter {
         let mut answers = Answers {
             statuses: Vec::with_capacity(plan.slots.len()),
             passed: Vec::with_capacity(plan.slots.len()),
+            windows: Vec::with_capacity(plan.slots.len()),
             tally: response::Tally::default(),
         };
         for (index, (slot, descriptor)) in plan.slots.iter().zip(&request.descriptors).enumerate() {
+            // The limit a counted status names, when there is one.
+            let mut decided = None;
             let (status, judged) = match slot {
                 // Upstream's `QUOTA_MODE` makes every descriptor that is not unlimited a quota
                 // one, those without a limit (unmatched, replaced, empty) too: such a request
@@ -362,38 +428,78 @@ impl RateLimiter {
                 // Refused descriptors are never quota ones: padding must not switch a limit off.
                 Plan::Refused => (response::refused(), response::Judged::REFUSED),
                 Plan::Unlimited => (response::unlimited(), response::Judged::NO_LIMIT),
-                Plan::Counted(limit, rate, index) => {
-                    let (outcome, from_cache) = &outcomes[*index];
-                    if let Some(metrics) = &self.metrics {
-                        let hits = plan.checks[*index].hits;
-                        let entries = &descriptor.entries;
-                        metrics.record(counters, &request.domain, entries, limit, hits, outcome);
-                        if *from_cache {
-                            metrics.record_local_cache(
-                                counters,
-                                &request.domain,
-                                entries,
-                                limit,
-                                hits,
-                            );
-                        }
-                    }
-                    let judged = response::Judged {
-                        over: !outcome.admitted && !limit.shadow_mode,
-                        quota: limit.quota_mode || self.options.quota_mode,
-                        remaining: Some(response::remaining(outcome)),
-                    };
-                    (response::counted(limit, *rate, outcome), judged)
+                Plan::Counted(one) => {
+                    let members = std::slice::from_ref(one);
+                    self.judge(
+                        request,
+                        counters,
+                        plan,
+                        outcomes,
+                        descriptor,
+                        members,
+                        &mut decided,
+                    )
                 }
+                Plan::Group(members) => self.judge(
+                    request,
+                    counters,
+                    plan,
+                    outcomes,
+                    descriptor,
+                    members,
+                    &mut decided,
+                ),
             };
             answers.tally.add(index, judged);
-            answers.passed.push(match slot {
-                Plan::Counted(limit, ..) if !judged.over => Some(&**limit),
+            answers.passed.push(match decided {
+                Some(c) if !judged.over => Some(&*c.limit),
                 _ => None,
             });
+            answers
+                .windows
+                .push(decided.map_or(0, |c| c.rate.window_secs));
             answers.statuses.push(status);
         }
         answers
+    }
+
+    /// The status of a descriptor counted under `members` (one limit, or a `rate_limits` list),
+    /// recording each limit's metrics: the deciding limit's status ([`decider`]), which is put
+    /// in `decided`.
+    #[allow(clippy::too_many_arguments)]
+    fn judge<'m, 'c>(
+        &self,
+        request: &RateLimitRequest,
+        counters: &ConfigCounters,
+        plan: &RequestPlan<'_>,
+        outcomes: &[(Outcome, bool)],
+        descriptor: &RateLimitDescriptor,
+        members: &'m [Counted<'c>],
+        decided: &mut Option<&'m Counted<'c>>,
+    ) -> (crate::proto::DescriptorStatus, response::Judged) {
+        if let Some(metrics) = &self.metrics {
+            for member in members {
+                let (outcome, from_cache) = &outcomes[member.check];
+                let hits = plan.checks[member.check].hits;
+                let (entries, limit) = (&descriptor.entries, &*member.limit);
+                metrics.record(counters, &request.domain, entries, limit, hits, outcome);
+                if *from_cache {
+                    metrics.record_local_cache(counters, &request.domain, entries, limit, hits);
+                }
+            }
+        }
+        let Some(member) = members.get(decider(members, outcomes)) else {
+            // Every limit of the list was replaced or unlimited: nothing was counted.
+            return (response::no_limit(), response::Judged::NO_LIMIT);
+        };
+        *decided = Some(member);
+        let (limit, outcome) = (&*member.limit, &outcomes[member.check].0);
+        let judged = response::Judged {
+            over: !outcome.admitted && !limit.shadow_mode,
+            quota: limit.quota_mode || self.options.quota_mode,
+            remaining: Some(response::remaining(outcome)),
+        };
+        (response::counted(limit, member.rate, outcome), judged)
     }
 
     /// Answers the checks the over-limit cache knows are refused, asks the store(s) for the
@@ -421,9 +527,14 @@ impl RateLimiter {
         let mut answers: Vec<Option<(Outcome, bool)>> = checks
             .iter()
             .map(|&check| {
+                // A group is decided together, in the store; its refusals charge nothing, so
+                // they say nothing about later requests either.
                 let Rule::FixedWindow { limit, .. } = check.rule else {
                     return None;
                 };
+                if check.group.is_some() {
+                    return None;
+                }
                 let reset_ms = cache.over_limit(&check.key, now_ms)?;
                 let refused = Outcome {
                     admitted: false,
@@ -460,6 +571,7 @@ impl RateLimiter {
                 } = check.rule
                     && !outcome.admitted
                     && check.hits > 0
+                    && check.group.is_none()
                 {
                     cache.remember(&check.key, (window_start + window_secs) * 1_000, now_ms);
                 }
@@ -524,6 +636,7 @@ impl RateLimiter {
         let Answers {
             statuses,
             passed,
+            windows,
             tally,
         } = answers;
         let over_limit = tally.over_limit();
@@ -544,14 +657,15 @@ impl RateLimiter {
             ..Default::default()
         };
         let headers = self.options.response_headers.is_some() || self.options.draft_headers;
-        if headers && let Some(status) = tally.header_source().map(|i| &statuses[i]) {
+        if headers && let Some(source) = tally.header_source() {
+            let status = &statuses[source];
             if let Some(names) = &self.options.response_headers {
                 reply.response_headers_to_add = names.headers(status);
             }
             if self.options.draft_headers {
                 reply
                     .response_headers_to_add
-                    .extend(response::draft_headers(status));
+                    .extend(response::draft_headers(status, windows[source]));
             }
         }
         if self.options.dynamic_metadata {
@@ -568,11 +682,10 @@ impl RateLimiter {
         domain: &str,
         descriptor: &RateLimitDescriptor,
         limit: &Limit,
-        (requests_per_unit, unit, algorithm): (u32, Unit, ConfigAlgorithm),
+        (requests_per_unit, window_secs, algorithm): (u32, u64, ConfigAlgorithm),
         now_secs: u64,
     ) -> (String, Rule) {
         let entries = &descriptor.entries;
-        let window_secs = unit.window_secs();
         let mut rule = rule_for(
             algorithm,
             u64::from(requests_per_unit),
@@ -599,7 +712,7 @@ impl RateLimiter {
         domain: &'c Domain,
         index: usize,
         descriptor: &RateLimitDescriptor,
-    ) -> Result<Option<Cow<'c, Limit>>, Refusal> {
+    ) -> Result<Matched<'c>, Refusal> {
         let max = &self.options.input_limits;
         let refused = |refusal: Refusal| {
             if let Some(m) = &self.metrics {
@@ -627,13 +740,16 @@ impl RateLimiter {
         }
         match &descriptor.limit {
             Some(o) => match Unit::from_override(o.unit) {
-                Some(unit) => Ok(Some(Cow::Owned(Limit::from_override(
+                Some(unit) => Ok(Some(Cow::Owned(vec![Limit::from_override(
                     o.requests_per_unit,
                     unit,
-                )))),
+                )]))),
                 None => refused(Refusal::BadOverrideUnit),
             },
-            None => Ok(domain.find(&descriptor.entries).map(Cow::Borrowed)),
+            None => {
+                let limits = domain.find_all(&descriptor.entries);
+                Ok((!limits.is_empty()).then_some(Cow::Borrowed(limits)))
+            }
         }
     }
 
@@ -745,26 +861,47 @@ fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
 /// every matched limit, unlimited ones included; an unlimited limit is never dropped: upstream
 /// sets unlimited descriptors aside before it applies `replaces`, so they keep their unlimited
 /// status (remaining 4294967295).
-fn drop_replaced<E>(matched: &mut [Result<Option<Cow<'_, Limit>>, E>]) {
+///
+/// Each limit of a `rate_limits` list is dropped on its own: the others still count, and a list
+/// left empty is no limit.
+fn drop_replaced<E>(matched: &mut [Result<Matched<'_>, E>]) {
     let replaced: Vec<String> = matched
         .iter()
         .flat_map(|m| m.iter().flatten())
+        .flat_map(|list| list.iter())
         .flat_map(|l| l.replaces.iter().cloned())
         .collect();
     if replaced.is_empty() {
         return;
     }
+    let dropped = |l: &Limit| {
+        !l.name.is_empty() && !matches!(l.quota, Quota::Unlimited) && replaced.contains(&l.name)
+    };
     for slot in matched.iter_mut() {
-        if let Ok(limit) = slot
-            && limit.as_ref().is_some_and(|l| {
-                !l.name.is_empty()
-                    && !matches!(l.quota, Quota::Unlimited)
-                    && replaced.contains(&l.name)
-            })
+        if let Ok(found) = slot
+            && let Some(list) = found
+            && list.iter().any(dropped)
         {
-            *limit = None;
+            let kept: Vec<Limit> = list.iter().filter(|l| !dropped(l)).cloned().collect();
+            *found = (!kept.is_empty()).then_some(Cow::Owned(kept));
         }
     }
+}
+
+/// Which of a descriptor's limits decides its status: the one over its limit (of several, the
+/// one that refuses longest, so `duration_until_reset` says when the request could pass), else
+/// the one with the least remaining (the first of equals), as the response headers choose among
+/// descriptors.
+fn decider(members: &[Counted<'_>], outcomes: &[(Outcome, bool)]) -> usize {
+    let outcome = |i: usize| &outcomes[members[i].check].0;
+    let refused = (0..members.len())
+        .filter(|&i| !outcome(i).admitted)
+        .max_by_key(|&i| (outcome(i).reset_ms, std::cmp::Reverse(i)));
+    refused.unwrap_or_else(|| {
+        (0..members.len())
+            .min_by_key(|&i| (outcome(i).remaining, i))
+            .unwrap_or(0)
+    })
 }
 
 /// The items at `indexes`, in that order: the part of a request one store call answers. The

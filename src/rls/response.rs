@@ -10,7 +10,6 @@ use super::UNLIMITED_REMAINING;
 use crate::config::{Limit, Unit};
 use crate::proto::{
     Code, CurrentLimit, DescriptorStatus, HeaderValue, RateLimitRequest, RateLimitResponse,
-    ResponseUnit,
 };
 use crate::store::Outcome;
 
@@ -53,6 +52,8 @@ pub(super) fn unlimited() -> DescriptorStatus {
 pub(super) struct Rate {
     pub(super) requests_per_unit: u32,
     pub(super) unit: Unit,
+    /// `unit × unit_multiplier`, in seconds.
+    pub(super) window_secs: u64,
 }
 
 /// A counted descriptor. Per-rule shadow mode turns OVER_LIMIT into OK but keeps remaining 0.
@@ -60,6 +61,7 @@ pub(super) fn counted(limit: &Limit, rate: Rate, outcome: &Outcome) -> Descripto
     let Rate {
         requests_per_unit,
         unit,
+        ..
     } = rate;
     let over = !outcome.admitted;
     let code = if over && !limit.shadow_mode {
@@ -128,15 +130,12 @@ impl HeaderNames {
 /// The IETF draft's structured fields (draft-ietf-httpapi-ratelimit-headers):
 /// `RateLimit-Policy: "<name>";q=<quota>;w=<window seconds>` and
 /// `RateLimit: "<name>";r=<remaining>;t=<seconds to reset>`, for the same status the
-/// `RateLimit-*` headers describe. An unnamed limit is called `default`.
-pub(super) fn draft_headers(status: &DescriptorStatus) -> Vec<HeaderValue> {
+/// `RateLimit-*` headers describe, whose window is `window` seconds long (the status's unit
+/// times `unit_multiplier`). An unnamed limit is called `default`.
+pub(super) fn draft_headers(status: &DescriptorStatus, window: u64) -> Vec<HeaderValue> {
     let Some(limit) = &status.current_limit else {
         return Vec::new();
     };
-    let window = ResponseUnit::try_from(limit.unit)
-        .ok()
-        .and_then(|u| Unit::ALL.into_iter().find(|x| x.to_response() == u))
-        .map_or(0, Unit::window_secs);
     let name = if limit.name.is_empty() {
         "default"
     } else {

@@ -369,11 +369,13 @@ impl MemoryStore {
         self.decide_in(&mut shard, id, check, Hits::Charge(check.hits), now, take)
     }
 
-    /// Decides `checks` under [`Charging::StopWhenOver`]: the shards of all their keys are
-    /// locked at once (in index order, so two such calls never wait on each other in a cycle),
-    /// each check is first tried without writing, and then each is decided for real, charged
-    /// only if no check would go over or it would itself.
-    fn decide_stopping(&self, checks: &[&Check], now: u64) -> Vec<Outcome> {
+    /// Decides `checks` when a trial comes first ([`super::needs_trial`]: under
+    /// [`Charging::StopWhenOver`], or with a group): the shards of all their keys are locked at
+    /// once (in index order, so two such calls never wait on each other in a cycle), each
+    /// check is first tried without writing, and then each is charged what
+    /// [`super::charged_hits`] says. A check that would go over and is charged nothing keeps
+    /// its trial outcome (decided with 0 hits it could look admitted).
+    fn decide_together(&self, checks: &[&Check], now: u64, charging: Charging) -> Vec<Outcome> {
         let ids: Vec<KeyId> = checks.iter().map(|c| self.inner.key_id(&c.key)).collect();
         let mut shard_indexes: Vec<usize> =
             ids.iter().map(|&id| self.inner.shard_index(id)).collect();
@@ -383,22 +385,25 @@ impl MemoryStore {
             .into_iter()
             .map(|i| (i, lock(&self.inner.shards[i])))
             .collect();
-        let over: Vec<bool> = checks
+        let tried: Vec<Outcome> = checks
             .iter()
             .zip(&ids)
             .map(|(check, &id)| {
                 let table = held_table(&mut held, self.inner.shard_index(id));
-                let tried = self.decide_in(table, id, check, Hits::Try(check.hits), now, false);
-                !tried.admitted
+                self.decide_in(table, id, check, Hits::Try(check.hits), now, false)
             })
             .collect();
-        let any_over = over.contains(&true);
+        let over: Vec<bool> = tried.iter().map(|t| !t.admitted).collect();
+        let charged = super::charged_hits(checks, charging, &over);
         checks
             .iter()
             .zip(&ids)
-            .zip(&over)
-            .map(|((check, &id), &over)| {
-                let hits = if over || !any_over { check.hits } else { 0 };
+            .zip(charged)
+            .zip(tried)
+            .map(|(((check, &id), hits), tried)| {
+                if !tried.admitted && hits == 0 {
+                    return tried;
+                }
                 let table = held_table(&mut held, self.inner.shard_index(id));
                 self.decide_in(table, id, check, Hits::Charge(hits), now, false)
             })
@@ -657,8 +662,12 @@ impl CounterStore for MemoryStore {
     fn check_with<'a>(&'a self, checks: &'a [&'a Check], charging: Charging) -> StoreFuture<'a> {
         let now = self.inner.clock.now_micros();
         let outcomes = match charging {
-            Charging::Each => checks.iter().map(|c| self.decide(c, now, false)).collect(),
-            Charging::StopWhenOver => self.decide_stopping(checks, now),
+            _ if super::needs_trial(checks, charging) => {
+                self.decide_together(checks, now, charging)
+            }
+            Charging::Each | Charging::StopWhenOver => {
+                checks.iter().map(|c| self.decide(c, now, false)).collect()
+            }
             Charging::LookOnly => checks
                 .iter()
                 .map(|c| {
@@ -764,6 +773,7 @@ impl LimiterStore for MemoryStore {
                             hits: permits,
                             rule,
                             record_refused: false,
+                            group: None,
                         };
                         Acquisition::Decided {
                             outcome: self.decide(&check, now, true),
@@ -832,6 +842,7 @@ mod tests {
                 window_start,
             },
             record_refused: false,
+            group: None,
         }
     }
 
@@ -942,6 +953,7 @@ mod tests {
                 window_start: 0,
             },
             record_refused: false,
+            group: None,
         }
     }
 
@@ -1270,6 +1282,7 @@ mod tests {
                 window: 10_000_000,
             },
             record_refused: false,
+            group: None,
         };
         for _ in 0..3 {
             assert!(one(&store, check(1)).await.admitted);

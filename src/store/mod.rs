@@ -5,8 +5,9 @@
 //! implement whichever they wrap. A counter store receives every counted descriptor of one
 //! request as a batch of [`Check`]s and answers them in one atomic step per key (one Lua script
 //! call on Redis, one shard lock per key in memory), or for the whole batch under
-//! [`Charging::StopWhenOver`] (the same script call; the shards of all its keys locked together
-//! in memory). The algorithm runs inside the store because only there can the read-modify-write
+//! [`Charging::StopWhenOver`] or when it holds a group of checks that are all or nothing (the
+//! limits of one descriptor's `rate_limits`, see [`charged_hits`]): the same script call, the
+//! shards of all its keys locked together in memory. The algorithm runs inside the store because only there can the read-modify-write
 //! be atomic across service replicas; the memory store and the scripts in `lua/` implement the
 //! same semantics and are tested against each other.
 
@@ -81,8 +82,12 @@ pub struct Check {
     pub hits: u64,
     pub rule: Rule,
     /// Charge the hits even when the request is refused (`record_refused_hits`), bounded as
-    /// `algorithms.rs` describes. The fixed window always does (upstream's rule).
+    /// `algorithms.rs` describes. The fixed window always does (upstream's rule), except in a
+    /// group.
     pub record_refused: bool,
+    /// The checks of one call with the same group (the limits of one descriptor's
+    /// `rate_limits`) are all or nothing: see [`charged_hits`]. `None`: on its own.
+    pub group: Option<u32>,
 }
 
 /// A store's answer for one check.
@@ -266,6 +271,59 @@ pub enum Charging {
     /// No check is charged; each is only looked at (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`
     /// when the over-limit cache already refused another descriptor of the request).
     LookOnly,
+}
+
+/// Whether a call must first try its checks without writing (to learn which would go over)
+/// before charging them: under [`Charging::StopWhenOver`], and whenever a check belongs to a
+/// group.
+pub fn needs_trial(checks: &[&Check], charging: Charging) -> bool {
+    match charging {
+        Charging::LookOnly => false,
+        Charging::StopWhenOver => true,
+        Charging::Each => checks.iter().any(|c| c.group.is_some()),
+    }
+}
+
+/// The hits each check of one call is charged, given which checks would go over if charged
+/// (`over`, from a trial without writing; all false when no trial was needed). The one
+/// statement of the rule in Rust; `lua/decide.lua` mirrors it and the conformance tests hold
+/// the two together.
+///
+/// * A group (the checks sharing a [`Check::group`]) in which any check would go over is
+///   refused as a whole and charged nothing: a refused request counts against none of its
+///   descriptor's limits. The fixed window's counting of refused hits does not apply in a
+///   group; a check with `record_refused` that itself goes over is still charged.
+/// * Otherwise a check is charged as [`Charging`] says: every one under `Each`; under
+///   `StopWhenOver`, when any check of the call would go over, only those that would.
+///
+/// A check that goes over and is charged nothing is answered with its trial outcome (see the
+/// stores), so it stays refused.
+pub fn charged_hits(checks: &[&Check], charging: Charging, over: &[bool]) -> Vec<u64> {
+    if charging == Charging::LookOnly {
+        return vec![0; checks.len()];
+    }
+    let any_over = over.contains(&true);
+    let group_over = |group: u32| {
+        checks
+            .iter()
+            .zip(over)
+            .any(|(c, &o)| o && c.group == Some(group))
+    };
+    checks
+        .iter()
+        .zip(over)
+        .map(|(check, &over)| match check.group {
+            Some(group) if group_over(group) => {
+                if over && check.record_refused {
+                    check.hits
+                } else {
+                    0
+                }
+            }
+            _ if charging == Charging::StopWhenOver && any_over && !over => 0,
+            _ => check.hits,
+        })
+        .collect()
 }
 
 /// What the Envoy decision path (`rls`) needs of a store: one atomic decision per batch of

@@ -108,8 +108,13 @@ pub(super) fn encode(
             }
         }
         // Last, so the algorithms' own arguments keep their places (the named-limiter script
-        // passes none: it never records refused hits).
-        cmd.arg(if check.record_refused { "1" } else { "" });
+        // passes none: it never records refused hits). A check of a group prefixes its group
+        // number and a colon (`lua/decide.lua`), so a check on its own costs what it did.
+        let record = if check.record_refused { "1" } else { "" };
+        match check.group {
+            None => cmd.arg(record),
+            Some(group) => cmd.arg(format!("{group}:{record}")),
+        };
     }
 }
 
@@ -291,6 +296,7 @@ mod tests {
                 window_start: 60,
             },
             record_refused: false,
+            group: None,
         };
         let mut cmd = redis::cmd("EVALSHA");
         encode(
@@ -327,6 +333,7 @@ mod tests {
                     window_start: 60,
                 },
                 record_refused: false,
+                group: None,
             },
             Check {
                 key: "d_k_w".into(),
@@ -336,6 +343,7 @@ mod tests {
                     window: u64::MAX,
                 },
                 record_refused: false,
+                group: None,
             },
         ];
         let checks: Vec<&Check> = checks.iter().collect();
