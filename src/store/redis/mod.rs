@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use redis::{RedisError, Value};
 
+pub use coalesce::PipelineCounts;
 pub use options::{RedisAuth, RedisOptions, Target, TlsFiles, redact_url};
 pub use script::TTL_REPAIR_PERIOD;
 
@@ -111,6 +112,15 @@ impl RedisStore {
             }
         };
         Ok(Self { connector, options })
+    }
+
+    /// Script calls and the pipelined writes they went out in, since the store was made (every
+    /// master of a cluster summed); for the benchmark's batch depth.
+    pub fn pipeline_counts(&self) -> PipelineCounts {
+        match &self.connector {
+            Connector::Single(coalescer) => coalescer.counts(),
+            Connector::Cluster(cluster) => cluster.pipeline_counts(),
+        }
     }
 
     /// Pings Redis and loads the script, retrying with backoff until `max_wait` has passed
