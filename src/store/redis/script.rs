@@ -74,8 +74,9 @@ const LEAN_ARGS_PER_CHECK: usize = 5;
 /// Whether [`FIXED_WINDOW_LEAN`] decides `checks` exactly as [`DECISION`] would, and so may
 /// stand in for it: every check is a fixed window, and every check is charged (the lean
 /// script has no trial pass for [`Charging::StopWhenOver`] and never only looks). A pinned
-/// clock is read the same way by both. Any check that needs more of the full script (another
-/// rule, a charging mode, a check that is decided together with others) must make this false.
+/// clock is read the same way by both. The one place that decides it: whatever else needs the
+/// full script (another rule, a charging mode, checks decided together, such as a group of
+/// limits decided all-or-nothing) must be excluded here.
 pub(super) fn fits_lean(checks: &[&Check], charging: Charging) -> bool {
     charging == Charging::Each
         && checks
