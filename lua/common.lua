@@ -1,4 +1,5 @@
--- Helpers shared by the algorithm files (the script is their concatenation; see decide.lua).
+-- Helpers shared by the algorithm files and the entry points (each script is a concatenation; see
+-- src/store/redis/script.rs).
 
 -- Locals for the globals the algorithms use per check: a local is a register, a global a table
 -- lookup, and a decision runs these once per descriptor.
@@ -20,4 +21,11 @@ local function micros_to_ms(us)
   local ms = ceil(us / 1000)
   if ms < 1 then ms = 1 end
   return ms
+end
+
+-- The current time in microseconds: Redis's clock, or the time pinned by a test in ARGV[1].
+local function script_now()
+  if ARGV[1] ~= '' then return tonumber(ARGV[1]) end
+  local time = call('TIME')
+  return tonumber(time[1]) * 1000000 + tonumber(time[2])
 end

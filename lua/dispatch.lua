@@ -15,10 +15,3 @@ local function run_rule(key, now_us, algorithm, hits, a, b, c, d, record)
   end
   error('sluice: unknown algorithm ' .. tostring(algorithm))
 end
-
--- The current time in microseconds: Redis's clock, or the time pinned by a test in ARGV[1].
-local function script_now()
-  if ARGV[1] ~= '' then return tonumber(ARGV[1]) end
-  local time = call('TIME')
-  return tonumber(time[1]) * 1000000 + tonumber(time[2])
-end

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::*;
 use redis::Commands;
+use sluice::clock::Clock;
 use sluice::proto::Code;
+use sluice::store::{Check, Rule};
 
 const CONFIG: &str = "domain: app\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
 
@@ -502,4 +504,189 @@ async fn concurrent_decisions_share_writes_and_keep_their_own_answers() {
         calls / reads >= 4.0,
         "{calls} script calls arrived in {reads} reads"
     );
+}
+
+/// A store of our own on `redis`, with the pinned `clock` and no expiry jitter, so two stores
+/// given the same calls write the same counters.
+async fn pinned_store(
+    redis: &RedisServer,
+    clock: std::sync::Arc<sluice::clock::ManualClock>,
+) -> sluice::store::RedisStore {
+    let store = sluice::store::RedisStore::new(sluice::store::RedisOptions {
+        target: sluice::store::redis::Target::Single(redis.url()),
+        auth: None,
+        sentinel_auth: None,
+        tls: Default::default(),
+        pool_size: 2,
+        timeout: Duration::from_secs(5),
+        expiration_jitter_max: Duration::ZERO,
+        pinned_clock: Some(clock),
+    })
+    .unwrap();
+    store
+        .wait_until_ready(Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    store
+}
+
+/// A fixed-window check as the service builds it: the key names the window.
+fn fixed_check(key: &str, hits: u64, limit: u64, window_secs: u64, now_micros: u64) -> Check {
+    let window_start = sluice::store::window_start(now_micros / 1_000_000, window_secs);
+    Check {
+        key: format!("{key}_{window_start}"),
+        hits,
+        rule: Rule::FixedWindow {
+            limit,
+            window_secs,
+            window_start,
+        },
+        record_refused: false,
+    }
+}
+
+/// Every key of `redis` under `prefix`, without it, with its value and TTL (ms, -1: none).
+fn state_under(redis: &RedisServer, prefix: &str) -> Vec<(String, String, i64)> {
+    let mut conn = redis.connection();
+    let mut keys: Vec<String> = conn.keys(format!("{prefix}*")).unwrap();
+    keys.sort();
+    keys.into_iter()
+        .map(|key| {
+            let value: String = conn.get(&key).unwrap();
+            let ttl: i64 = conn.pttl(&key).unwrap();
+            (key[prefix.len()..].to_string(), value, ttl)
+        })
+        .collect()
+}
+
+/// The lean script (lua/fixed_window_lean.lua) stands in for the full one only because it
+/// decides the same: for one sequence of calls (over the limit, zero hits, the same key twice
+/// in one call, windows ending, counters another writer left without a TTL), both give the same
+/// replies and leave the same keys, values and TTLs.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_lean_script_decides_and_writes_like_the_full_one() {
+    use sluice::store::CounterStore;
+    let redis = RedisServer::start();
+    let clock = std::sync::Arc::new(sluice::clock::ManualClock::new(1_700_000_000_250_000));
+    let lean = pinned_store(&redis, clock.clone()).await;
+    let full = pinned_store(&redis, clock.clone()).await;
+    full.use_lean_script(false);
+    {
+        // Counters upstream left without a TTL, near a multiple of TTL_REPAIR_PERIOD and not.
+        let mut conn = redis.connection();
+        let now = clock.now_micros();
+        for prefix in ["lean:", "full:"] {
+            for (name, count) in [("a", 60), ("b", 10)] {
+                let key = fixed_check(&format!("{prefix}{name}"), 1, 1, 60, now).key;
+                let () = conn.set(key, count).unwrap();
+            }
+        }
+    }
+    let mut rng: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    for step in 0..400 {
+        let now = clock.now_micros();
+        let checks: Vec<(String, u64, u64, u64)> = (0..1 + next(3))
+            .map(|_| {
+                let name = ["a", "b", "c", "d"][next(4) as usize].to_string();
+                let hits = [0, 1, 1, 2, 5, 63, 64, 65][next(8) as usize];
+                let limit = [0, 3, 50, 200, 10_000][next(5) as usize];
+                let window = [1, 60, 3600][next(3) as usize];
+                (name, hits, limit, window)
+            })
+            .collect();
+        let made = |prefix: &str| -> Vec<Check> {
+            checks
+                .iter()
+                .map(|(name, hits, limit, window)| {
+                    fixed_check(&format!("{prefix}{name}"), *hits, *limit, *window, now)
+                })
+                .collect()
+        };
+        let (lean_checks, full_checks) = (made("lean:"), made("full:"));
+        let lean_refs: Vec<&Check> = lean_checks.iter().collect();
+        let full_refs: Vec<&Check> = full_checks.iter().collect();
+        let a = lean.check(&lean_refs).await.unwrap();
+        let b = full.check(&full_refs).await.unwrap();
+        assert_eq!(a, b, "step {step}: {checks:?}");
+        clock.advance_micros(next(700_000));
+    }
+    let (a, b) = (state_under(&redis, "lean:"), state_under(&redis, "full:"));
+    assert_eq!(a.len(), b.len(), "{a:?}\n{b:?}");
+    assert!(a.len() > 10, "the sequence wrote few counters: {a:?}");
+    for (a, b) in a.iter().zip(&b) {
+        assert_eq!((&a.0, &a.1), (&b.0, &b.1));
+        // Set from the same pinned numbers; read a moment apart.
+        assert!(
+            a.2 > 0 && (a.2 - b.2).abs() <= 10_000,
+            "TTLs {a:?} vs {b:?}"
+        );
+    }
+}
+
+/// EVALSHA SHA1s of the script calls Redis ran since `SLOWLOG RESET` (every command is logged:
+/// the threshold is 0).
+fn scripts_run(redis: &RedisServer) -> Vec<String> {
+    let log = redis.cli(&["SLOWLOG", "GET", "1000"]).unwrap();
+    let lines: Vec<&str> = log.lines().map(str::trim).collect();
+    let mut shas: Vec<String> = lines
+        .windows(2)
+        .filter(|w| w[0].eq_ignore_ascii_case("evalsha"))
+        .map(|w| w[1].to_string())
+        .collect();
+    shas.reverse();
+    shas
+}
+
+/// Plain fixed windows charged each go to the lean script; anything else to the full one.
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_fixed_windows_take_the_lean_script() {
+    use sluice::store::{Charging, CounterStore};
+    let redis = RedisServer::start();
+    let clock = std::sync::Arc::new(sluice::clock::ManualClock::new(1_700_000_000_250_000));
+    let store = pinned_store(&redis, clock.clone()).await;
+    redis
+        .cli(&["CONFIG", "SET", "slowlog-log-slower-than", "0"])
+        .unwrap();
+    redis
+        .cli(&["CONFIG", "SET", "slowlog-max-len", "1000"])
+        .unwrap();
+    redis.cli(&["SLOWLOG", "RESET"]).unwrap();
+    let now = clock.now_micros();
+    let fixed = fixed_check("f", 1, 10, 60, now);
+    let gcra = Check {
+        key: "g".into(),
+        hits: 1,
+        rule: Rule::Gcra {
+            interval: 1000,
+            burst: 5,
+        },
+        record_refused: false,
+    };
+    store.check(&[&fixed, &fixed]).await.unwrap();
+    store
+        .check_with(&[&fixed], Charging::StopWhenOver)
+        .await
+        .unwrap();
+    store.check(&[&fixed, &gcra]).await.unwrap();
+    // Redis forgot its scripts: the lean one is loaded again like the others.
+    redis.cli(&["SCRIPT", "FLUSH"]).unwrap();
+    let out = store.check(&[&fixed]).await.unwrap();
+    assert_eq!(out[0].used, 5, "{out:?}");
+
+    let lean = sluice::store::RedisStore::lean_script_sha1();
+    let shas = scripts_run(&redis);
+    assert_eq!(shas.len(), 5, "{shas:?}");
+    assert_eq!(shas[0], lean);
+    assert!(
+        shas[1] != lean && shas[2] != lean && shas[1] == shas[2],
+        "{shas:?}"
+    );
+    // The call that met NOSCRIPT, then its resend.
+    assert_eq!(&shas[3..], [lean, lean]);
 }

@@ -5,7 +5,9 @@
 //! - one run (no subcommand): against `--target ADDR`, or a server it starts with
 //!   `--spawn memory|redis|null`;
 //! - `matrix`: the fixed set of runs behind `docs/BENCHMARKS.md` (see `matrix.rs`);
-//! - `null-server`: a do-nothing RLS server used as the baseline (see `null_server.rs`).
+//! - `null-server`: a do-nothing RLS server used as the baseline (see `null_server.rs`);
+//! - `redis-cost`: what a decision costs Redis, driving the Redis store directly (see
+//!   `redis_cost.rs`).
 //!
 //! The other modules: `load.rs` drives the requests and measures latency, `probe.rs` reads CPU
 //! and Redis counters, `procs.rs` starts and stops the processes, `report.rs` turns one run's
@@ -23,6 +25,7 @@ mod matrix;
 mod null_server;
 mod probe;
 mod procs;
+mod redis_cost;
 mod report;
 
 use std::net::SocketAddr;
@@ -53,6 +56,9 @@ enum Command {
     /// Run the benchmark matrix (null, memory, redis; several concurrencies, descriptor counts and
     /// key cardinalities) and write JSON lines and a Markdown table under --out.
     Matrix(Box<matrix::MatrixArgs>),
+    /// Measure what a decision costs Redis (script time per call, Redis CPU, batch depth) by
+    /// driving the Redis store directly, for several workloads and concurrency levels.
+    RedisCost(redis_cost::RedisCostArgs),
     /// Serve a null rate limit service that answers OK at once (the baseline of every ratio).
     NullServer(null_server::NullArgs),
 }
@@ -237,6 +243,9 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::NullServer(args)) => null_server::main(args),
+        Some(Command::RedisCost(args)) => {
+            runtime(2).and_then(|rt| rt.block_on(interruptible(redis_cost::main(args))))
+        }
         Some(Command::Matrix(args)) => {
             let threads = args.common.threads;
             runtime(threads).and_then(|rt| rt.block_on(interruptible(matrix::main(args))))

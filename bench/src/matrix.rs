@@ -476,11 +476,11 @@ fn markdown(
         md,
         "| store | conc | D | K | req/s | range | × null | p50 | p90 | p99 | p99.9 | max | errors | \
          OVER_LIMIT | server CPU µs/req | × null CPU | Redis scripts/req | Redis CPU µs/req | \
-         generator CPU µs/req | other busy cores |"
+         Redis µs/script call | scripts/Redis read | generator CPU µs/req | other busy cores |"
     );
     let _ = writeln!(
         md,
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
     let f = |x: Option<f64>, digits: usize| match x {
         Some(x) => format!("{x:.digits$}"),
@@ -494,7 +494,7 @@ fn markdown(
         let _ = writeln!(
             md,
             "| {}{} | {} | {} | {} | {:.0} | {:.0}–{:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} \
-             | {} | {} | {} |",
+             | {} | {} | {} | {} | {} |",
             r.store,
             if busy { " ⚠" } else { "" },
             plan.concurrency,
@@ -515,6 +515,8 @@ fn markdown(
             f(r.cpu_vs_null, 2),
             f(r.redis.and_then(|x| x.script_calls_per_req), 3),
             f(r.redis.and_then(|x| x.cpu_us_per_req), 1),
+            f(r.redis.and_then(|x| x.script_usec_per_call), 2),
+            f(r.redis.and_then(|x| x.script_calls_per_read), 1),
             f(r.generator_cpu_us_per_req, 1),
             f(r.other_busy_cores, 2),
         );

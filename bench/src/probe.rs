@@ -40,6 +40,10 @@ pub(crate) struct RedisStats {
     pub commands: u64,
     /// used_cpu_sys + used_cpu_user, in seconds.
     pub cpu: f64,
+    /// Time Redis spent in script calls (the `usec` of the script commands), in µs.
+    pub script_usec: u64,
+    /// `total_reads_processed`: reads from client sockets, one per wake-up of a connection.
+    pub reads: u64,
 }
 
 /// Reads snapshots of one server (and its Redis: one server, or every master of a cluster).
@@ -76,6 +80,7 @@ impl Sampler {
         for con in &mut self.redis {
             let info: String = redis::cmd("INFO")
                 .arg("commandstats")
+                .arg("stats")
                 .arg("cpu")
                 .query_async(con)
                 .await
@@ -85,6 +90,8 @@ impl Sampler {
             total.script_calls += node.script_calls;
             total.commands += node.commands;
             total.cpu += node.cpu;
+            total.script_usec += node.script_usec;
+            total.reads += node.reads;
         }
         Ok(Snapshot {
             at,
@@ -170,18 +177,24 @@ fn parse_info(info: &str) -> Result<RedisStats> {
             let Some((command, values)) = rest.split_once(':') else {
                 continue;
             };
-            let calls = values
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
+            let field = |name: &str| {
+                values
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let calls = field("calls");
             if command == "info" {
                 continue;
             }
             stats.commands += calls;
             if matches!(command, "eval" | "evalsha" | "eval_ro" | "evalsha_ro") {
                 stats.script_calls += calls;
+                stats.script_usec += field("usec");
             }
+        } else if let Some(value) = line.strip_prefix("total_reads_processed:") {
+            stats.reads = value.parse().unwrap_or(0);
         } else if let Some(value) = line
             .strip_prefix("used_cpu_sys:")
             .or_else(|| line.strip_prefix("used_cpu_user:"))
@@ -229,11 +242,13 @@ mod tests {
     fn parses_info() {
         let info = "# Commandstats\r\ncmdstat_evalsha:calls=10,usec=50,usec_per_call=5.00,\
                     rejected_calls=0,failed_calls=0\r\ncmdstat_info:calls=3,usec=1\r\n\
-                    cmdstat_ping:calls=2,usec=1\r\n\r\n# CPU\r\nused_cpu_sys:1.5\r\n\
+                    cmdstat_ping:calls=2,usec=1\r\n\r\n# Stats\r\ntotal_reads_processed:7\r\n\
+                    # CPU\r\nused_cpu_sys:1.5\r\n\
                     used_cpu_user:2.25\r\nused_cpu_sys_children:9\r\n";
         let stats = parse_info(info).unwrap();
         assert_eq!(stats.script_calls, 10);
         assert_eq!(stats.commands, 12);
+        assert_eq!((stats.script_usec, stats.reads), (50, 7));
         assert!((stats.cpu - 3.75).abs() < 1e-9);
     }
 

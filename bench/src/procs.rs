@@ -297,8 +297,13 @@ fn listening_addr(line: &str, message: &str) -> Option<SocketAddr> {
     event["grpc"].as_str()?.parse().ok()
 }
 
+/// A `redis-server` of its own (no persistence, free loopback port), stopped on drop.
+pub(crate) fn start_redis(binary: &Path) -> Result<RedisProc> {
+    RedisProc::start(binary, &[])
+}
+
 /// A `redis-server` without persistence on a free loopback port.
-struct RedisProc {
+pub(crate) struct RedisProc {
     port: u16,
     proc: Proc,
     _dir: ScratchDir,
@@ -351,7 +356,7 @@ impl RedisProc {
         bail!("could not start redis-server; its last log:\n{last_log}")
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 

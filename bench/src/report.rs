@@ -77,6 +77,11 @@ pub(crate) struct RedisFigures {
     pub commands_per_req: Option<f64>,
     pub cpu_s: f64,
     pub cpu_us_per_req: Option<f64>,
+    /// Script calls per read Redis made from a client socket: how deep the pipelines that
+    /// reached Redis were.
+    pub script_calls_per_read: Option<f64>,
+    /// Redis's own time per script call (commandstats `usec` ÷ `calls`), in µs.
+    pub script_usec_per_call: Option<f64>,
 }
 
 /// Runs `spec` against `endpoint` and collects the figures.
@@ -115,7 +120,12 @@ pub(crate) async fn measure(
             let script_calls = y.script_calls.saturating_sub(x.script_calls);
             let commands = y.commands.saturating_sub(x.commands);
             let cpu_s = y.cpu - x.cpu;
+            let reads = y.reads.saturating_sub(x.reads);
+            let script_usec = y.script_usec.saturating_sub(x.script_usec);
             Some(RedisFigures {
+                script_calls_per_read: (reads > 0).then(|| script_calls as f64 / reads as f64),
+                script_usec_per_call: (script_calls > 0)
+                    .then(|| script_usec as f64 / script_calls as f64),
                 script_calls,
                 script_calls_per_req: (requests > 0.0).then(|| script_calls as f64 / requests),
                 commands_per_req: (requests > 0.0).then(|| commands as f64 / requests),
@@ -246,6 +256,8 @@ impl RunResult {
                 "commands_per_req": round_opt(r.commands_per_req, 4),
                 "cpu_s": round(r.cpu_s, 3),
                 "cpu_us_per_req": round_opt(r.cpu_us_per_req, 2),
+                "script_calls_per_read": round_opt(r.script_calls_per_read, 2),
+                "script_usec_per_call": round_opt(r.script_usec_per_call, 2),
             })),
             "rps_vs_null": round_opt(self.rps_vs_null, 3),
             "cpu_vs_null": round_opt(self.cpu_vs_null, 3),
@@ -298,10 +310,13 @@ impl RunResult {
         if let Some(r) = &self.redis {
             let _ = writeln!(
                 s,
-                "  redis        {} script calls/req, {} commands/req, {} CPU µs/req",
+                "  redis        {} script calls/req, {} commands/req, {} CPU µs/req, {} µs/script \
+                 call, {} script calls/read",
                 opt(r.script_calls_per_req, 3),
                 opt(r.commands_per_req, 3),
-                opt(r.cpu_us_per_req, 1)
+                opt(r.cpu_us_per_req, 1),
+                opt(r.script_usec_per_call, 2),
+                opt(r.script_calls_per_read, 1)
             );
         }
         let _ = writeln!(

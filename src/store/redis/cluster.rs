@@ -30,7 +30,7 @@ use redis::{
     ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value,
 };
 
-use super::coalesce::{CallError, Coalescer, Connect, send_on};
+use super::coalesce::{CallError, Coalescer, Connect, PipelineCounts, send_on};
 use super::conn::{Connection, Manager, describe, fail, new_pool, redis_error};
 use super::slot::SLOTS;
 use crate::store::StoreError;
@@ -102,6 +102,15 @@ impl Cluster {
     /// The masters currently known.
     pub(super) fn masters(&self) -> Vec<String> {
         self.topology.load().masters.clone()
+    }
+
+    /// The pipelines sent to every master so far.
+    pub(super) fn pipeline_counts(&self) -> PipelineCounts {
+        let mut total = PipelineCounts::default();
+        for node in lock(&self.nodes).values() {
+            total += node.counts();
+        }
+        total
     }
 
     /// The batcher of `node`, with its pool (created on first use).

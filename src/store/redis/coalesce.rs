@@ -14,7 +14,7 @@
 //! belongs to its own command.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use redis::aio::ConnectionLike;
@@ -64,6 +64,37 @@ pub(super) struct Coalescer<C: Connect> {
     queue: OnceLock<mpsc::UnboundedSender<Call>>,
     /// Calls between their start and their reply.
     in_flight: AtomicUsize,
+    /// Calls and pipelines sent so far, for [`PipelineCounts`].
+    counts: Arc<Counts>,
+}
+
+/// How deep the pipelines are: script calls sent, and the pipelined writes they left in (a
+/// call that goes alone is a pipeline of one). Read by the benchmark; calls ÷ pipelines is the
+/// batch depth the coalescer achieves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PipelineCounts {
+    pub calls: u64,
+    pub pipelines: u64,
+}
+
+impl std::ops::AddAssign for PipelineCounts {
+    fn add_assign(&mut self, other: Self) {
+        self.calls += other.calls;
+        self.pipelines += other.pipelines;
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    calls: AtomicU64,
+    pipelines: AtomicU64,
+}
+
+impl Counts {
+    fn sent(&self, calls: usize) {
+        self.calls.fetch_add(calls as u64, Ordering::Relaxed);
+        self.pipelines.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 struct Call {
@@ -77,6 +108,14 @@ impl<C: Connect> Coalescer<C> {
             source: Arc::new(source),
             queue: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
+            counts: Arc::default(),
+        }
+    }
+
+    pub(super) fn counts(&self) -> PipelineCounts {
+        PipelineCounts {
+            calls: self.counts.calls.load(Ordering::Relaxed),
+            pipelines: self.counts.pipelines.load(Ordering::Relaxed),
         }
     }
 
@@ -94,12 +133,13 @@ impl<C: Connect> Coalescer<C> {
             // sender) that a batch costs. This keeps an idle service's latency what it was.
             let mut pipe = Pipeline::with_capacity(1);
             pipe.add_command(cmd);
+            self.counts.sent(1);
             let mut answers = exchange(&*self.source, &pipe).await;
             return answers.pop().expect("one answer per command");
         }
         let queue = self.queue.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
-            tokio::spawn(batcher(self.source.clone(), receiver));
+            tokio::spawn(batcher(self.source.clone(), self.counts.clone(), receiver));
             sender
         });
         let (reply, answer) = oneshot::channel();
@@ -117,7 +157,11 @@ impl<C: Connect> Coalescer<C> {
 }
 
 /// Gathers queued calls into batches until every sender is gone (the store was dropped).
-async fn batcher<C: Connect>(source: Arc<C>, mut queue: mpsc::UnboundedReceiver<Call>) {
+async fn batcher<C: Connect>(
+    source: Arc<C>,
+    counts: Arc<Counts>,
+    mut queue: mpsc::UnboundedReceiver<Call>,
+) {
     while let Some(first) = queue.recv().await {
         // Requests woken together run before this task does again; their commands join the batch.
         tokio::task::yield_now().await;
@@ -129,6 +173,7 @@ async fn batcher<C: Connect>(source: Arc<C>, mut queue: mpsc::UnboundedReceiver<
                 Err(_) => break,
             }
         }
+        counts.sent(batch.len());
         // Sent from its own task so that a slow reply (or connect) never holds up the next batch.
         tokio::spawn(send(source.clone(), batch));
     }

@@ -1,4 +1,5 @@
-//! The Redis store (standalone Redis): one `EVALSHA` of the decision script per request.
+//! The Redis store (standalone Redis): one `EVALSHA` of the decision script per request (its lean
+//! twin when every check is a plain fixed window charged each; see `script::fits_lean`).
 //!
 //! Connections come from a `bb8` pool of `bb8-redis` multiplexed connections. Script calls go
 //! through `coalesce.rs`, which sends the calls of concurrent requests as one pipeline on one
@@ -27,11 +28,13 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
 use redis::{RedisError, Value};
 
+pub use coalesce::PipelineCounts;
 pub use options::{RedisAuth, RedisOptions, Target, TlsFiles, redact_url};
 pub use script::TTL_REPAIR_PERIOD;
 
@@ -41,7 +44,7 @@ use self::conn::{
     Manager, checkout, connection_info, fail, host_port, load, new_pool, redis_error,
     sentinel_pool, with_tls_files,
 };
-use self::script::{DECISION, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK};
+use self::script::{DECISION, FIXED_WINDOW_LEAN, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK};
 use super::{
     Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
     LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
@@ -50,6 +53,9 @@ use super::{
 pub struct RedisStore {
     connector: Connector,
     options: RedisOptions,
+    /// Whether calls that fit the lean script go to it (always, but for tests that compare it
+    /// with the full script: [`RedisStore::use_lean_script`]).
+    lean: AtomicBool,
 }
 
 /// How calls reach Redis.
@@ -110,7 +116,35 @@ impl RedisStore {
                 )))
             }
         };
-        Ok(Self { connector, options })
+        Ok(Self {
+            connector,
+            options,
+            lean: AtomicBool::new(true),
+        })
+    }
+
+    /// Sends every decision to the full script when `false`, for tests that compare the lean
+    /// script's answers and writes with the full one's; they are the same, so nothing else
+    /// should call this.
+    #[doc(hidden)]
+    pub fn use_lean_script(&self, lean: bool) {
+        self.lean.store(lean, Ordering::Relaxed);
+    }
+
+    /// The SHA1 of the lean decision script (`lua/fixed_window_lean.lua`), as `EVALSHA` names it;
+    /// for tests that check which script a decision ran.
+    #[doc(hidden)]
+    pub fn lean_script_sha1() -> &'static str {
+        &FIXED_WINDOW_LEAN.sha1
+    }
+
+    /// Script calls and the pipelined writes they went out in, since the store was made (every
+    /// master of a cluster summed); for the benchmark's batch depth.
+    pub fn pipeline_counts(&self) -> PipelineCounts {
+        match &self.connector {
+            Connector::Single(coalescer) => coalescer.counts(),
+            Connector::Cluster(cluster) => cluster.pipeline_counts(),
+        }
     }
 
     /// Pings Redis and loads the script, retrying with backoff until `max_wait` has passed
@@ -232,18 +266,31 @@ impl RedisStore {
         charging: Charging,
     ) -> Result<Vec<Outcome>, StoreError> {
         let jitter_ms = self.options.expiration_jitter_max.as_millis() as u64;
-        let reply: Vec<i64> = self
-            .eval(slot, &DECISION, script::capacity(checks), |cmd, pinned| {
-                let mut rng = rand::rng();
-                script::encode(cmd, checks, charging, pinned, || {
-                    if jitter_ms == 0 {
-                        0
-                    } else {
-                        rng.random_range(0..jitter_ms)
-                    }
-                });
-            })
-            .await?;
+        let jitter = || {
+            let mut rng = rand::rng();
+            move || {
+                if jitter_ms == 0 {
+                    0
+                } else {
+                    rng.random_range(0..jitter_ms)
+                }
+            }
+        };
+        let reply: Vec<i64> =
+            if self.lean.load(Ordering::Relaxed) && script::fits_lean(checks, charging) {
+                self.eval(
+                    slot,
+                    &FIXED_WINDOW_LEAN,
+                    script::capacity_lean(checks),
+                    |cmd, pinned| script::encode_lean(cmd, checks, pinned, jitter()),
+                )
+                .await?
+            } else {
+                self.eval(slot, &DECISION, script::capacity(checks), |cmd, pinned| {
+                    script::encode(cmd, checks, charging, pinned, jitter());
+                })
+                .await?
+            };
         decode(&reply, checks.len())
     }
 
