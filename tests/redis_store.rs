@@ -542,6 +542,7 @@ fn fixed_check(key: &str, hits: u64, limit: u64, window_secs: u64, now_micros: u
             window_start,
         },
         record_refused: false,
+        group: None,
     }
 }
 
@@ -667,6 +668,12 @@ async fn plain_fixed_windows_take_the_lean_script() {
             burst: 5,
         },
         record_refused: false,
+        group: None,
+    };
+    // Two limits of one descriptor (rate_limits): all or nothing, which needs the trial pass.
+    let grouped = Check {
+        group: Some(0),
+        ..fixed_check("h", 1, 10, 60, now)
     };
     store.check(&[&fixed, &fixed]).await.unwrap();
     store
@@ -674,19 +681,21 @@ async fn plain_fixed_windows_take_the_lean_script() {
         .await
         .unwrap();
     store.check(&[&fixed, &gcra]).await.unwrap();
+    store.check(&[&grouped, &fixed]).await.unwrap();
     // Redis forgot its scripts: the lean one is loaded again like the others.
     redis.cli(&["SCRIPT", "FLUSH"]).unwrap();
     let out = store.check(&[&fixed]).await.unwrap();
-    assert_eq!(out[0].used, 5, "{out:?}");
+    assert_eq!(out[0].used, 6, "{out:?}");
 
     let lean = sluice::store::RedisStore::lean_script_sha1();
     let shas = scripts_run(&redis);
-    assert_eq!(shas.len(), 5, "{shas:?}");
+    assert_eq!(shas.len(), 6, "{shas:?}");
     assert_eq!(shas[0], lean);
     assert!(
-        shas[1] != lean && shas[2] != lean && shas[1] == shas[2],
+        shas[1] != lean && shas[2] != lean && shas[3] != lean,
         "{shas:?}"
     );
+    assert!(shas[1] == shas[2] && shas[2] == shas[3], "{shas:?}");
     // The call that met NOSCRIPT, then its resend.
-    assert_eq!(&shas[3..], [lean, lean]);
+    assert_eq!(&shas[4..], [lean, lean]);
 }

@@ -332,6 +332,7 @@ async fn drive(
                             hits: 1,
                             rule: rule.clone(),
                             record_refused: false,
+                            group: None,
                         }
                     })
                     .collect();

@@ -72,13 +72,14 @@ pub(super) static FIXED_WINDOW_LEAN: LazyLock<LuaScript> = LazyLock::new(|| {
 const LEAN_ARGS_PER_CHECK: usize = 5;
 
 /// Whether [`FIXED_WINDOW_LEAN`] decides `checks` exactly as [`DECISION`] would, and so may
-/// stand in for it: every check is a fixed window, and every check is charged (the lean
-/// script has no trial pass for [`Charging::StopWhenOver`] and never only looks). A pinned
-/// clock is read the same way by both. The one place that decides it: whatever else needs the
-/// full script (another rule, a charging mode, checks decided together, such as a group of
-/// limits decided all-or-nothing) must be excluded here.
+/// stand in for it: every check is a fixed window, and every check is charged on its own (the
+/// lean script has no trial pass, which [`Charging::StopWhenOver`] and a group of limits
+/// decided all or nothing need, see [`crate::store::needs_trial`], and never only looks). A
+/// pinned clock is read the same way by both. The one place that decides it: whatever else
+/// needs the full script must be excluded here.
 pub(super) fn fits_lean(checks: &[&Check], charging: Charging) -> bool {
     charging == Charging::Each
+        && !crate::store::needs_trial(checks, charging)
         && checks
             .iter()
             .all(|check| matches!(check.rule, Rule::FixedWindow { .. }))
@@ -421,6 +422,7 @@ mod tests {
                 window_start: 60,
             },
             record_refused: true,
+            group: None,
         };
         let gcra = Check {
             key: "d_k_w".into(),
@@ -430,11 +432,20 @@ mod tests {
                 burst: 9,
             },
             record_refused: false,
+            group: None,
+        };
+        let grouped = Check {
+            group: Some(0),
+            ..fixed.clone()
         };
         assert!(fits_lean(&[&fixed, &fixed], Charging::Each));
         assert!(!fits_lean(&[&fixed], Charging::StopWhenOver));
         assert!(!fits_lean(&[&fixed], Charging::LookOnly));
         assert!(!fits_lean(&[&fixed, &gcra], Charging::Each));
+        assert!(
+            !fits_lean(&[&fixed, &grouped], Charging::Each),
+            "a group of limits needs the full script's trial"
+        );
 
         let mut cmd = redis::Cmd::new();
         encode_lean(&mut cmd, &[&fixed, &fixed], Some(5), || 7);
