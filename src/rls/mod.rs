@@ -173,6 +173,17 @@ enum Plan<'c> {
     Group(Vec<Counted<'c>>),
 }
 
+impl<'c> Plan<'c> {
+    /// The limits this slot is counted under: one, a list's, or none.
+    fn counted(&self) -> &[Counted<'c>] {
+        match self {
+            Plan::Counted(one) => std::slice::from_ref(one),
+            Plan::Group(members) => members,
+            _ => &[],
+        }
+    }
+}
+
 /// One limit a descriptor is counted under: the limit, its rate (so the answer needs no second
 /// look at its quota) and the index of its check.
 struct Counted<'c> {
@@ -428,25 +439,13 @@ impl RateLimiter {
                 // Refused descriptors are never quota ones: padding must not switch a limit off.
                 Plan::Refused => (response::refused(), response::Judged::REFUSED),
                 Plan::Unlimited => (response::unlimited(), response::Judged::NO_LIMIT),
-                Plan::Counted(one) => {
-                    let members = std::slice::from_ref(one);
-                    self.judge(
-                        request,
-                        counters,
-                        plan,
-                        outcomes,
-                        descriptor,
-                        members,
-                        &mut decided,
-                    )
-                }
-                Plan::Group(members) => self.judge(
+                Plan::Counted(_) | Plan::Group(_) => self.judge(
                     request,
                     counters,
                     plan,
                     outcomes,
                     descriptor,
-                    members,
+                    slot.counted(),
                     &mut decided,
                 ),
             };

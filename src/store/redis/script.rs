@@ -109,14 +109,7 @@ pub(super) fn encode(
     pinned_now_micros: Option<u64>,
     mut ttl_jitter_ms: impl FnMut() -> u64,
 ) {
-    cmd.arg(checks.len());
-    for check in checks {
-        cmd.arg(check.key.as_str());
-    }
-    match pinned_now_micros {
-        Some(now) => cmd.arg(now),
-        None => cmd.arg(""),
-    };
+    keys_and_clock(cmd, checks, pinned_now_micros);
     cmd.arg(match charging {
         Charging::Each => "",
         Charging::StopWhenOver => "stop",
@@ -146,14 +139,9 @@ pub(super) fn encode(
     }
 }
 
-/// Appends the KEYS count, KEYS and ARGV of one [`FIXED_WINDOW_LEAN`] call deciding `checks`,
-/// which must be fixed windows ([`fits_lean`]); like [`encode`] otherwise.
-pub(super) fn encode_lean(
-    cmd: &mut redis::Cmd,
-    checks: &[&Check],
-    pinned_now_micros: Option<u64>,
-    mut ttl_jitter_ms: impl FnMut() -> u64,
-) {
+/// What both decision scripts take first: the KEYS count, the keys, and `ARGV[1]`, the pinned
+/// time in microseconds or empty for Redis's clock.
+fn keys_and_clock(cmd: &mut redis::Cmd, checks: &[&Check], pinned_now_micros: Option<u64>) {
     cmd.arg(checks.len());
     for check in checks {
         cmd.arg(check.key.as_str());
@@ -162,6 +150,17 @@ pub(super) fn encode_lean(
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),
     };
+}
+
+/// Appends the KEYS count, KEYS and ARGV of one [`FIXED_WINDOW_LEAN`] call deciding `checks`,
+/// which must be fixed windows ([`fits_lean`]); like [`encode`] otherwise.
+pub(super) fn encode_lean(
+    cmd: &mut redis::Cmd,
+    checks: &[&Check],
+    pinned_now_micros: Option<u64>,
+    mut ttl_jitter_ms: impl FnMut() -> u64,
+) {
+    keys_and_clock(cmd, checks, pinned_now_micros);
     for check in checks {
         if let Rule::FixedWindow {
             limit,
