@@ -530,22 +530,6 @@ async fn pinned_store(
     store
 }
 
-/// A fixed-window check as the service builds it: the key names the window.
-fn fixed_check(key: &str, hits: u64, limit: u64, window_secs: u64, now_micros: u64) -> Check {
-    let window_start = sluice::store::window_start(now_micros / 1_000_000, window_secs);
-    Check {
-        key: format!("{key}_{window_start}"),
-        hits,
-        rule: Rule::FixedWindow {
-            limit,
-            window_secs,
-            window_start,
-        },
-        record_refused: false,
-        group: None,
-    }
-}
-
 /// Every key of `redis` under `prefix`, without it, with its value and TTL (ms, -1: none).
 fn state_under(redis: &RedisServer, prefix: &str) -> Vec<(String, String, i64)> {
     let mut conn = redis.connection();
@@ -578,7 +562,7 @@ async fn the_lean_script_decides_and_writes_like_the_full_one() {
         let now = clock.now_micros();
         for prefix in ["lean:", "full:"] {
             for (name, count) in [("a", 60), ("b", 10)] {
-                let key = fixed_check(&format!("{prefix}{name}"), 1, 1, 60, now).key;
+                let key = fixed_window_check(&format!("{prefix}{name}"), 1, 1, 60, now).key;
                 let () = conn.set(key, count).unwrap();
             }
         }
@@ -605,7 +589,7 @@ async fn the_lean_script_decides_and_writes_like_the_full_one() {
             checks
                 .iter()
                 .map(|(name, hits, limit, window)| {
-                    fixed_check(&format!("{prefix}{name}"), *hits, *limit, *window, now)
+                    fixed_window_check(&format!("{prefix}{name}"), *hits, *limit, *window, now)
                 })
                 .collect()
         };
@@ -659,7 +643,7 @@ async fn plain_fixed_windows_take_the_lean_script() {
         .unwrap();
     redis.cli(&["SLOWLOG", "RESET"]).unwrap();
     let now = clock.now_micros();
-    let fixed = fixed_check("f", 1, 10, 60, now);
+    let fixed = fixed_window_check("f", 1, 10, 60, now);
     let gcra = Check {
         key: "g".into(),
         hits: 1,
@@ -673,7 +657,7 @@ async fn plain_fixed_windows_take_the_lean_script() {
     // Two limits of one descriptor (rate_limits): all or nothing, which needs the trial pass.
     let grouped = Check {
         group: Some(0),
-        ..fixed_check("h", 1, 10, 60, now)
+        ..fixed_window_check("h", 1, 10, 60, now)
     };
     store.check(&[&fixed, &fixed]).await.unwrap();
     store

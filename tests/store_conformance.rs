@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::RedisServer;
+use common::{RedisServer, fixed_window_check};
 use sluice::clock::{Clock, ManualClock};
 use sluice::named::{NamedError, NamedLimiters};
 use sluice::proto::sluice::v1::{Algorithm, LimiterConfig, Mode};
@@ -55,22 +55,6 @@ async fn pair() -> Pair {
     }
 }
 
-fn fixed(key: &str, hits: u64, limit: u64, window_secs: u64, now_micros: u64) -> Check {
-    let now = now_micros / 1_000_000;
-    let window_start = now / window_secs * window_secs;
-    Check {
-        key: format!("{key}_{window_start}"),
-        hits,
-        rule: Rule::FixedWindow {
-            limit,
-            window_secs,
-            window_start,
-        },
-        record_refused: false,
-        group: None,
-    }
-}
-
 impl Pair {
     /// Runs `checks` on both stores and asserts equal outcomes; returns them.
     async fn both(&self, checks: &[Check]) -> Vec<Outcome> {
@@ -94,7 +78,7 @@ async fn fixed_window_answers_agree() {
     // 20 s + 250 ms into a minute window.
     p.clock.set_micros(T0 + 250_000);
 
-    let out = p.both(&[fixed("a", 1, 3, 60, now())]).await;
+    let out = p.both(&[fixed_window_check("a", 1, 3, 60, now())]).await;
     assert_eq!(
         out[0],
         Outcome {
@@ -104,7 +88,7 @@ async fn fixed_window_answers_agree() {
             used: 1
         }
     );
-    let out = p.both(&[fixed("a", 2, 3, 60, now())]).await;
+    let out = p.both(&[fixed_window_check("a", 2, 3, 60, now())]).await;
     assert_eq!(
         out[0],
         Outcome {
@@ -114,7 +98,7 @@ async fn fixed_window_answers_agree() {
             used: 3
         }
     );
-    let out = p.both(&[fixed("a", 1, 3, 60, now())]).await;
+    let out = p.both(&[fixed_window_check("a", 1, 3, 60, now())]).await;
     assert_eq!(
         out[0],
         Outcome {
@@ -126,7 +110,10 @@ async fn fixed_window_answers_agree() {
     );
     // Zero hits looks without counting, also for a key that does not exist.
     let out = p
-        .both(&[fixed("a", 0, 3, 60, now()), fixed("fresh", 0, 3, 60, now())])
+        .both(&[
+            fixed_window_check("a", 0, 3, 60, now()),
+            fixed_window_check("fresh", 0, 3, 60, now()),
+        ])
         .await;
     assert_eq!((out[0].used, out[1].used), (4, 0));
 
@@ -134,9 +121,9 @@ async fn fixed_window_answers_agree() {
     p.clock.advance_micros(39_000_000); // 59.25 s into the window
     let out = p
         .both(&[
-            fixed("b", 5, 5, 1, now()),
-            fixed("a", 1, 3, 60, now()),
-            fixed("b", 1, 5, 1, now()),
+            fixed_window_check("b", 5, 5, 1, now()),
+            fixed_window_check("a", 1, 3, 60, now()),
+            fixed_window_check("b", 1, 5, 1, now()),
         ])
         .await;
     assert_eq!(
@@ -153,7 +140,7 @@ async fn fixed_window_answers_agree() {
 
     // The next window starts from zero (a new key).
     p.clock.advance_micros(1_000_000);
-    let out = p.both(&[fixed("a", 1, 3, 60, now())]).await;
+    let out = p.both(&[fixed_window_check("a", 1, 3, 60, now())]).await;
     assert_eq!(
         out[0],
         Outcome {
@@ -166,7 +153,13 @@ async fn fixed_window_answers_agree() {
 
     // A cost beyond every limit is refused without overflow.
     let out = p
-        .both(&[fixed("c", 1 << 32, u32::MAX as u64, 3600, now())])
+        .both(&[fixed_window_check(
+            "c",
+            1 << 32,
+            u32::MAX as u64,
+            3600,
+            now(),
+        )])
         .await;
     assert!(!out[0].admitted);
     assert_eq!(out[0].used, 1 << 32);
@@ -177,7 +170,7 @@ async fn reset_is_clamped_when_clocks_disagree() {
     // The key's window comes from the service clock; the reset from the store's. A store clock
     // past the window end reports 1 ms; one before the window start reports the whole window.
     let p = pair().await;
-    let window_start = T0 / 1_000_000 / 60 * 60;
+    let window_start = sluice::store::window_start(T0 / 1_000_000, 60);
     let check = |key: &str| Check {
         key: key.into(),
         hits: 1,
@@ -337,7 +330,7 @@ async fn fixed_window_admits_twice_the_limit_across_a_boundary_and_the_log_does_
     // The same traffic on both algorithms: 5 requests at the last millisecond of a 10 s window
     // and 5 at the first millisecond of the next (limit 5 per 10 s).
     let p = pair().await;
-    let window_start = T0 / 1_000_000 / 10 * 10 + 10;
+    let window_start = sluice::store::window_start(T0 / 1_000_000, 10) + 10;
     let at = |ms: u64| window_start * 1_000_000 + ms * 1000;
     let mut admitted = [0, 0];
     for (slot, rule) in [
@@ -761,8 +754,8 @@ async fn stop_when_over_charges_only_what_would_go_over() {
     let now = p.clock.now_micros();
     let mut cases = vec![(
         "fixed",
-        fixed("w_fixed", 0, 5, 60, now).rule,
-        fixed("t_fixed", 0, 2, 60, now).rule,
+        fixed_window_check("w_fixed", 0, 5, 60, now).rule,
+        fixed_window_check("t_fixed", 0, 2, 60, now).rule,
     )];
     for (name, rule) in rules() {
         cases.push((name, rule.clone(), rule));
@@ -868,7 +861,7 @@ proptest::proptest! {
                             record_refused: record[i],
                             group: None,
                         },
-                        None => fixed(&format!("group:{case}:{i}:fixed"), hits, 4, 2, now),
+                        None => fixed_window_check(&format!("group:{case}:{i}:fixed"), hits, 4, 2, now),
                     };
                     check.group = Some(7);
                     check

@@ -390,6 +390,29 @@ fn dechunk(mut text: &str) -> String {
     out
 }
 
+/// A fixed-window check as the service builds it: the key names the window that `now_micros`
+/// falls in, by the store's own window arithmetic (`store::window_start`).
+pub fn fixed_window_check(
+    key: &str,
+    hits: u64,
+    limit: u64,
+    window_secs: u64,
+    now_micros: u64,
+) -> sluice::store::Check {
+    let window_start = sluice::store::window_start(now_micros / 1_000_000, window_secs);
+    sluice::store::Check {
+        key: format!("{key}_{window_start}"),
+        hits,
+        rule: sluice::store::Rule::FixedWindow {
+            limit,
+            window_secs,
+            window_start,
+        },
+        record_refused: false,
+        group: None,
+    }
+}
+
 pub fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
         entries: pairs
