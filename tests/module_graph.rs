@@ -1,6 +1,8 @@
 //! The crate's top-level modules import each other in one direction only (ARCHITECTURE.md):
 //! no cycle, and only `cli` and `app` read the settings. Read from the `crate::` paths in
-//! `src/` (test code left out), so a new import that closes a cycle fails the suite.
+//! `src/` (test code left out), so a new import that closes a cycle fails the suite. Inside the
+//! Redis store the files form layers (src/store/redis/mod.rs), checked the same way from their
+//! `super::` paths.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -117,6 +119,67 @@ fn only_cli_and_app_read_the_settings() {
         .map(|(module, _)| module)
         .collect();
     assert_eq!(readers, ["app", "cli"]);
+}
+
+/// The Redis store's files, lowest layer first: a file may import only from a lower layer, and
+/// none imports `mod.rs`, which assembles them. A new file must be placed here.
+const REDIS_LAYERS: &[&[&str]] = &[
+    &["options", "slot", "script"],
+    &["conn"],
+    &["coalesce"],
+    &["cluster"],
+];
+
+#[test]
+fn the_redis_store_files_import_downwards() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store/redis");
+    let layer_of = |name: &str| REDIS_LAYERS.iter().position(|layer| layer.contains(&name));
+    let mut wrong = Vec::new();
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if name == "mod" || path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        files += 1;
+        let Some(layer) = layer_of(&name) else {
+            wrong.push(format!("{name}.rs is in no layer of REDIS_LAYERS"));
+            continue;
+        };
+        let text = std::fs::read_to_string(&path).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        for line in code.lines() {
+            let line = line.split("//").next().unwrap();
+            for (at, _) in line.match_indices("super::") {
+                let rest = &line[at + "super::".len()..];
+                let names: Vec<&str> = match rest.strip_prefix('{') {
+                    Some(group) => group
+                        .split(['}', ','])
+                        .map(|p| p.trim().split("::").next().unwrap())
+                        .collect(),
+                    None => vec![
+                        rest.split(|c: char| !c.is_alphanumeric() && c != '_')
+                            .next()
+                            .unwrap(),
+                    ],
+                };
+                for used in names.into_iter().filter(|n| !n.is_empty()) {
+                    // `super::super::…` is the store module, outside this check.
+                    if used == "super" || at >= "super::".len() && line[..at].ends_with("super::") {
+                        continue;
+                    }
+                    match layer_of(used) {
+                        Some(l) if l < layer => {}
+                        Some(_) => wrong.push(format!("{name}.rs imports {used}, not below it")),
+                        None => wrong.push(format!("{name}.rs imports {used} from mod.rs")),
+                    }
+                }
+            }
+        }
+    }
+    assert!(files >= 5, "src/store/redis was not found");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 /// The checker itself: a cycle written into a graph is found.
