@@ -139,6 +139,15 @@ struct RequestPlan<'c> {
     per_second: Vec<bool>,
 }
 
+/// What the answer step reads for a request: the request, its plan, the store's outcomes (each
+/// with whether the over-limit cache gave it) and the metric handles of the config in force.
+struct StoreAnswer<'a, 'c> {
+    request: &'a RateLimitRequest,
+    counters: &'a ConfigCounters,
+    plan: &'a RequestPlan<'c>,
+    outcomes: &'a [(Outcome, bool)],
+}
+
 /// The statuses of one request, in request order, with what they add up to.
 struct Answers<'p> {
     statuses: Vec<DescriptorStatus>,
@@ -297,92 +306,63 @@ impl RateLimiter {
         drop_replaced(&mut matched);
 
         let now_secs = self.clock.now_secs();
-        let mut checks = Vec::with_capacity(request.descriptors.len());
-        let mut per_second = Vec::with_capacity(request.descriptors.len());
-        let slots = matched
-            .into_iter()
-            .zip(&request.descriptors)
-            .enumerate()
-            .map(|(index, (limits, descriptor))| {
-                let limits = match limits {
-                    Err(_) => return Plan::Refused,
-                    Ok(None) => return Plan::NoLimit,
-                    Ok(Some(limits)) => limits,
-                };
-                let mut count = |limit: Cow<'c, Limit>, group: Option<u32>, second: bool| {
-                    let Quota::PerUnit {
-                        requests_per_unit,
-                        unit,
-                        algorithm,
-                        ..
-                    } = limit.quota
-                    else {
-                        return None;
-                    };
-                    let window_secs = limit.quota.window_secs().unwrap_or(unit.window_secs());
-                    let (key, rule) = self.counter(
-                        &request.domain,
-                        descriptor,
-                        &limit,
-                        (requests_per_unit, window_secs, algorithm),
-                        now_secs,
-                    );
-                    per_second.push(second);
-                    checks.push(Check {
-                        key,
-                        hits: hits(request, descriptor),
-                        rule,
-                        record_refused: limit.record_refused_hits,
-                        group,
-                    });
-                    let rate = response::Rate {
-                        requests_per_unit,
-                        unit,
-                        window_secs,
-                    };
-                    Some(Counted {
-                        limit,
-                        rate,
-                        check: checks.len() - 1,
-                    })
-                };
-                if limits.len() == 1 && limits[0].member.is_none() {
-                    let limit = match limits {
-                        Cow::Borrowed(list) => Cow::Borrowed(&list[0]),
-                        Cow::Owned(mut list) => Cow::Owned(list.swap_remove(0)),
-                    };
-                    let second = matches!(
-                        limit.quota,
-                        Quota::PerUnit {
-                            unit: Unit::Second,
-                            ..
-                        }
-                    );
-                    return count(limit, None, second).map_or(Plan::Unlimited, Plan::Counted);
+        let n = request.descriptors.len();
+        let (mut checks, mut per_second) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut slots = Vec::with_capacity(n);
+        for (index, (limits, descriptor)) in
+            matched.into_iter().zip(&request.descriptors).enumerate()
+        {
+            let limits = match limits {
+                Err(_) => {
+                    slots.push(Plan::Refused);
+                    continue;
                 }
-                // A group is decided in one store call: it goes to the per-second store only
-                // when all of its limits would.
-                let second = limits.iter().all(|l| {
-                    matches!(
-                        l.quota,
-                        Quota::PerUnit {
-                            unit: Unit::Second,
-                            ..
-                        }
-                    )
-                });
-                let group = u32::try_from(index).unwrap_or(u32::MAX);
-                let members: Vec<Cow<'c, Limit>> = match limits {
-                    Cow::Borrowed(list) => list.iter().map(Cow::Borrowed).collect(),
-                    Cow::Owned(list) => list.into_iter().map(Cow::Owned).collect(),
+                Ok(None) => {
+                    slots.push(Plan::NoLimit);
+                    continue;
+                }
+                Ok(Some(limits)) => limits,
+            };
+            // One limit's check, in the per-second store or not; `None` for an unlimited one.
+            let count = |limit: Cow<'c, Limit>, group: Option<u32>, second: bool| {
+                let Quota::PerUnit {
+                    requests_per_unit,
+                    unit,
+                    algorithm,
+                    ..
+                } = limit.quota
+                else {
+                    return None;
                 };
-                let counted: Vec<Counted<'c>> = members
-                    .into_iter()
-                    .filter_map(|limit| count(limit, Some(group), second))
-                    .collect();
-                Plan::Group(counted)
-            })
-            .collect();
+                let window_secs = limit.quota.window_secs().unwrap_or(unit.window_secs());
+                let (key, rule) = self.counter(
+                    &request.domain,
+                    descriptor,
+                    &limit,
+                    (requests_per_unit, window_secs, algorithm),
+                    now_secs,
+                );
+                per_second.push(second);
+                checks.push(Check {
+                    key,
+                    hits: hits(request, descriptor),
+                    rule,
+                    record_refused: limit.record_refused_hits,
+                    group,
+                });
+                let rate = response::Rate {
+                    requests_per_unit,
+                    unit,
+                    window_secs,
+                };
+                Some(Counted {
+                    limit,
+                    rate,
+                    check: checks.len() - 1,
+                })
+            };
+            slots.push(counted_slot(limits, index, count));
+        }
         RequestPlan {
             slots,
             checks,
@@ -416,6 +396,12 @@ impl RateLimiter {
         plan: &'p RequestPlan<'_>,
         outcomes: &[(Outcome, bool)],
     ) -> Answers<'p> {
+        let store = StoreAnswer {
+            request,
+            counters,
+            plan,
+            outcomes,
+        };
         let mut answers = Answers {
             statuses: Vec::with_capacity(plan.slots.len()),
             passed: Vec::with_capacity(plan.slots.len()),
@@ -439,15 +425,11 @@ impl RateLimiter {
                 // Refused descriptors are never quota ones: padding must not switch a limit off.
                 Plan::Refused => (response::refused(), response::Judged::REFUSED),
                 Plan::Unlimited => (response::unlimited(), response::Judged::NO_LIMIT),
-                Plan::Counted(_) | Plan::Group(_) => self.judge(
-                    request,
-                    counters,
-                    plan,
-                    outcomes,
-                    descriptor,
-                    slot.counted(),
-                    &mut decided,
-                ),
+                Plan::Counted(_) | Plan::Group(_) => {
+                    let (status, judged, decider) = self.judge(&store, descriptor, slot.counted());
+                    decided = decider;
+                    (status, judged)
+                }
             };
             answers.tally.add(index, judged);
             answers.passed.push(match decided {
@@ -463,19 +445,24 @@ impl RateLimiter {
     }
 
     /// The status of a descriptor counted under `members` (one limit, or a `rate_limits` list),
-    /// recording each limit's metrics: the deciding limit's status ([`decider`]), which is put
-    /// in `decided`.
-    #[allow(clippy::too_many_arguments)]
+    /// recording each limit's metrics, and the limit that decided it ([`decider`]), whose status
+    /// it is.
     fn judge<'m, 'c>(
         &self,
-        request: &RateLimitRequest,
-        counters: &ConfigCounters,
-        plan: &RequestPlan<'_>,
-        outcomes: &[(Outcome, bool)],
+        store: &StoreAnswer<'_, '_>,
         descriptor: &RateLimitDescriptor,
         members: &'m [Counted<'c>],
-        decided: &mut Option<&'m Counted<'c>>,
-    ) -> (crate::proto::DescriptorStatus, response::Judged) {
+    ) -> (
+        crate::proto::DescriptorStatus,
+        response::Judged,
+        Option<&'m Counted<'c>>,
+    ) {
+        let StoreAnswer {
+            request,
+            counters,
+            plan,
+            outcomes,
+        } = store;
         if let Some(metrics) = &self.metrics {
             for member in members {
                 let (outcome, from_cache) = &outcomes[member.check];
@@ -489,16 +476,19 @@ impl RateLimiter {
         }
         let Some(member) = members.get(decider(members, outcomes)) else {
             // Every limit of the list was replaced or unlimited: nothing was counted.
-            return (response::no_limit(), response::Judged::NO_LIMIT);
+            return (response::no_limit(), response::Judged::NO_LIMIT, None);
         };
-        *decided = Some(member);
         let (limit, outcome) = (&*member.limit, &outcomes[member.check].0);
         let judged = response::Judged {
             over: !outcome.admitted && !limit.shadow_mode,
             quota: limit.quota_mode || self.options.quota_mode,
             remaining: Some(response::remaining(outcome)),
         };
-        (response::counted(limit, member.rate, outcome), judged)
+        (
+            response::counted(limit, member.rate, outcome),
+            judged,
+            Some(member),
+        )
     }
 
     /// Answers the checks the over-limit cache knows are refused, asks the store(s) for the
@@ -901,6 +891,46 @@ fn decider(members: &[Counted<'_>], outcomes: &[(Outcome, bool)]) -> usize {
             .min_by_key(|&i| (outcome(i).remaining, i))
             .unwrap_or(0)
     })
+}
+
+/// The slot of a descriptor that matched `limits`: counted under its one limit, or under every
+/// limit of a `rate_limits` list as a group (`index` names it), each counted by `count`.
+fn counted_slot<'c>(
+    limits: Cow<'c, [Limit]>,
+    index: usize,
+    mut count: impl FnMut(Cow<'c, Limit>, Option<u32>, bool) -> Option<Counted<'c>>,
+) -> Plan<'c> {
+    let per_second = |limit: &Limit| {
+        matches!(
+            limit.quota,
+            Quota::PerUnit {
+                unit: Unit::Second,
+                ..
+            }
+        )
+    };
+    if limits.len() == 1 && limits[0].member.is_none() {
+        let limit = match limits {
+            Cow::Borrowed(list) => Cow::Borrowed(&list[0]),
+            Cow::Owned(mut list) => Cow::Owned(list.swap_remove(0)),
+        };
+        let second = per_second(&limit);
+        return count(limit, None, second).map_or(Plan::Unlimited, Plan::Counted);
+    }
+    // A group is decided in one store call: it goes to the per-second store only when all of
+    // its limits would.
+    let second = limits.iter().all(per_second);
+    let group = u32::try_from(index).unwrap_or(u32::MAX);
+    let members: Vec<Cow<'c, Limit>> = match limits {
+        Cow::Borrowed(list) => list.iter().map(Cow::Borrowed).collect(),
+        Cow::Owned(list) => list.into_iter().map(Cow::Owned).collect(),
+    };
+    Plan::Group(
+        members
+            .into_iter()
+            .filter_map(|limit| count(limit, Some(group), second))
+            .collect(),
+    )
 }
 
 /// The items at `indexes`, in that order: the part of a request one store call answers. The
