@@ -73,7 +73,11 @@ async fn main() -> anyhow::Result<()> {
         expiration_jitter_max: Duration::ZERO,
         pinned_clock: None,
     })?;
-    store.wait_until_ready(Some(Duration::from_secs(5))).await?;
+    store
+        .wait_until_ready(&sluice::store::redis::StartupRetry::within(Some(
+            Duration::from_secs(5),
+        )))
+        .await?;
     let mut conn = redis::Client::open(url.as_str())?.get_connection()?;
 
     println!("| algorithm | Redis bytes per key |");

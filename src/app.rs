@@ -28,6 +28,7 @@ use crate::server::{
 };
 use crate::settings::{Backend, ConfigSource, Settings};
 use crate::store::breaker::Breaker;
+use crate::store::redis::StartupRetry;
 use crate::store::{CounterStore, LimiterStore, MemoryStore, RedisOptions, RedisStore};
 use crate::xds::XdsClient;
 
@@ -75,30 +76,33 @@ pub async fn serve(
         Backend::Redis {
             options,
             per_second,
-            startup_max_wait,
+            startup,
             start_degraded,
             health_follows_redis,
         } => {
             health_follows_store = *health_follows_redis;
             // Starting degraded means not blocking on Redis: without a wait limit, try once.
             let degraded = *start_degraded;
-            let wait = if degraded {
-                startup_max_wait.or(Some(std::time::Duration::ZERO))
-            } else {
-                *startup_max_wait
+            let wait = StartupRetry {
+                max_elapsed: if degraded {
+                    startup.max_elapsed.or(Some(std::time::Duration::ZERO))
+                } else {
+                    startup.max_elapsed
+                },
+                ..startup.clone()
             };
-            let main = open_redis(options, wait, degraded, &settings).await?;
+            let main = open_redis(options, &wait, degraded, &settings).await?;
             if settings.rls.stop_increment_when_over {
                 warn_partial_stop(options, per_second.is_some());
             }
             store_usable.push(("redis", main.usable(), HealthRole::Counts));
             if let Some(options) = per_second {
-                let store = open_redis(options, wait, degraded, &settings).await?;
+                let store = open_redis(options, &wait, degraded, &settings).await?;
                 store_usable.push(("redis_per_second", store.usable(), HealthRole::Counts));
                 per_second_store = Some(counters(Arc::new(store), "redis_per_second"));
             }
             if settings.limiter_api.is_some() {
-                let store = open_redis(options, wait, true, &settings).await?;
+                let store = open_redis(options, &wait, true, &settings).await?;
                 store_usable.push(("redis_limiter_api", store.usable(), HealthRole::Ignored));
                 named_store = Some(limiters(Arc::new(store), "redis"));
             }
@@ -493,7 +497,7 @@ fn warn_partial_stop(options: &RedisOptions, per_second: bool) {
 
 async fn open_redis(
     options: &RedisOptions,
-    max_wait: Option<std::time::Duration>,
+    retry: &StartupRetry,
     start_degraded: bool,
     settings: &Settings,
 ) -> Result<Breaker<RedisStore>, ServeError> {
@@ -503,7 +507,7 @@ async fn open_redis(
     };
     let store = RedisStore::new(options.clone()).map_err(store_error)?;
     tracing::info!(target = ?options.target, "waiting for redis");
-    let ready = store.wait_until_ready(max_wait).await;
+    let ready = store.wait_until_ready(retry).await;
     let breaker = Breaker::new(store, settings.breaker.clone());
     match ready {
         Ok(()) => {}

@@ -14,7 +14,7 @@ use crate::named::Bounds;
 use crate::rls::{FailurePolicy, HeaderNames, InputLimits, RlsOptions};
 use crate::server::tls::ServerTls;
 use crate::store::breaker::BreakerOptions;
-use crate::store::redis::{RedisAuth, Target, redact_url};
+use crate::store::redis::{RedisAuth, StartupRetry, Target, redact_url};
 use crate::store::{MemoryStoreOptions, RedisOptions, TlsFiles};
 use crate::telemetry::{LogSettings, OtlpProtocol, TraceSettings};
 use crate::util::parse_go_duration;
@@ -154,8 +154,9 @@ pub enum Backend {
         /// `REDIS_PERSECOND=true`: limits whose unit is the second go to this Redis, configured
         /// by the `REDIS_PERSECOND_*` twins of the `REDIS_*` variables.
         per_second: Option<Box<RedisOptions>>,
-        /// `REDIS_STARTUP_MAX_ELAPSED_TIME`; `None` waits forever (upstream's 0).
-        startup_max_wait: Option<Duration>,
+        /// `REDIS_STARTUP_INITIAL_INTERVAL`, `REDIS_STARTUP_MAX_INTERVAL` and
+        /// `REDIS_STARTUP_MAX_ELAPSED_TIME` (0: wait forever), upstream's start-up backoff.
+        startup: StartupRetry,
         /// `REDIS_STARTUP_DEGRADED`: start anyway when Redis is not ready by then (health
         /// NOT_SERVING, requests follow the failure policy until it answers).
         start_degraded: bool,
@@ -688,7 +689,13 @@ fn shared_tls_files<F: Fn(&str) -> Option<String>>(
 }
 
 fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend, SettingsError> {
+    let defaults = StartupRetry::UPSTREAM;
     let max_wait = env.duration("REDIS_STARTUP_MAX_ELAPSED_TIME", Duration::ZERO)?;
+    let initial = env.duration("REDIS_STARTUP_INITIAL_INTERVAL", defaults.initial)?;
+    let max_interval = env.duration("REDIS_STARTUP_MAX_INTERVAL", defaults.max_interval)?;
+    if initial.is_zero() {
+        return Err(env.error("REDIS_STARTUP_INITIAL_INTERVAL", "must be more than 0"));
+    }
     let per_second = if env.bool("REDIS_PERSECOND", false)? {
         Some(Box::new(redis_options(env, "REDIS_PERSECOND_")?))
     } else {
@@ -697,7 +704,11 @@ fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend,
     Ok(Backend::Redis {
         options: Box::new(redis_options(env, "REDIS_")?),
         per_second,
-        startup_max_wait: (!max_wait.is_zero()).then_some(max_wait),
+        startup: StartupRetry {
+            initial,
+            max_interval: max_interval.max(initial),
+            max_elapsed: (!max_wait.is_zero()).then_some(max_wait),
+        },
         start_degraded: env.bool("REDIS_STARTUP_DEGRADED", false)?,
         health_follows_redis: env.bool("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", false)?,
     })
@@ -955,6 +966,43 @@ mod tests {
         assert!(!err.to_string().contains("short"), "{err}");
         let err = settings(&[("LIMITER_MAX_COUNT", "5")]).unwrap_err();
         assert_eq!(err.variable, "LIMITER_MAX_COUNT");
+    }
+
+    #[test]
+    fn redis_start_up_retries_on_upstreams_backoff() {
+        let startup = |vars: &[(&str, &str)]| {
+            let mut all = vec![("BACKEND_TYPE", "redis")];
+            all.extend_from_slice(vars);
+            match settings(&all).map(|s| s.backend) {
+                Ok(Backend::Redis { startup, .. }) => Ok(startup),
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => Err(e),
+            }
+        };
+        assert_eq!(startup(&[]).unwrap(), StartupRetry::UPSTREAM);
+        let set = startup(&[
+            ("REDIS_STARTUP_INITIAL_INTERVAL", "250ms"),
+            ("REDIS_STARTUP_MAX_INTERVAL", "2s"),
+            ("REDIS_STARTUP_MAX_ELAPSED_TIME", "1m"),
+        ])
+        .unwrap();
+        assert_eq!(
+            set,
+            StartupRetry {
+                initial: Duration::from_millis(250),
+                max_interval: Duration::from_secs(2),
+                max_elapsed: Some(Duration::from_secs(60)),
+            }
+        );
+        // A maximum below the first interval does not shrink it.
+        let inverted = startup(&[
+            ("REDIS_STARTUP_INITIAL_INTERVAL", "5s"),
+            ("REDIS_STARTUP_MAX_INTERVAL", "1s"),
+        ])
+        .unwrap();
+        assert_eq!(inverted.max_interval, Duration::from_secs(5));
+        let err = startup(&[("REDIS_STARTUP_INITIAL_INTERVAL", "0s")]).unwrap_err();
+        assert_eq!(err.variable, "REDIS_STARTUP_INITIAL_INTERVAL");
     }
 
     #[test]

@@ -45,8 +45,10 @@ fn store_for(
                 pinned_clock: Some(clock.clone()),
             })
             .expect("the store starts");
-            futures::executor::block_on(store.wait_until_ready(Some(Duration::from_secs(30))))
-                .expect("redis is ready");
+            futures::executor::block_on(store.wait_until_ready(
+                &sluice::store::redis::StartupRetry::within(Some(Duration::from_secs(30))),
+            ))
+            .expect("redis is ready");
             Arc::new(store)
         }
     }

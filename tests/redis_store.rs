@@ -161,19 +161,46 @@ async fn redis_down_is_unavailable_and_recovery_needs_no_restart() {
 }
 
 #[test]
-fn startup_gives_up_on_an_unreachable_redis_when_told_to() {
+fn startup_retries_on_upstreams_schedule_and_gives_up_when_told_to() {
     let dir = config_dir(CONFIG);
     let port = free_port();
     let out = sluice_command(dir.path())
         .env("BACKEND_TYPE", "redis")
         .env("REDIS_SOCKET_TYPE", "tcp")
         .env("REDIS_URL", format!("127.0.0.1:{port}"))
-        .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "1s")
+        // bb8 waits out its connection timeout even when the connection is refused.
+        .env("REDIS_TIMEOUT", "20ms")
+        .env("REDIS_STARTUP_INITIAL_INTERVAL", "300ms")
+        .env("REDIS_STARTUP_MAX_INTERVAL", "300ms")
+        .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "2s")
         .output()
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cannot use the redis store"), "{stderr}");
+    // Every wait is the 300 ms interval (it may not grow past its maximum) moved by at most
+    // half of itself; four of them fit in the 2 s at most. The log is on standard output.
+    let log = String::from_utf8_lossy(&out.stdout);
+    let waits: Vec<f64> = log
+        .lines()
+        .filter(|line| line.contains("redis is not ready"))
+        .map(|line| {
+            let value = line
+                .split("\"retry_in\":\"")
+                .nth(1)
+                .expect("retry_in logged");
+            let value = value.split('"').next().unwrap();
+            match value.strip_suffix("ms") {
+                Some(ms) => ms.parse::<f64>().unwrap(),
+                None => value.trim_end_matches('s').parse::<f64>().unwrap() * 1000.0,
+            }
+        })
+        .collect();
+    assert!(waits.len() >= 3, "{waits:?}\n{log}");
+    assert!(
+        waits.iter().all(|&ms| (150.0..=450.0).contains(&ms)),
+        "{waits:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -524,7 +551,9 @@ async fn pinned_store(
     })
     .unwrap();
     store
-        .wait_until_ready(Some(Duration::from_secs(5)))
+        .wait_until_ready(&sluice::store::redis::StartupRetry::within(Some(
+            Duration::from_secs(5),
+        )))
         .await
         .unwrap();
     store

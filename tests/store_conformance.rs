@@ -44,7 +44,9 @@ async fn pair() -> Pair {
     })
     .unwrap();
     redis
-        .wait_until_ready(Some(Duration::from_secs(5)))
+        .wait_until_ready(&sluice::store::redis::StartupRetry::within(Some(
+            Duration::from_secs(5),
+        )))
         .await
         .unwrap();
     Pair {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use hdrhistogram::Histogram;
-use sluice::store::redis::{PipelineCounts, Target};
+use sluice::store::redis::{PipelineCounts, StartupRetry, Target};
 use sluice::store::{Check, CounterStore, RedisOptions, RedisStore, Rule};
 
 use crate::{parse_seconds, procs};
@@ -205,7 +205,7 @@ pub(crate) async fn main(args: RedisCostArgs) -> Result<()> {
         .context("cannot set up the Redis store")?,
     );
     store
-        .wait_until_ready(Some(Duration::from_secs(10)))
+        .wait_until_ready(&StartupRetry::within(Some(Duration::from_secs(10))))
         .await
         .context("Redis is not ready")?;
     let mut admin = redis::Client::open(url.as_str())

@@ -24,9 +24,6 @@ const POOL_EMPTY: Support =
     NotSupported("a call waits for a pooled connection until REDIS_TIMEOUT, as upstream's WAIT");
 const CLUSTER_PARALLELISM: Support =
     NotSupported("the calls to the slots of a Redis Cluster always run concurrently");
-const STARTUP_BACKOFF: Support = NotSupported(
-    "start-up retries Redis on its own schedule; REDIS_STARTUP_MAX_ELAPSED_TIME bounds the wait",
-);
 const AUTH_FILE: Support =
     NotSupported("give the credentials in REDIS_AUTH (from a Secret, for example)");
 
@@ -156,8 +153,8 @@ pub const UPSTREAM_VARIABLES: &[(&str, Support)] = &[
     ("TRACING_SAMPLING_RATE", Implemented),
     // Newer releases than the settings.go above.
     ("QUOTA_MODE", Implemented),
-    ("REDIS_STARTUP_INITIAL_INTERVAL", STARTUP_BACKOFF),
-    ("REDIS_STARTUP_MAX_INTERVAL", STARTUP_BACKOFF),
+    ("REDIS_STARTUP_INITIAL_INTERVAL", Implemented),
+    ("REDIS_STARTUP_MAX_INTERVAL", Implemented),
     ("REDIS_STARTUP_MAX_ELAPSED_TIME", Implemented),
     ("REDIS_CLUSTER_PIPELINE_PARALLELISM", CLUSTER_PARALLELISM),
     (

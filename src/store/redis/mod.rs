@@ -147,21 +147,25 @@ impl RedisStore {
         }
     }
 
-    /// Pings Redis and loads the script, retrying with backoff until `max_wait` has passed
-    /// (`None`: forever), as upstream's `REDIS_STARTUP_*` settings do.
-    pub async fn wait_until_ready(&self, max_wait: Option<Duration>) -> Result<(), StoreError> {
+    /// Pings Redis and loads the script, retrying on `retry`'s schedule until its
+    /// `max_elapsed` has passed (`None`: forever), as upstream's `REDIS_STARTUP_*` settings do.
+    pub async fn wait_until_ready(&self, retry: &StartupRetry) -> Result<(), StoreError> {
         let started = Instant::now();
-        let mut delay = Duration::from_millis(100);
+        let mut interval = retry.initial;
         loop {
             match self.load_script().await {
                 Ok(()) => return Ok(()),
                 Err(e) => {
-                    if max_wait.is_some_and(|max| started.elapsed() + delay > max) {
+                    let delay = randomized(interval);
+                    if retry
+                        .max_elapsed
+                        .is_some_and(|max| started.elapsed() + delay > max)
+                    {
                         return Err(e);
                     }
                     tracing::warn!(error = %e, retry_in = ?delay, "redis is not ready");
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
+                    interval = interval.mul_f64(RETRY_MULTIPLIER).min(retry.max_interval);
                 }
             }
         }
@@ -318,6 +322,44 @@ impl RedisStore {
         })
         .await
     }
+}
+
+/// How start-up retries a Redis that is not ready: upstream's exponential backoff
+/// (`REDIS_STARTUP_INITIAL_INTERVAL`, `REDIS_STARTUP_MAX_INTERVAL`,
+/// `REDIS_STARTUP_MAX_ELAPSED_TIME`), each wait drawn within ±50% of the current interval, which
+/// grows 1.5× per attempt, as its backoff library does by default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartupRetry {
+    pub initial: Duration,
+    pub max_interval: Duration,
+    /// Give up after this long; `None` retries forever (upstream's 0).
+    pub max_elapsed: Option<Duration>,
+}
+
+impl StartupRetry {
+    /// Upstream's defaults: 1 s, growing to 30 s, forever.
+    pub const UPSTREAM: StartupRetry = StartupRetry {
+        initial: Duration::from_secs(1),
+        max_interval: Duration::from_secs(30),
+        max_elapsed: None,
+    };
+
+    /// Upstream's schedule, giving up after `max_elapsed` (`None`: never).
+    pub fn within(max_elapsed: Option<Duration>) -> Self {
+        Self {
+            max_elapsed,
+            ..Self::UPSTREAM
+        }
+    }
+}
+
+/// How much each retry interval grows.
+const RETRY_MULTIPLIER: f64 = 1.5;
+
+/// `interval` moved by up to half of itself either way, so replicas that lost Redis together
+/// do not retry in step.
+fn randomized(interval: Duration) -> Duration {
+    interval.mul_f64(rand::rng().random_range(0.5..=1.5))
 }
 
 /// A script's reply as the caller's type.
