@@ -66,6 +66,7 @@ async fn main() -> anyhow::Result<()> {
     let store = RedisStore::new(RedisOptions {
         target: Target::Single(url.clone()),
         auth: None,
+        auth_file: None,
         sentinel_auth: None,
         tls: Default::default(),
         pool_size: 4,

@@ -659,9 +659,18 @@ fn redis_options<F: Fn(&str) -> Option<String>>(
     }
     let tls_files = shared_tls_files(env, prefix, uses_tls, tls_files)?;
     let jitter_secs: u64 = env.number("EXPIRATION_JITTER_MAX_SECONDS", 300)?;
+    let auth = env.raw(&var("AUTH")).map(|a| RedisAuth::parse(&a));
+    let auth_file = env.raw(&var("AUTH_FILE")).map(PathBuf::from);
+    if auth.is_some() && auth_file.is_some() {
+        return Err(env.error(
+            &var("AUTH_FILE"),
+            format!("{prefix}AUTH and {prefix}AUTH_FILE are mutually exclusive"),
+        ));
+    }
     Ok(RedisOptions {
         target,
-        auth: env.raw(&var("AUTH")).map(|a| RedisAuth::parse(&a)),
+        auth,
+        auth_file,
         sentinel_auth: env.raw(&var("SENTINEL_AUTH")).map(|a| RedisAuth::parse(&a)),
         tls: tls_files,
         pool_size: env.number(&var("POOL_SIZE"), 10)?,
@@ -1003,6 +1012,33 @@ mod tests {
         assert_eq!(inverted.max_interval, Duration::from_secs(5));
         let err = startup(&[("REDIS_STARTUP_INITIAL_INTERVAL", "0s")]).unwrap_err();
         assert_eq!(err.variable, "REDIS_STARTUP_INITIAL_INTERVAL");
+    }
+
+    #[test]
+    fn redis_credentials_come_from_the_variable_or_a_file_not_both() {
+        let redis = |vars: &[(&str, &str)]| {
+            let mut all = vec![("BACKEND_TYPE", "redis")];
+            all.extend_from_slice(vars);
+            match settings(&all)?.backend {
+                Backend::Redis { options, .. } => Ok::<_, SettingsError>(options),
+                other => panic!("{other:?}"),
+            }
+        };
+        let file = redis(&[("REDIS_AUTH_FILE", "/run/secrets/redis-auth")]).unwrap();
+        assert_eq!(
+            file.auth_file.as_deref(),
+            Some(std::path::Path::new("/run/secrets/redis-auth"))
+        );
+        assert!(file.auth.is_none());
+        let err = redis(&[
+            ("REDIS_AUTH", "pw"),
+            ("REDIS_AUTH_FILE", "/run/secrets/redis-auth"),
+        ])
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "REDIS_AUTH_FILE=\"/run/secrets/redis-auth\": REDIS_AUTH and REDIS_AUTH_FILE are mutually exclusive"
+        );
     }
 
     #[test]

@@ -37,6 +37,7 @@ fn store_for(
             let store = RedisStore::new(RedisOptions {
                 target: Target::Single(server.url()),
                 auth: None,
+                auth_file: None,
                 sentinel_auth: None,
                 tls: Default::default(),
                 pool_size: 4,

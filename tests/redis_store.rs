@@ -204,6 +204,86 @@ fn startup_retries_on_upstreams_schedule_and_gives_up_when_told_to() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn credentials_from_a_file_are_read_again_for_new_connections() {
+    let acl = |password: &str| -> Vec<String> {
+        [
+            "--user", "default", "off", "--user", "limiter", "on", password, "~*", "&*", "+@all",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let cli: Vec<String> = [
+        "--user",
+        "limiter",
+        "--pass",
+        "first-pw",
+        "--no-auth-warning",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let redis = RedisServer::start_with(&acl(">first-pw"), &cli);
+    let dir = config_dir(CONFIG);
+    // Not in the config directory, whose every file is read as config.
+    let secrets = tempfile::tempdir().unwrap();
+    let secret = secrets.path().join("redis-auth");
+    std::fs::write(&secret, "limiter:first-pw\n").unwrap();
+    let mut cmd = sluice_command(dir.path());
+    cmd.env("BACKEND_TYPE", "redis")
+        .env("REDIS_URL", redis.url())
+        .env("REDIS_AUTH_FILE", &secret)
+        .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "1s");
+    let sluice = Sluice::spawn(cmd);
+    let mut c = sluice.client().await;
+    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
+    assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 4);
+
+    // The secret is rotated: Redis takes only the new password, the file holds it, and the
+    // service's connections are closed, so it must connect again.
+    let admin =
+        redis::Client::open(format!("redis://limiter:first-pw@127.0.0.1:{}", redis.port)).unwrap();
+    let mut admin = admin.get_connection().unwrap();
+    std::fs::write(&secret, "limiter:second-pw").unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "limiter", "resetpass", ">second-pw"][..])
+        .query(&mut admin)
+        .unwrap();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "USER", "limiter", "SKIPME", "yes"][..])
+        .query(&mut admin)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let remaining = loop {
+        match c.should_rate_limit(alice()).await {
+            Ok(answer) => break answer.into_inner().statuses[0].limit_remaining,
+            Err(status) => {
+                assert!(Instant::now() < deadline, "never reconnected: {status:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    // The counter lives on: the call before the rotation was counted, and the calls that failed
+    // on the closed connection at most once more.
+    assert!((2..=3).contains(&remaining), "{remaining}");
+
+    // An empty file is refused at start-up, naming the file.
+    std::fs::write(&secret, " \n").unwrap();
+    let mut cmd = sluice_command(dir.path());
+    let out = cmd
+        .env("BACKEND_TYPE", "redis")
+        .env("REDIS_URL", redis.url())
+        .env("REDIS_AUTH_FILE", &secret)
+        .env("REDIS_TIMEOUT", "200ms")
+        .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "1ms")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is empty"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn tls_with_client_certificates_and_acl_user() {
     let pki = Pki::new("ca");
     pki.issue("server", &["127.0.0.1", "localhost"]);
@@ -542,6 +622,7 @@ async fn pinned_store(
     let store = sluice::store::RedisStore::new(sluice::store::RedisOptions {
         target: sluice::store::redis::Target::Single(redis.url()),
         auth: None,
+        auth_file: None,
         sentinel_auth: None,
         tls: Default::default(),
         pool_size: 2,

@@ -35,6 +35,7 @@ async fn pair() -> Pair {
     let redis = RedisStore::new(RedisOptions {
         target: Target::Single(server.url()),
         auth: None,
+        auth_file: None,
         sentinel_auth: None,
         tls: Default::default(),
         pool_size: 2,
@@ -527,6 +528,7 @@ async fn limiters() -> Limiters {
     let redis = RedisStore::new(RedisOptions {
         target: Target::Single(p._server.url()),
         auth: None,
+        auth_file: None,
         sentinel_auth: None,
         tls: Default::default(),
         pool_size: 2,

@@ -195,6 +195,7 @@ pub(crate) async fn main(args: RedisCostArgs) -> Result<()> {
         RedisStore::new(RedisOptions {
             target: Target::Single(url.clone()),
             auth: None,
+            auth_file: None,
             sentinel_auth: None,
             tls: Default::default(),
             pool_size: args.pool_size,

@@ -24,8 +24,6 @@ const POOL_EMPTY: Support =
     NotSupported("a call waits for a pooled connection until REDIS_TIMEOUT, as upstream's WAIT");
 const CLUSTER_PARALLELISM: Support =
     NotSupported("the calls to the slots of a Redis Cluster always run concurrently");
-const AUTH_FILE: Support =
-    NotSupported("give the credentials in REDIS_AUTH (from a Secret, for example)");
 
 /// Upstream's variables, in the order of its `settings.go`, then those of newer releases.
 pub const UPSTREAM_VARIABLES: &[(&str, Support)] = &[
@@ -161,8 +159,8 @@ pub const UPSTREAM_VARIABLES: &[(&str, Support)] = &[
         "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
         CLUSTER_PARALLELISM,
     ),
-    ("REDIS_AUTH_FILE", AUTH_FILE),
-    ("REDIS_PERSECOND_AUTH_FILE", AUTH_FILE),
+    ("REDIS_AUTH_FILE", Implemented),
+    ("REDIS_PERSECOND_AUTH_FILE", Implemented),
     (
         "REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR",
         AlwaysOn("a connection that answers READONLY is always replaced"),

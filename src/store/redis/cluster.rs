@@ -22,6 +22,7 @@
 //! answers `NOSCRIPT` once and gets them then (see `coalesce.rs`).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,8 @@ struct Topology {
 pub(super) struct Cluster {
     /// Settings to connect with (auth, TLS); the address is replaced per node.
     template: ConnectionInfo,
+    /// `REDIS_AUTH_FILE`, read by each node's pool for every new connection.
+    auth_file: Option<PathBuf>,
     seeds: Vec<String>,
     pool_size: u32,
     connect_timeout: Duration,
@@ -81,12 +84,14 @@ impl Cluster {
     /// `seeds` are `host:port` addresses; `template` carries auth and TLS settings.
     pub(super) fn new(
         template: ConnectionInfo,
+        auth_file: Option<PathBuf>,
         seeds: Vec<String>,
         pool_size: u32,
         connect_timeout: Duration,
     ) -> Self {
         Self {
             template,
+            auth_file,
             seeds,
             pool_size,
             connect_timeout,
@@ -121,7 +126,12 @@ impl Cluster {
         }
         let created = Arc::new(Coalescer::new(Node {
             name: node.to_string(),
-            pool: new_pool(self.node_info(node)?, self.pool_size, self.connect_timeout)?,
+            pool: new_pool(
+                self.node_info(node)?,
+                self.auth_file.clone(),
+                self.pool_size,
+                self.connect_timeout,
+            )?,
             down_until: Mutex::new(None),
         }));
         nodes.insert(node.to_string(), created.clone());

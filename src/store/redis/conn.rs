@@ -16,9 +16,10 @@ use redis::{
     TlsCertificates,
 };
 
-use super::options::{RedisOptions, TlsFiles, redact_url};
+use super::options::{RedisAuth, RedisOptions, TlsFiles, redact_url};
 use super::script::LuaScript;
 use crate::store::StoreError;
+use crate::util::LogThrottle;
 
 /// A pooled connection and the flag that retires it from the pool.
 #[derive(Clone)]
@@ -27,18 +28,46 @@ pub(super) struct Connection {
     broken: Arc<AtomicBool>,
 }
 
-/// bb8-redis's manager, plus broken-connection tracking.
+/// bb8-redis's manager, plus broken-connection tracking and credentials read from a file.
 pub(super) struct Manager {
     source: Source,
+    /// `REDIS_AUTH_FILE`: read for every new connection, so a rotated secret is picked up.
+    auth_file: Option<PathBuf>,
+    /// bb8 reports a failed connect to its waiters as a timeout, so a file that cannot be used
+    /// is logged here, at most once a second.
+    auth_file_log: LogThrottle,
 }
 
 /// Where new connections go.
 enum Source {
-    /// A fixed address, through bb8-redis.
-    Direct(RedisConnectionManager),
+    /// A fixed address, through bb8-redis; `info` is its settings, for connections that take
+    /// their credentials from the auth file.
+    Direct {
+        manager: RedisConnectionManager,
+        info: ConnectionInfo,
+    },
     /// Whichever server the sentinels name as master right now, so a new connection after a
     /// failover reaches the new master.
-    Sentinel(tokio::sync::Mutex<SentinelClient>),
+    Sentinel {
+        client: tokio::sync::Mutex<SentinelClient>,
+        sentinels: Vec<ConnectionInfo>,
+        master: String,
+    },
+}
+
+impl Manager {
+    /// The credentials in the auth file, when there is one.
+    fn file_auth(&self) -> Result<Option<RedisAuth>, RedisError> {
+        let Some(path) = &self.auth_file else {
+            return Ok(None);
+        };
+        RedisAuth::read(path).map(Some).map_err(|e| {
+            if let Some(held_back) = self.auth_file_log.allow(unix_secs()) {
+                tracing::warn!(error = %e, held_back, "no credentials for a new redis connection");
+            }
+            RedisError::from((ErrorKind::AuthenticationFailed, "REDIS_AUTH_FILE", e))
+        })
+    }
 }
 
 impl bb8::ManageConnection for Manager {
@@ -46,9 +75,26 @@ impl bb8::ManageConnection for Manager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Connection, RedisError> {
-        let redis = match &self.source {
-            Source::Direct(manager) => manager.connect().await?,
-            Source::Sentinel(client) => client.lock().await.get_async_connection().await?,
+        let redis = match (&self.source, self.file_auth()?) {
+            (Source::Direct { manager, .. }, None) => manager.connect().await?,
+            (Source::Direct { info, .. }, Some(auth)) => {
+                redis::Client::open(with_auth(info.clone(), &auth))?
+                    .get_multiplexed_async_connection()
+                    .await?
+            }
+            (Source::Sentinel { client, .. }, None) => {
+                client.lock().await.get_async_connection().await?
+            }
+            (
+                Source::Sentinel {
+                    sentinels, master, ..
+                },
+                Some(auth),
+            ) => {
+                sentinel_client(sentinels.clone(), master, Some(&auth))?
+                    .get_async_connection()
+                    .await?
+            }
         };
         Ok(Connection {
             redis,
@@ -89,27 +135,39 @@ pub(super) fn connection_info(
     url: &str,
     options: &RedisOptions,
 ) -> Result<ConnectionInfo, StoreError> {
-    let mut info = url
+    let info = url
         .into_connection_info()
         .map_err(|e| StoreError::Setup(format!("invalid redis url ({:?})", e.kind())))?;
-    if let Some(auth) = &options.auth {
-        let mut settings = info.redis_settings().clone().set_password(&auth.password);
-        if let Some(user) = &auth.username {
-            settings = settings.set_username(user);
-        }
-        info = info.set_redis_settings(settings);
-    }
-    Ok(info)
+    Ok(match &options.auth {
+        Some(auth) => with_auth(info, auth),
+        None => info,
+    })
 }
 
-/// A bb8 pool of connections to one server (or one cluster node).
+/// `info` authenticating with `auth`.
+fn with_auth(info: ConnectionInfo, auth: &RedisAuth) -> ConnectionInfo {
+    let mut settings = info.redis_settings().clone().set_password(&auth.password);
+    if let Some(user) = &auth.username {
+        settings = settings.set_username(user);
+    }
+    info.set_redis_settings(settings)
+}
+
+/// A bb8 pool of connections to one server (or one cluster node), authenticating with the
+/// credentials in `auth_file` when one is given.
 pub(super) fn new_pool(
     info: ConnectionInfo,
+    auth_file: Option<PathBuf>,
     pool_size: u32,
     connect_timeout: Duration,
 ) -> Result<bb8::Pool<Manager>, StoreError> {
     let manager = Manager {
-        source: Source::Direct(RedisConnectionManager::new(info).map_err(redis_error)?),
+        source: Source::Direct {
+            manager: RedisConnectionManager::new(info.clone()).map_err(redis_error)?,
+            info,
+        },
+        auth_file,
+        auth_file_log: LogThrottle::new(),
     };
     Ok(pool_of(manager, pool_size, connect_timeout))
 }
@@ -123,41 +181,58 @@ pub(super) fn sentinel_pool(
     let sentinel_infos = sentinels
         .iter()
         .map(|s| {
-            let mut info = s.as_str().into_connection_info().map_err(|e| {
+            let info = s.as_str().into_connection_info().map_err(|e| {
                 StoreError::Setup(format!("invalid sentinel address ({:?})", e.kind()))
             })?;
-            if let Some(auth) = &options.sentinel_auth {
-                let mut settings = info.redis_settings().clone().set_password(&auth.password);
-                if let Some(user) = &auth.username {
-                    settings = settings.set_username(user);
-                }
-                info = info.set_redis_settings(settings);
-            }
-            Ok(info)
+            Ok(match &options.sentinel_auth {
+                Some(auth) => with_auth(info, auth),
+                None => info,
+            })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    let mut node = redis::RedisConnectionInfo::default();
-    if let Some(auth) = &options.auth {
-        node = node.set_password(&auth.password);
-        if let Some(user) = &auth.username {
-            node = node.set_username(user);
-        }
-    }
-    let client = SentinelClient::build(
-        sentinel_infos,
-        master,
-        Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(node)),
-        SentinelServerType::Master,
-    )
-    .map_err(|e| StoreError::Setup(format!("invalid sentinel settings: {}", describe(&e))))?;
+    let client = sentinel_client(sentinel_infos.clone(), master, options.auth.as_ref())
+        .map_err(|e| StoreError::Setup(format!("invalid sentinel settings: {}", describe(&e))))?;
     let manager = Manager {
-        source: Source::Sentinel(tokio::sync::Mutex::new(client)),
+        source: Source::Sentinel {
+            client: tokio::sync::Mutex::new(client),
+            sentinels: sentinel_infos,
+            master: master.to_string(),
+        },
+        auth_file: options.auth_file.clone(),
+        auth_file_log: LogThrottle::new(),
     };
     Ok(pool_of(
         manager,
         options.pool_size,
         options.timeout.max(Duration::from_secs(1)),
     ))
+}
+
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A client of `sentinels` for the master named `master`, authenticating to it with `auth`.
+fn sentinel_client(
+    sentinels: Vec<ConnectionInfo>,
+    master: &str,
+    auth: Option<&RedisAuth>,
+) -> Result<SentinelClient, RedisError> {
+    let mut node = redis::RedisConnectionInfo::default();
+    if let Some(auth) = auth {
+        node = node.set_password(&auth.password);
+        if let Some(user) = &auth.username {
+            node = node.set_username(user);
+        }
+    }
+    SentinelClient::build(
+        sentinels,
+        master,
+        Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(node)),
+        SentinelServerType::Master,
+    )
 }
 
 pub(super) fn pool_of(

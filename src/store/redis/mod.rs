@@ -77,6 +77,10 @@ impl fmt::Debug for RedisStore {
 impl RedisStore {
     /// Sets up the connections without connecting; call [`RedisStore::wait_until_ready`] next.
     pub fn new(options: RedisOptions) -> Result<Self, StoreError> {
+        if let Some(path) = &options.auth_file {
+            // Read again for every connection; a file that cannot be used now stops the start.
+            RedisAuth::read(path).map_err(StoreError::Setup)?;
+        }
         if options.target.tls() {
             // rustls needs one process-wide crypto provider; a second install is a no-op error.
             let _ = rustls::crypto::ring::default_provider().install_default();
@@ -89,6 +93,7 @@ impl RedisStore {
                 }
                 Connector::Single(Coalescer::new(new_pool(
                     info,
+                    options.auth_file.clone(),
                     options.pool_size,
                     options.timeout,
                 )?))
@@ -110,6 +115,7 @@ impl RedisStore {
                 let connect = options.timeout.max(Duration::from_secs(1));
                 Connector::Cluster(Arc::new(Cluster::new(
                     template,
+                    options.auth_file.clone(),
                     seeds,
                     options.pool_size,
                     connect,
@@ -572,6 +578,7 @@ mod tests {
         let options = RedisOptions {
             target: Target::Single("redis://admin:hunter2@localhost:6379".into()),
             auth: Some(RedisAuth::parse("user:s3cret")),
+            auth_file: None,
             sentinel_auth: None,
             tls: TlsFiles::default(),
             pool_size: 1,

@@ -32,6 +32,19 @@ impl RedisAuth {
     }
 }
 
+impl RedisAuth {
+    /// The credentials in `path` (`REDIS_AUTH_FILE`), surrounding white space removed; an empty
+    /// file is an error, as upstream.
+    pub fn read(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        match text.trim() {
+            "" => Err(format!("redis credential file {} is empty", path.display())),
+            auth => Ok(Self::parse(auth)),
+        }
+    }
+}
+
 impl fmt::Debug for RedisAuth {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisAuth")
@@ -93,6 +106,10 @@ impl fmt::Debug for Target {
 pub struct RedisOptions {
     pub target: Target,
     pub auth: Option<RedisAuth>,
+    /// `REDIS_AUTH_FILE`: a file holding what `REDIS_AUTH` would (`password` or
+    /// `user:password`), read again for every new connection so that a rotated secret is used
+    /// without a restart, as upstream does. Never set together with `auth`.
+    pub auth_file: Option<PathBuf>,
     /// `REDIS_SENTINEL_AUTH`: credentials for the sentinels themselves.
     pub sentinel_auth: Option<RedisAuth>,
     pub tls: TlsFiles,
@@ -111,6 +128,7 @@ impl fmt::Debug for RedisOptions {
         f.debug_struct("RedisOptions")
             .field("target", &self.target)
             .field("auth", &self.auth)
+            .field("auth_file", &self.auth_file)
             .field("sentinel_auth", &self.sentinel_auth)
             .field("tls", &self.tls)
             .field("pool_size", &self.pool_size)
