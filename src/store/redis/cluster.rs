@@ -293,7 +293,32 @@ impl Cluster {
         )))
     }
 
-    fn owner(&self, slot: u16) -> Option<String> {
+    /// Sends `cmd` to `node` as it is, without following redirections: a call whose keys span
+    /// several slots of the node (`script::Keys::AcrossSlots`), which the script itself runs or
+    /// refuses as a whole. `None` when nothing ran: the node could not be reached, or the
+    /// cluster refused the call as a whole (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`); the
+    /// caller then routes by slot. A call that may have run is an error, never resent.
+    pub(super) async fn run_on(
+        &self,
+        node: &str,
+        cmd: redis::Cmd,
+    ) -> Result<Option<Value>, StoreError> {
+        match self.node(node)?.call(cmd).await {
+            Ok(Value::ServerError(e)) => match classify::<()>(RedisError::from(e)) {
+                Ok(_) => Ok(None),
+                Err(e) => Err(redis_error(e)),
+            },
+            Ok(value) => Ok(Some(value)),
+            Err(CallError::NotSent(e)) => {
+                tracing::debug!(node, error = %e, "node unreachable");
+                Ok(None)
+            }
+            Err(CallError::Lost(e)) => Err(e),
+        }
+    }
+
+    /// The master serving `slot` in the current slot map.
+    pub(super) fn owner(&self, slot: u16) -> Option<String> {
         let topology = self.topology.load();
         topology.owner[usize::from(slot)].map(|i| topology.masters[i].clone())
     }
