@@ -17,6 +17,9 @@
 //!   cannot count twice;
 //! - a call whose connection broke after it was sent is *not* retried: the script may have run,
 //!   and a retry could count its hits twice. The caller gets an error (and the failure policy).
+//! - a call across several slots of one master ([`Cluster::run_on`]) follows no redirection:
+//!   its script refuses the whole call before writing when the node does not serve one of its
+//!   keys, and the caller then sends the slots one call each through [`Cluster::run`].
 //!
 //! Scripts are loaded on every master at start-up; a master that joins or is promoted later
 //! answers `NOSCRIPT` once and gets them then (see `coalesce.rs`).

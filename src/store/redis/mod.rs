@@ -1,5 +1,6 @@
-//! The Redis store (standalone Redis): one `EVALSHA` of the decision script per request (its lean
-//! twin when every check is a plain fixed window charged each; see `script::fits_lean`).
+//! The Redis store: one `EVALSHA` of the decision script per request (its lean twin when every
+//! check is a plain fixed window charged each; see `script::fits_lean`); on a Redis Cluster one
+//! per master the request's slots are on (see [`RedisStore::run`]).
 //!
 //! Connections come from a `bb8` pool of `bb8-redis` multiplexed connections. Script calls go
 //! through `coalesce.rs`, which sends the calls of concurrent requests as one pipeline on one
