@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::load::Load;
 use common::*;
-use sluice::proto::{Code, RateLimitRequest};
+use sluice::proto::{Code, RateLimitRequest, RateLimitResponse};
 
 /// Ten keys with limits 1..=10, so each status says which descriptor it answers; a token bucket;
 /// a sliding log.
@@ -363,4 +363,310 @@ async fn a_two_limit_descriptor_is_one_slot_and_all_or_nothing() {
     }
     assert!(slots.len() > 1, "the values spread over slots: {slots:?}");
     drop(sluice);
+}
+
+/// The start of this hour's fixed window, as the keys name it.
+fn this_hour() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 3600
+        * 3600
+}
+
+/// The counter of descriptor `k<i>` with `value` in this hour's window.
+fn counter_key(i: u32, value: &str) -> String {
+    format!("c_k{i}_{value}_{}", this_hour())
+}
+
+/// The port of the master serving `slot`, as the cluster's `CLUSTER SLOTS` says.
+fn owner_port(cluster: &RedisCluster, slot: u16) -> u16 {
+    let mut conn = cluster.node(cluster.master_ports()[0]).connection();
+    let ranges: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn).unwrap();
+    let redis::Value::Array(ranges) = ranges else {
+        panic!("CLUSTER SLOTS: {ranges:?}")
+    };
+    for range in ranges {
+        let redis::Value::Array(parts) = range else {
+            continue;
+        };
+        if let (redis::Value::Int(start), redis::Value::Int(end), redis::Value::Array(master)) =
+            (&parts[0], &parts[1], &parts[2])
+            && (*start..=*end).contains(&i64::from(slot))
+            && let redis::Value::Int(port) = master[1]
+        {
+            return port as u16;
+        }
+    }
+    panic!("no master serves slot {slot}")
+}
+
+/// `INFO commandstats` calls of `command` on `node` since its last `CONFIG RESETSTAT`.
+fn command_calls(node: &RedisServer, command: &str) -> u64 {
+    let info = node.cli(&["INFO", "commandstats"]).unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map_or(0, |rest| {
+            rest.split(',').next().unwrap().trim().parse().unwrap()
+        })
+}
+
+/// A counter's value on the node `port`, read with `ASKING` first so that a slot being
+/// imported there answers too.
+fn count_on(cluster: &RedisCluster, port: u16, key: &str) -> Option<u64> {
+    let mut conn = cluster.node(port).connection();
+    let ((), count): ((), Option<u64>) = redis::pipe()
+        .cmd("ASKING")
+        .cmd("GET")
+        .arg(key)
+        .query(&mut conn)
+        .unwrap();
+    count
+}
+
+/// Each descriptor's answers, as (code, remaining) sorted: what concurrent requests got,
+/// whatever order they ran in.
+async fn answers_to_ten(sluice: &Sluice, requests: usize, value: &str) -> Vec<Vec<(i32, u32)>> {
+    let c = sluice.client().await;
+    let replies = futures::future::join_all((0..requests).map(|_| {
+        let mut c = c.clone();
+        async move { ask(&mut c, ten(value)).await }
+    }))
+    .await;
+    let mut per_descriptor = vec![Vec::new(); 10];
+    for reply in replies {
+        assert_eq!(reply.statuses.len(), 10);
+        for (i, status) in reply.statuses.iter().enumerate() {
+            per_descriptor[i].push((status.code, status.limit_remaining));
+        }
+    }
+    for answers in &mut per_descriptor {
+        answers.sort_unstable();
+    }
+    per_descriptor
+}
+
+/// Ten descriptors over three masters: the same answers as on one server, each limit admitting
+/// exactly its N under concurrency, and one script call per master a request touches, not one
+/// per slot.
+#[tokio::test(flavor = "multi_thread")]
+async fn ten_descriptors_answer_as_on_one_server_in_one_call_per_master() {
+    const REQUESTS: usize = 24;
+    let cluster = RedisCluster::start(3, 0);
+    let server = RedisServer::start();
+    let dir = config();
+    let on_cluster = start(&cluster, &dir, &[("REDIS_TIMEOUT", "2s")]);
+    let alone = Sluice::start(dir.path(), Some(&server), &[("REDIS_TIMEOUT", "2s")]);
+    avoid_window_edge(3600, 30).await;
+    for &port in &cluster.master_ports() {
+        cluster.node(port).cli(&["CONFIG", "RESETSTAT"]).unwrap();
+    }
+
+    let expected = answers_to_ten(&alone, REQUESTS, "shared").await;
+    let got = answers_to_ten(&on_cluster, REQUESTS, "shared").await;
+    for (i, answers) in expected.iter().enumerate() {
+        let admitted = answers
+            .iter()
+            .filter(|(c, _)| *c == Code::Ok as i32)
+            .count();
+        assert_eq!(admitted, i + 1, "k{} on one server", i + 1);
+    }
+    assert_eq!(got, expected, "per descriptor: (code, remaining), sorted");
+
+    // Every check counted once, on the master of its slot.
+    let slots: std::collections::BTreeSet<u16> = (1..=10)
+        .map(|i| sluice::store::redis::slot::slot(counter_key(i, "shared").as_bytes()))
+        .collect();
+    let mut masters = std::collections::BTreeSet::new();
+    for i in 1..=10 {
+        let key = counter_key(i, "shared");
+        let owner = owner_port(&cluster, sluice::store::redis::slot::slot(key.as_bytes()));
+        masters.insert(owner);
+        assert_eq!(
+            count_on(&cluster, owner, &key),
+            Some(REQUESTS as u64),
+            "{key}"
+        );
+    }
+    assert!(
+        slots.len() > masters.len(),
+        "some master serves several of the slots: {slots:?} on {masters:?}"
+    );
+    let calls: u64 = cluster
+        .master_ports()
+        .iter()
+        .map(|&port| command_calls(cluster.node(port), "evalsha"))
+        .sum();
+    // A registry sweep may add a call or two.
+    let per_master = (REQUESTS * masters.len()) as u64;
+    assert!(
+        (per_master..per_master + 5).contains(&calls),
+        "{calls} script calls for {REQUESTS} requests on {} masters ({} slots)",
+        masters.len(),
+        slots.len()
+    );
+}
+
+/// A slot of a master that serves other slots of the request is migrated while requests run:
+/// first `ASK` (the slot migrating, its counter created on the importing node), then `MOVED`
+/// (the slot handed over, Sluice's map stale). The master refuses the call across its slots
+/// before writing, the checks go one slot at a time, and every check is counted exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_migrating_slot_is_decided_once_per_check_through_ask_and_moved() {
+    use sluice::store::redis::slot::slot;
+    const ROUNDS: u64 = 6;
+    let cluster = RedisCluster::start(3, 0);
+    let dir = config();
+    let sluice = start(&cluster, &dir, &[("REDIS_TIMEOUT", "2s")]);
+    let mut c = sluice.client().await;
+    avoid_window_edge(3600, 60).await;
+    let value = "moving";
+    let owners: Vec<(String, u16, u16)> = (1..=10)
+        .map(|i| {
+            let key = counter_key(i, value);
+            let s = slot(key.as_bytes());
+            (key, s, owner_port(&cluster, s))
+        })
+        .collect();
+    // A slot whose master also serves another slot of the request.
+    let (_, moving, from) = owners
+        .iter()
+        .find(|(_, s, port)| owners.iter().any(|(_, t, q)| q == port && t != s))
+        .cloned()
+        .expect("ten slots on three masters");
+    let to = *cluster.master_ports().iter().find(|&&p| p != from).unwrap();
+    let (from_id, to_id) = (cluster.node(from).node_id(), cluster.node(to).node_id());
+    let moving_s = moving.to_string();
+    let setslot = |port: u16, how: &[&str]| {
+        let mut args = vec!["CLUSTER", "SETSLOT", &moving_s];
+        args.extend_from_slice(how);
+        assert_eq!(cluster.node(port).cli(&args).unwrap().trim(), "OK");
+    };
+    setslot(to, &["IMPORTING", &from_id]);
+    setslot(from, &["MIGRATING", &to_id]);
+    for &port in &cluster.master_ports() {
+        cluster.node(port).cli(&["CONFIG", "RESETSTAT"]).unwrap();
+    }
+
+    let mut admitted = [0u64; 10];
+    let round = |admitted: &mut [u64; 10], r: RateLimitResponse| {
+        assert_eq!(r.statuses.len(), 10);
+        for (i, status) in r.statuses.iter().enumerate() {
+            if status.code == Code::Ok as i32 {
+                admitted[i] += 1;
+            }
+        }
+    };
+    for _ in 0..ROUNDS / 2 {
+        round(&mut admitted, ask(&mut c, ten(value)).await);
+    }
+    assert!(
+        command_calls(cluster.node(to), "asking") > 0,
+        "the migrating slot's check went through ASK"
+    );
+    // Hand the slot over; its keys are all on the importing node already.
+    assert_eq!(
+        cluster
+            .node(from)
+            .cli(&["CLUSTER", "COUNTKEYSINSLOT", &moving_s])
+            .unwrap()
+            .trim(),
+        "0"
+    );
+    for port in cluster.master_ports() {
+        setslot(port, &["NODE", &to_id]);
+    }
+    for _ in ROUNDS / 2..ROUNDS {
+        round(&mut admitted, ask(&mut c, ten(value)).await);
+    }
+
+    for (i, (key, s, port)) in owners.iter().enumerate() {
+        let port = if *s == moving { to } else { *port };
+        assert_eq!(count_on(&cluster, port, key), Some(ROUNDS), "{key}");
+        assert_eq!(admitted[i], ROUNDS.min(i as u64 + 1), "{key}");
+    }
+}
+
+/// A master's connection breaks with script calls of requests on it: those calls fail and are
+/// not resent (they may have run), while the other masters' checks of the same requests are
+/// counted once. `CLIENT PAUSE WRITE` holds the calls unrun and `CLIENT KILL` closes Sluice's
+/// connections, so a call that Sluice did resend would run once the pause ends and show in the
+/// counts.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_lost_mid_request_fails_its_checks_without_resending() {
+    use sluice::store::redis::slot::slot;
+    const STUCK: usize = 8;
+    let cluster = RedisCluster::start(3, 0);
+    let dir = config();
+    let sluice = start(&cluster, &dir, &[("REDIS_TIMEOUT", "10s")]);
+    let mut c = sluice.client().await;
+    avoid_window_edge(3600, 60).await;
+    let value = "victim";
+    ask(&mut c, ten(value)).await;
+    let owners: Vec<(String, u16)> = (1..=10)
+        .map(|i| {
+            let key = counter_key(i, value);
+            let port = owner_port(&cluster, slot(key.as_bytes()));
+            (key, port)
+        })
+        .collect();
+    // The master with the most of the request's keys (several slots: one call across them).
+    let victim = cluster
+        .master_ports()
+        .into_iter()
+        .max_by_key(|&p| owners.iter().filter(|(_, q)| *q == p).count())
+        .unwrap();
+    assert!(owners.iter().filter(|(_, q)| *q == victim).count() > 1);
+
+    let paused = std::time::Instant::now();
+    let pause = Duration::from_millis(3000);
+    let pause_ms = pause.as_millis().to_string();
+    let victim_node = cluster.node(victim);
+    assert_eq!(
+        victim_node
+            .cli(&["CLIENT", "PAUSE", &pause_ms, "WRITE"])
+            .unwrap()
+            .trim(),
+        "OK"
+    );
+    // One at a time, so each call goes out on the connection already open.
+    let mut stuck = Vec::new();
+    for _ in 0..STUCK {
+        let mut c = c.clone();
+        stuck.push(tokio::spawn(async move {
+            c.should_rate_limit(ten(value)).await
+        }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Every client connection but redis-cli's own: Sluice's, with the held calls on them.
+    let killed: u64 = victim_node
+        .cli(&["CLIENT", "KILL", "TYPE", "normal"])
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(killed > 0, "Sluice had a connection to the paused master");
+    assert!(paused.elapsed() < pause, "the pause outlasted the calls");
+    let replies = futures::future::join_all(stuck).await;
+    let failed = replies
+        .iter()
+        .filter(|r| r.as_ref().unwrap().is_err())
+        .count();
+    assert_eq!(failed, STUCK, "the requests whose calls were lost failed");
+    // Anything resent would run once the pause ends.
+    tokio::time::sleep((pause + Duration::from_millis(500)).saturating_sub(paused.elapsed())).await;
+
+    for (key, port) in &owners {
+        let count = count_on(&cluster, *port, key).unwrap_or(0);
+        let expected = if *port == victim { 1 } else { 1 + STUCK as u64 };
+        assert_eq!(
+            count,
+            expected,
+            "{key} (on the victim: {})",
+            *port == victim
+        );
+    }
 }

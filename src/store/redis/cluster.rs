@@ -17,6 +17,9 @@
 //!   cannot count twice;
 //! - a call whose connection broke after it was sent is *not* retried: the script may have run,
 //!   and a retry could count its hits twice. The caller gets an error (and the failure policy).
+//! - a call across several slots of one master ([`Cluster::run_on`]) follows no redirection:
+//!   its script refuses the whole call before writing when the node does not serve one of its
+//!   keys, and the caller then sends the slots one call each through [`Cluster::run`].
 //!
 //! Scripts are loaded on every master at start-up; a master that joins or is promoted later
 //! answers `NOSCRIPT` once and gets them then (see `coalesce.rs`).
@@ -303,7 +306,32 @@ impl Cluster {
         )))
     }
 
-    fn owner(&self, slot: u16) -> Option<String> {
+    /// Sends `cmd` to `node` as it is, without following redirections: a call whose keys span
+    /// several slots of the node (`script::Keys::AcrossSlots`), which the script itself runs or
+    /// refuses as a whole. `None` when nothing ran: the node could not be reached, or the
+    /// cluster refused the call as a whole (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`); the
+    /// caller then routes by slot. A call that may have run is an error, never resent.
+    pub(super) async fn run_on(
+        &self,
+        node: &str,
+        cmd: redis::Cmd,
+    ) -> Result<Option<Value>, StoreError> {
+        match self.node(node)?.call(cmd).await {
+            Ok(Value::ServerError(e)) => match classify::<()>(RedisError::from(e)) {
+                Ok(_) => Ok(None),
+                Err(e) => Err(redis_error(e)),
+            },
+            Ok(value) => Ok(Some(value)),
+            Err(CallError::NotSent(e)) => {
+                tracing::debug!(node, error = %e, "node unreachable");
+                Ok(None)
+            }
+            Err(CallError::Lost(e)) => Err(e),
+        }
+    }
+
+    /// The master serving `slot` in the current slot map.
+    pub(super) fn owner(&self, slot: u16) -> Option<String> {
         let topology = self.topology.load();
         topology.owner[usize::from(slot)].map(|i| topology.masters[i].clone())
     }

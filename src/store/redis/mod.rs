@@ -1,5 +1,6 @@
-//! The Redis store (standalone Redis): one `EVALSHA` of the decision script per request (its lean
-//! twin when every check is a plain fixed window charged each; see `script::fits_lean`).
+//! The Redis store: one `EVALSHA` of the decision script per request (its lean twin when every
+//! check is a plain fixed window charged each; see `script::fits_lean`); on a Redis Cluster one
+//! per master the request's slots are on (see [`RedisStore::run`]).
 //!
 //! Connections come from a `bb8` pool of `bb8-redis` multiplexed connections. Script calls go
 //! through `coalesce.rs`, which sends the calls of concurrent requests as one pipeline on one
@@ -44,10 +45,13 @@ use self::conn::{
     Manager, checkout, connection_info, fail, host_port, load, new_pool, redis_error,
     sentinel_pool, with_tls_files,
 };
-use self::script::{DECISION, FIXED_WINDOW_LEAN, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK};
+use self::script::{
+    ELSEWHERE, FIXED_WINDOW_LEAN, Keys, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK,
+};
 use super::{
     Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
     LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
+    needs_trial,
 };
 
 pub struct RedisStore {
@@ -208,8 +212,7 @@ impl RedisStore {
     }
 
     /// Runs `script` by SHA1 with the arguments `build` appends; every key is in `slot`.
-    /// `capacity` is the (arguments, bytes) `build` will append, a hint that saves growing the
-    /// command one argument at a time; (0, 0) when no one measured that it matters.
+    /// `capacity` is the (arguments, bytes) `build` will append (see [`script::evalsha`]).
     async fn eval<T: redis::FromRedisValue>(
         &self,
         slot: u16,
@@ -217,91 +220,151 @@ impl RedisStore {
         capacity: (usize, usize),
         build: impl FnOnce(&mut redis::Cmd, Option<u64>),
     ) -> Result<T, StoreError> {
-        let (arguments, bytes) = capacity;
-        // Plus the command name and the SHA1 (40 hex digits).
-        let mut cmd = redis::Cmd::with_capacity(arguments + 2, bytes + "EVALSHA".len() + 40);
-        cmd.arg("EVALSHA").arg(script.sha1.as_str());
-        build(
-            &mut cmd,
-            self.options.pinned_clock.as_ref().map(|c| c.now_micros()),
-        );
+        let mut cmd = script::evalsha(script, capacity);
+        build(&mut cmd, self.pinned_now());
+        parse(self.route(slot, cmd).await?)
+    }
+
+    /// The time tests pin instead of Redis's clock, in microseconds.
+    fn pinned_now(&self) -> Option<u64> {
+        self.options.pinned_clock.as_ref().map(|c| c.now_micros())
+    }
+
+    /// Sends a script call whose keys are all in `slot` to the server (the master of `slot` on a
+    /// cluster) and returns its reply; an error reply is an error.
+    async fn route(&self, slot: u16, cmd: redis::Cmd) -> Result<Value, StoreError> {
         match &self.connector {
             Connector::Single(coalescer) => match coalescer.call(cmd).await? {
                 Value::ServerError(e) => Err(redis_error(RedisError::from(e))),
-                value => parse(value),
+                value => Ok(value),
             },
-            Connector::Cluster(cluster) => parse(cluster.run(slot, &cmd).await?),
+            Connector::Cluster(cluster) => cluster.run(slot, &cmd).await,
         }
     }
 
-    /// Decides the checks: one script call for a single server; one per slot for a cluster
-    /// (a script may only touch keys of one slot), sent concurrently and merged back in order.
-    /// `charging` applies to each call on its own: on a cluster, checks in different slots do
-    /// not stop each other's charges ([`Charging::StopWhenOver`]).
+    /// Decides the checks: one script call for a single server. On a cluster a script call's
+    /// declared keys must share one slot, so checks are split by slot; then the slots that one
+    /// master serves go to it in one call that takes its keys undeclared
+    /// ([`Keys::AcrossSlots`]), and a master that refuses one of them (the slot moved or is
+    /// migrating) writes nothing and gets one call per slot instead, which follows the
+    /// redirections. The calls to different masters run concurrently; outcomes are merged back
+    /// in request order.
+    ///
+    /// `charging` applies to each call on its own. A call that needs a trial pass
+    /// ([`needs_trial`]: [`Charging::StopWhenOver`], a group of limits) stays one call per slot,
+    /// so which checks stop each other's charges depends on slots as documented, never on which
+    /// master serves them; the other checks are each decided on their own, so one call per
+    /// master answers exactly what one call per slot would.
     async fn run(&self, checks: &[&Check], charging: Charging) -> Result<Vec<Outcome>, StoreError> {
-        if matches!(self.connector, Connector::Single(_)) {
-            return self.run_batch(0, checks, charging).await;
-        }
-        // Each slot's part of the request: references to its checks, in request order.
-        let mut by_slot: BTreeMap<u16, (Vec<usize>, Vec<&Check>)> = BTreeMap::new();
-        for (index, &check) in checks.iter().enumerate() {
-            let (indexes, part) = by_slot.entry(slot::slot(check.key.as_bytes())).or_default();
-            indexes.push(index);
-            part.push(check);
+        let cluster = match &self.connector {
+            Connector::Single(_) => return self.run_batch(0, checks, charging).await,
+            Connector::Cluster(cluster) => cluster,
+        };
+        // Each slot's checks, as indexes in request order.
+        let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (index, check) in checks.iter().enumerate() {
+            by_slot
+                .entry(slot::slot(check.key.as_bytes()))
+                .or_default()
+                .push(index);
         }
         if by_slot.len() == 1 {
             let slot = *by_slot.keys().next().expect("one group");
             return self.run_batch(slot, checks, charging).await;
         }
-        let calls = by_slot
-            .iter()
-            .map(|(&slot, (_, part))| self.run_batch(slot, part, charging));
+        // The slots of each master as the slot map has them; `None` holds the slots that go one
+        // call each (no known master, or the call needs a trial pass).
+        let across = !needs_trial(checks, charging);
+        let mut by_master: BTreeMap<Option<String>, Vec<(u16, Vec<usize>)>> = BTreeMap::new();
+        for (slot, indexes) in by_slot {
+            let master = if across { cluster.owner(slot) } else { None };
+            by_master.entry(master).or_default().push((slot, indexes));
+        }
+        let calls = by_master.iter().map(|(master, slots)| {
+            self.run_on_master(cluster, master.as_deref(), slots, checks, charging)
+        });
         let replies = futures::future::try_join_all(calls).await?;
         let mut outcomes = vec![None; checks.len()];
-        for ((indexes, _), reply) in by_slot.values().zip(replies) {
-            for (&i, outcome) in indexes.iter().zip(reply) {
-                outcomes[i] = Some(outcome);
-            }
+        for (index, outcome) in replies.into_iter().flatten() {
+            outcomes[index] = Some(outcome);
         }
         Ok(outcomes
             .into_iter()
-            .map(|o| o.expect("every check belongs to one group"))
+            .map(|o| o.expect("every check belongs to one slot"))
             .collect())
     }
 
+    /// Decides the checks of `slots` (each with its checks' indexes into `checks`): in one call
+    /// on `master` when it serves several of them and takes the call, else one call per slot.
+    async fn run_on_master(
+        &self,
+        cluster: &Cluster,
+        master: Option<&str>,
+        slots: &[(u16, Vec<usize>)],
+        checks: &[&Check],
+        charging: Charging,
+    ) -> Result<Vec<(usize, Outcome)>, StoreError> {
+        if let (Some(master), true) = (master, slots.len() > 1) {
+            let mut indexes: Vec<usize> = slots.iter().flat_map(|(_, i)| i).copied().collect();
+            indexes.sort_unstable();
+            let part: Vec<&Check> = indexes.iter().map(|&i| checks[i]).collect();
+            let cmd = self.decision(&part, charging, Keys::AcrossSlots);
+            match cluster.run_on(master, cmd).await? {
+                // Refused before anything was written (lua/across_slots.lua): one call per slot.
+                Some(Value::SimpleString(refusal)) if refusal.starts_with(ELSEWHERE) => {
+                    tracing::debug!(master, %refusal, "a master refused a call across its slots");
+                }
+                Some(value) => {
+                    let reply: Vec<i64> = parse(value)?;
+                    return Ok(indexes
+                        .into_iter()
+                        .zip(decode(&reply, part.len())?)
+                        .collect());
+                }
+                // Not sent, or refused as a whole by the cluster: nothing ran.
+                None => {}
+            }
+        }
+        let calls = slots.iter().map(|(slot, indexes)| async move {
+            let part: Vec<&Check> = indexes.iter().map(|&i| checks[i]).collect();
+            let outcomes = self.run_batch(*slot, &part, charging).await?;
+            Ok::<_, StoreError>(indexes.iter().copied().zip(outcomes).collect::<Vec<_>>())
+        });
+        let replies = futures::future::try_join_all(calls).await?;
+        Ok(replies.into_iter().flatten().collect())
+    }
+
+    /// One script call deciding `checks`, all in `slot`.
     async fn run_batch(
         &self,
         slot: u16,
         checks: &[&Check],
         charging: Charging,
     ) -> Result<Vec<Outcome>, StoreError> {
+        let cmd = self.decision(checks, charging, Keys::Declared);
+        let reply: Vec<i64> = parse(self.route(slot, cmd).await?)?;
+        decode(&reply, checks.len())
+    }
+
+    /// The script call deciding `checks`, with each new counter's expiry jittered.
+    fn decision(&self, checks: &[&Check], charging: Charging, keys: Keys) -> redis::Cmd {
         let jitter_ms = self.options.expiration_jitter_max.as_millis() as u64;
-        let jitter = || {
-            let mut rng = rand::rng();
-            move || {
-                if jitter_ms == 0 {
-                    0
-                } else {
-                    rng.random_range(0..jitter_ms)
-                }
+        let mut rng = rand::rng();
+        let jitter = move || {
+            if jitter_ms == 0 {
+                0
+            } else {
+                rng.random_range(0..jitter_ms)
             }
         };
-        let reply: Vec<i64> =
-            if self.lean.load(Ordering::Relaxed) && script::fits_lean(checks, charging) {
-                self.eval(
-                    slot,
-                    &FIXED_WINDOW_LEAN,
-                    script::capacity_lean(checks),
-                    |cmd, pinned| script::encode_lean(cmd, checks, pinned, jitter()),
-                )
-                .await?
-            } else {
-                self.eval(slot, &DECISION, script::capacity(checks), |cmd, pinned| {
-                    script::encode(cmd, checks, charging, pinned, jitter());
-                })
-                .await?
-            };
-        decode(&reply, checks.len())
+        script::decision_call(
+            checks,
+            charging,
+            self.lean.load(Ordering::Relaxed),
+            keys,
+            self.pinned_now(),
+            jitter,
+        )
     }
 
     /// One operation of `lua/limiter.lua` on a limiter's keys: the config, the shared state and

@@ -44,6 +44,13 @@ impl LuaScript {
         Self::join(&parts)
     }
 
+    /// `parts` with [`ACROSS_SLOTS`] first: the same script, taking its keys in ARGV.
+    fn across_slots(parts: &[&str]) -> Self {
+        let mut all = vec![ACROSS_SLOTS];
+        all.extend_from_slice(parts);
+        Self::join(&all)
+    }
+
     fn join(parts: &[&str]) -> Self {
         let source = parts.join("\n");
         let sha1 = sha1_smol::Sha1::from(&source).digest().to_string();
@@ -55,17 +62,97 @@ impl LuaScript {
 pub(super) static DECISION: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::assemble(include_str!("../../../lua/decide.lua")));
 
+/// Prepended to a decision script to make its twin that takes its keys in ARGV and may be given
+/// keys of several slots of one cluster master ([`Keys::AcrossSlots`]).
+const ACROSS_SLOTS: &str = include_str!("../../../lua/across_slots.lua");
+
+/// The status reply (its first word) of a [`Keys::AcrossSlots`] call that wrote nothing because
+/// the node refused one of its keys (`lua/across_slots.lua`).
+pub(super) const ELSEWHERE: &str = "ELSEWHERE";
+
+/// [`DECISION`] taking its keys in ARGV ([`Keys::AcrossSlots`]).
+pub(super) static DECISION_ACROSS_SLOTS: LazyLock<LuaScript> = LazyLock::new(|| {
+    let mut parts = LIBRARY.to_vec();
+    parts.push(include_str!("../../../lua/decide.lua"));
+    LuaScript::across_slots(&parts)
+});
+
+/// Where a decision call carries its checks' keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Keys {
+    /// In KEYS, all in one slot: a standalone server, or one slot of a cluster, which routes
+    /// the call by them.
+    Declared,
+    /// In ARGV, for one call on a cluster master with keys of several of its slots: Redis
+    /// refuses declared keys of different slots (CROSSSLOT), and `lua/across_slots.lua` checks
+    /// that the node serves every key before anything is written.
+    AcrossSlots,
+}
+
+/// One call deciding `checks` with their keys laid out as `keys` says: `EVALSHA`, the SHA1 of
+/// the lean script when [`fits_lean`] (and `lean`, which only tests turn off) or else of the
+/// full one, and its arguments. `pinned_now_micros` and `ttl_jitter_ms` as [`encode`] takes them.
+pub(super) fn decision_call(
+    checks: &[&Check],
+    charging: Charging,
+    lean: bool,
+    keys: Keys,
+    pinned_now_micros: Option<u64>,
+    ttl_jitter_ms: impl FnMut() -> u64,
+) -> redis::Cmd {
+    if lean && fits_lean(checks, charging) {
+        let script = match keys {
+            Keys::Declared => &FIXED_WINDOW_LEAN,
+            Keys::AcrossSlots => &FIXED_WINDOW_LEAN_ACROSS_SLOTS,
+        };
+        let mut cmd = evalsha(script, capacity_lean(checks, keys));
+        encode_lean(&mut cmd, checks, keys, pinned_now_micros, ttl_jitter_ms);
+        cmd
+    } else {
+        let script = match keys {
+            Keys::Declared => &DECISION,
+            Keys::AcrossSlots => &DECISION_ACROSS_SLOTS,
+        };
+        let mut cmd = evalsha(script, capacity(checks, keys));
+        encode(
+            &mut cmd,
+            checks,
+            keys,
+            charging,
+            pinned_now_micros,
+            ttl_jitter_ms,
+        );
+        cmd
+    }
+}
+
+/// `EVALSHA` and `script`'s SHA1, with room for the (arguments, bytes) still to be appended: a
+/// hint that saves growing the command one argument at a time; (0, 0) when no one measured that
+/// it matters.
+pub(super) fn evalsha(script: &LuaScript, (arguments, bytes): (usize, usize)) -> redis::Cmd {
+    // Plus the command name and the SHA1 (40 hex digits).
+    let mut cmd = redis::Cmd::with_capacity(arguments + 2, bytes + "EVALSHA".len() + 40);
+    cmd.arg("EVALSHA").arg(script.sha1.as_str());
+    cmd
+}
+
 /// Decides a batch of RLS checks that [`fits_lean`] (`lua/fixed_window_lean.lua`): the same
 /// answers and writes as [`DECISION`], for about two thirds of its time inside Redis with one
 /// check. It carries only the fixed window, so defining the other algorithms' functions on
 /// every call is not part of its cost.
-pub(super) static FIXED_WINDOW_LEAN: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::join(&[
-        include_str!("../../../lua/common.lua"),
-        include_str!("../../../lua/fixed_window.lua"),
-        include_str!("../../../lua/fixed_window_lean.lua"),
-    ])
-});
+pub(super) static FIXED_WINDOW_LEAN: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::join(LEAN_PARTS));
+
+/// [`FIXED_WINDOW_LEAN`] taking its keys in ARGV ([`Keys::AcrossSlots`]).
+pub(super) static FIXED_WINDOW_LEAN_ACROSS_SLOTS: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::across_slots(LEAN_PARTS));
+
+/// The files of the lean script, in order.
+const LEAN_PARTS: &[&str] = &[
+    include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/fixed_window.lua"),
+    include_str!("../../../lua/fixed_window_lean.lua"),
+];
 
 /// Arguments per check of [`FIXED_WINDOW_LEAN`], after its one leading argument (the pinned
 /// time): the fixed window's own.
@@ -94,8 +181,15 @@ pub(super) static REGISTRY: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::assemble(include_str!("../../../lua/registry.lua")));
 
 /// Every script, for loading at start-up.
-pub(super) fn all() -> [&'static LuaScript; 4] {
-    [&DECISION, &FIXED_WINDOW_LEAN, &LIMITER, &REGISTRY]
+pub(super) fn all() -> [&'static LuaScript; 6] {
+    [
+        &DECISION,
+        &FIXED_WINDOW_LEAN,
+        &DECISION_ACROSS_SLOTS,
+        &FIXED_WINDOW_LEAN_ACROSS_SLOTS,
+        &LIMITER,
+        &REGISTRY,
+    ]
 }
 
 /// Appends the KEYS count, KEYS and ARGV of one script call deciding `checks` to `cmd`.
@@ -105,11 +199,12 @@ pub(super) fn all() -> [&'static LuaScript; 4] {
 pub(super) fn encode(
     cmd: &mut redis::Cmd,
     checks: &[&Check],
+    keys: Keys,
     charging: Charging,
     pinned_now_micros: Option<u64>,
     mut ttl_jitter_ms: impl FnMut() -> u64,
 ) {
-    keys_and_clock(cmd, checks, pinned_now_micros);
+    keys_and_clock(cmd, checks, keys, pinned_now_micros);
     cmd.arg(match charging {
         Charging::Each => "",
         Charging::StopWhenOver => "stop",
@@ -140,8 +235,17 @@ pub(super) fn encode(
 }
 
 /// What both decision scripts take first: the KEYS count, the keys, and `ARGV[1]`, the pinned
-/// time in microseconds or empty for Redis's clock.
-fn keys_and_clock(cmd: &mut redis::Cmd, checks: &[&Check], pinned_now_micros: Option<u64>) {
+/// time in microseconds or empty for Redis's clock. [`Keys::AcrossSlots`] declares no key and
+/// puts their count and the keys first in ARGV, as `lua/across_slots.lua` reads them.
+fn keys_and_clock(
+    cmd: &mut redis::Cmd,
+    checks: &[&Check],
+    keys: Keys,
+    pinned_now_micros: Option<u64>,
+) {
+    if keys == Keys::AcrossSlots {
+        cmd.arg(0);
+    }
     cmd.arg(checks.len());
     for check in checks {
         cmd.arg(check.key.as_str());
@@ -157,10 +261,11 @@ fn keys_and_clock(cmd: &mut redis::Cmd, checks: &[&Check], pinned_now_micros: Op
 pub(super) fn encode_lean(
     cmd: &mut redis::Cmd,
     checks: &[&Check],
+    keys: Keys,
     pinned_now_micros: Option<u64>,
     mut ttl_jitter_ms: impl FnMut() -> u64,
 ) {
-    keys_and_clock(cmd, checks, pinned_now_micros);
+    keys_and_clock(cmd, checks, keys, pinned_now_micros);
     for check in checks {
         if let Rule::FixedWindow {
             limit,
@@ -191,27 +296,42 @@ fn fixed_window_args(
 }
 
 /// [`capacity`] for [`encode_lean`].
-pub(super) fn capacity_lean(checks: &[&Check]) -> (usize, usize) {
+pub(super) fn capacity_lean(checks: &[&Check], keys: Keys) -> (usize, usize) {
     const NUMBER: usize = 20;
-    let keys: usize = checks.iter().map(|c| c.key.len()).sum();
+    let key_bytes: usize = checks.iter().map(|c| c.key.len()).sum();
     let arguments = 2 + checks.len() * (1 + LEAN_ARGS_PER_CHECK);
-    (
-        arguments,
-        2 * NUMBER + keys + checks.len() * LEAN_ARGS_PER_CHECK * NUMBER,
+    with_layout(
+        keys,
+        (
+            arguments,
+            2 * NUMBER + key_bytes + checks.len() * LEAN_ARGS_PER_CHECK * NUMBER,
+        ),
     )
+}
+
+/// A capacity with the one more argument (the declared key count, 0) that
+/// [`Keys::AcrossSlots`] takes.
+fn with_layout(keys: Keys, (arguments, bytes): (usize, usize)) -> (usize, usize) {
+    match keys {
+        Keys::Declared => (arguments, bytes),
+        Keys::AcrossSlots => (arguments + 1, bytes + 1),
+    }
 }
 
 /// Arguments and bytes that [`encode`] appends for `checks`: an upper bound, since a `u64` has
 /// at most 20 digits and the longest algorithm name is 22 bytes.
-pub(super) fn capacity(checks: &[&Check]) -> (usize, usize) {
+pub(super) fn capacity(checks: &[&Check], keys: Keys) -> (usize, usize) {
     const NUMBER: usize = 20;
     const ALGORITHM_NAME: usize = 22;
-    let keys: usize = checks.iter().map(|c| c.key.len()).sum();
+    let key_bytes: usize = checks.iter().map(|c| c.key.len()).sum();
     // The key count and the leading arguments (a number and a short word), then per check its
     // key and its arguments.
     let arguments = 1 + LEADING_ARGS + checks.len() * (1 + ARGS_PER_CHECK);
     let per_check = ALGORITHM_NAME + (ARGS_PER_CHECK - 1) * NUMBER;
-    (arguments, 3 * NUMBER + keys + checks.len() * per_check)
+    with_layout(
+        keys,
+        (arguments, 3 * NUMBER + key_bytes + checks.len() * per_check),
+    )
 }
 
 pub(super) fn rule_name(rule: &Rule) -> &'static str {
@@ -324,6 +444,7 @@ mod tests {
                 fixed_window,
                 format!("local TTL_REPAIR_PERIOD = {TTL_REPAIR_PERIOD}\n"),
             ),
+            (ACROSS_SLOTS, format!("redis.status_reply('{ELSEWHERE} '")),
         ] {
             assert!(source.contains(&line), "the Lua source lacks {line:?}");
         }
@@ -391,6 +512,7 @@ mod tests {
         encode(
             &mut cmd,
             &[&check, &check],
+            Keys::Declared,
             Charging::StopWhenOver,
             None,
             || 7,
@@ -447,7 +569,7 @@ mod tests {
         );
 
         let mut cmd = redis::Cmd::new();
-        encode_lean(&mut cmd, &[&fixed, &fixed], Some(5), || 7);
+        encode_lean(&mut cmd, &[&fixed, &fixed], Keys::Declared, Some(5), || 7);
         let args: Vec<String> = cmd
             .args_iter()
             .map(|a| match a {
@@ -458,9 +580,32 @@ mod tests {
         assert_eq!(args.len(), 1 + 2 + 1 + 2 * LEAN_ARGS_PER_CHECK);
         assert_eq!(&args[..4], ["2", "d_k_v_60", "d_k_v_60", "5"]);
         assert_eq!(&args[4..9], ["3", "10", "60000", "120000", "60007"]);
-        let (arguments, bytes) = capacity_lean(&[&fixed, &fixed]);
+        let (arguments, bytes) = capacity_lean(&[&fixed, &fixed], Keys::Declared);
         assert_eq!(arguments, args.len());
         assert!(bytes >= args.iter().map(String::len).sum());
+
+        // Across slots: no declared key, then the key count and the keys, then the same ARGV.
+        let mut cmd = redis::Cmd::new();
+        encode_lean(
+            &mut cmd,
+            &[&fixed, &fixed],
+            Keys::AcrossSlots,
+            Some(5),
+            || 7,
+        );
+        let across: Vec<String> = cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<non-simple>".into(),
+            })
+            .collect();
+        assert_eq!(&across[..5], ["0", "2", "d_k_v_60", "d_k_v_60", "5"]);
+        assert_eq!(across[1..], args[..]);
+        assert_eq!(
+            capacity_lean(&[&fixed, &fixed], Keys::AcrossSlots).0,
+            across.len()
+        );
     }
 
     #[test]
@@ -489,23 +634,26 @@ mod tests {
             },
         ];
         let checks: Vec<&Check> = checks.iter().collect();
-        let mut cmd = redis::Cmd::new();
-        encode(
-            &mut cmd,
-            &checks,
-            Charging::StopWhenOver,
-            Some(u64::MAX),
-            || 7,
-        );
-        let args: Vec<usize> = cmd
-            .args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(bytes) => bytes.len(),
-                _ => panic!("only simple arguments"),
-            })
-            .collect();
-        let (arguments, bytes) = capacity(&checks);
-        assert_eq!(arguments, args.len());
-        assert!(bytes >= args.iter().sum(), "{bytes} < {args:?}");
+        for keys in [Keys::Declared, Keys::AcrossSlots] {
+            let mut cmd = redis::Cmd::new();
+            encode(
+                &mut cmd,
+                &checks,
+                keys,
+                Charging::StopWhenOver,
+                Some(u64::MAX),
+                || 7,
+            );
+            let args: Vec<usize> = cmd
+                .args_iter()
+                .map(|a| match a {
+                    redis::Arg::Simple(bytes) => bytes.len(),
+                    _ => panic!("only simple arguments"),
+                })
+                .collect();
+            let (arguments, bytes) = capacity(&checks, keys);
+            assert_eq!(arguments, args.len());
+            assert!(bytes >= args.iter().sum(), "{bytes} < {args:?}");
+        }
     }
 }
