@@ -422,6 +422,16 @@ pub(super) fn parse_rule(name: &str, args: &[String; 4]) -> Result<Rule, StoreEr
 mod tests {
     use super::*;
 
+    /// A command's arguments as text, to compare with what a script reads.
+    fn text_args(cmd: &redis::Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => panic!("only simple arguments"),
+            })
+            .collect()
+    }
+
     /// The numbers Rust and Lua must agree on are written once on each side, and equal.
     #[test]
     fn the_lua_constants_are_the_ones_rust_mirrors() {
@@ -517,13 +527,7 @@ mod tests {
             None,
             || 7,
         );
-        let args: Vec<String> = cmd
-            .args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-                _ => "<non-simple>".into(),
-            })
-            .collect();
+        let args = text_args(&cmd);
         assert_eq!(args.len(), 1 + 1 + 2 + LEADING_ARGS + 2 * ARGS_PER_CHECK);
         assert_eq!(&args[1..6], ["2", "d_k_v_60", "d_k_v_60", "", "stop"]);
         assert_eq!(
@@ -570,13 +574,7 @@ mod tests {
 
         let mut cmd = redis::Cmd::new();
         encode_lean(&mut cmd, &[&fixed, &fixed], Keys::Declared, Some(5), || 7);
-        let args: Vec<String> = cmd
-            .args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-                _ => "<non-simple>".into(),
-            })
-            .collect();
+        let args = text_args(&cmd);
         assert_eq!(args.len(), 1 + 2 + 1 + 2 * LEAN_ARGS_PER_CHECK);
         assert_eq!(&args[..4], ["2", "d_k_v_60", "d_k_v_60", "5"]);
         assert_eq!(&args[4..9], ["3", "10", "60000", "120000", "60007"]);
@@ -593,13 +591,7 @@ mod tests {
             Some(5),
             || 7,
         );
-        let across: Vec<String> = cmd
-            .args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-                _ => "<non-simple>".into(),
-            })
-            .collect();
+        let across = text_args(&cmd);
         assert_eq!(&across[..5], ["0", "2", "d_k_v_60", "d_k_v_60", "5"]);
         assert_eq!(across[1..], args[..]);
         assert_eq!(
@@ -644,13 +636,7 @@ mod tests {
                 Some(u64::MAX),
                 || 7,
             );
-            let args: Vec<usize> = cmd
-                .args_iter()
-                .map(|a| match a {
-                    redis::Arg::Simple(bytes) => bytes.len(),
-                    _ => panic!("only simple arguments"),
-                })
-                .collect();
+            let args: Vec<usize> = text_args(&cmd).iter().map(String::len).collect();
             let (arguments, bytes) = capacity(&checks, keys);
             assert_eq!(arguments, args.len());
             assert!(bytes >= args.iter().sum(), "{bytes} < {args:?}");
