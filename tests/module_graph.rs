@@ -42,32 +42,44 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
             // Unit tests may reach anywhere; they sit at the end of a file.
             let code = text.split("#[cfg(test)]").next().unwrap();
             let used = graph.entry(module.clone()).or_default();
-            for line in code.lines() {
-                let line = line.split("//").next().unwrap();
-                for (at, _) in line.match_indices("crate::") {
-                    let rest = &line[at + "crate::".len()..];
-                    let names: Vec<&str> = match rest.strip_prefix('{') {
-                        // `crate::{a, b::c}` on one line.
-                        Some(group) => group
-                            .split(['}', ','])
-                            .map(|p| p.trim().split("::").next().unwrap())
-                            .collect(),
-                        None => vec![
-                            rest.split(|c: char| !c.is_alphanumeric() && c != '_')
-                                .next()
-                                .unwrap(),
-                        ],
-                    };
-                    for name in names {
-                        if !name.is_empty() && name != module {
-                            used.insert(name.to_string());
-                        }
-                    }
+            for (_, name) in paths_after(code, "crate::") {
+                if name != module {
+                    used.insert(name.to_string());
                 }
             }
         }
     }
     graph
+}
+
+/// The first name after each `prefix` (`crate::` or `super::`) in `code`, with the line it is
+/// on; `prefix{a, b::c}` on one line gives `a` and `b`. Comments are left out.
+fn paths_after<'a>(code: &'a str, prefix: &str) -> Vec<(&'a str, &'a str)> {
+    let mut found = Vec::new();
+    for line in code.lines() {
+        let line = line.split("//").next().unwrap();
+        for (at, _) in line.match_indices(prefix) {
+            let rest = &line[at + prefix.len()..];
+            let names: Vec<&str> = match rest.strip_prefix('{') {
+                Some(group) => group
+                    .split(['}', ','])
+                    .map(|p| p.trim().split("::").next().unwrap())
+                    .collect(),
+                None => vec![
+                    rest.split(|c: char| !c.is_alphanumeric() && c != '_')
+                        .next()
+                        .unwrap(),
+                ],
+            };
+            found.extend(
+                names
+                    .into_iter()
+                    .filter(|n| !n.is_empty())
+                    .map(|n| (line, n)),
+            );
+        }
+    }
+    found
 }
 
 /// A path from `from` back to itself, if there is one.
@@ -149,32 +161,15 @@ fn the_redis_store_files_import_downwards() {
         };
         let text = std::fs::read_to_string(&path).unwrap();
         let code = text.split("#[cfg(test)]").next().unwrap();
-        for line in code.lines() {
-            let line = line.split("//").next().unwrap();
-            for (at, _) in line.match_indices("super::") {
-                let rest = &line[at + "super::".len()..];
-                let names: Vec<&str> = match rest.strip_prefix('{') {
-                    Some(group) => group
-                        .split(['}', ','])
-                        .map(|p| p.trim().split("::").next().unwrap())
-                        .collect(),
-                    None => vec![
-                        rest.split(|c: char| !c.is_alphanumeric() && c != '_')
-                            .next()
-                            .unwrap(),
-                    ],
-                };
-                for used in names.into_iter().filter(|n| !n.is_empty()) {
-                    // `super::super::…` is the store module, outside this check.
-                    if used == "super" || at >= "super::".len() && line[..at].ends_with("super::") {
-                        continue;
-                    }
-                    match layer_of(used) {
-                        Some(l) if l < layer => {}
-                        Some(_) => wrong.push(format!("{name}.rs imports {used}, not below it")),
-                        None => wrong.push(format!("{name}.rs imports {used} from mod.rs")),
-                    }
-                }
+        for (line, used) in paths_after(code, "super::") {
+            // `super::super::…` is the store module, outside this check.
+            if used == "super" || line.contains("super::super::") {
+                continue;
+            }
+            match layer_of(used) {
+                Some(l) if l < layer => {}
+                Some(_) => wrong.push(format!("{name}.rs imports {used}, not below it")),
+                None => wrong.push(format!("{name}.rs imports {used} from mod.rs")),
             }
         }
     }
