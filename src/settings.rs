@@ -977,17 +977,23 @@ mod tests {
         assert_eq!(err.variable, "LIMITER_MAX_COUNT");
     }
 
+    /// The Redis store's options and start-up schedule with `vars` and `BACKEND_TYPE=redis`.
+    fn redis_backend(
+        vars: &[(&str, &str)],
+    ) -> Result<(Box<RedisOptions>, StartupRetry), SettingsError> {
+        let mut all = vec![("BACKEND_TYPE", "redis")];
+        all.extend_from_slice(vars);
+        match settings(&all)?.backend {
+            Backend::Redis {
+                options, startup, ..
+            } => Ok((options, startup)),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn redis_start_up_retries_on_upstreams_backoff() {
-        let startup = |vars: &[(&str, &str)]| {
-            let mut all = vec![("BACKEND_TYPE", "redis")];
-            all.extend_from_slice(vars);
-            match settings(&all).map(|s| s.backend) {
-                Ok(Backend::Redis { startup, .. }) => Ok(startup),
-                Ok(other) => panic!("{other:?}"),
-                Err(e) => Err(e),
-            }
-        };
+        let startup = |vars: &[(&str, &str)]| redis_backend(vars).map(|(_, startup)| startup);
         assert_eq!(startup(&[]).unwrap(), StartupRetry::UPSTREAM);
         let set = startup(&[
             ("REDIS_STARTUP_INITIAL_INTERVAL", "250ms"),
@@ -1016,14 +1022,7 @@ mod tests {
 
     #[test]
     fn redis_credentials_come_from_the_variable_or_a_file_not_both() {
-        let redis = |vars: &[(&str, &str)]| {
-            let mut all = vec![("BACKEND_TYPE", "redis")];
-            all.extend_from_slice(vars);
-            match settings(&all)?.backend {
-                Backend::Redis { options, .. } => Ok::<_, SettingsError>(options),
-                other => panic!("{other:?}"),
-            }
-        };
+        let redis = |vars: &[(&str, &str)]| redis_backend(vars).map(|(options, _)| options);
         let file = redis(&[("REDIS_AUTH_FILE", "/run/secrets/redis-auth")]).unwrap();
         assert_eq!(
             file.auth_file.as_deref(),
