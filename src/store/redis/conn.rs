@@ -1,7 +1,8 @@
 //! Connections to Redis: the `bb8` pool of multiplexed connections (standalone, or through
 //! Sentinel), the [`Manager`] that marks a connection broken when a call fails on it (bb8-redis
-//! never does), `SCRIPT LOAD`, and how a redis-rs error becomes a [`StoreError`] (an error reply
-//! to a script is [`StoreError::Script`], never an outage).
+//! never does) and reads `REDIS_AUTH_FILE` for each new connection, `SCRIPT LOAD`, and how a
+//! redis-rs error becomes a [`StoreError`] (an error reply to a script is
+//! [`StoreError::Script`], never an outage).
 
 use std::path::PathBuf;
 use std::sync::Arc;
