@@ -1,5 +1,7 @@
-//! The closed-loop load: `concurrency` tasks, each sending one `ShouldRateLimit` and waiting for
-//! its answer before sending the next, spread over `connections` HTTP/2 channels.
+//! The load: closed loop by default, `concurrency` tasks, each sending one `ShouldRateLimit` and
+//! waiting for its answer before sending the next; or open loop (`rate`), one request every
+//! 1/rate s on a fixed schedule whatever the answers do (see [`open_loop`]). Either is spread
+//! over `connections` HTTP/2 channels.
 //!
 //! A run is warm-up then the measured interval `[start, end)`. A call counts when it completes
 //! inside the interval; its latency (send to answer, in microseconds) goes into the task's own
@@ -42,7 +44,17 @@ pub(crate) struct LoadSpec {
     pub seed: u64,
     /// Also measure every second of the interval on its own.
     pub per_second: bool,
+    /// Open loop: this many requests per second on a fixed schedule (`concurrency` is then
+    /// unused); `None` is the closed loop.
+    pub rate: Option<u32>,
 }
+
+/// Open loop: a send more than this far behind its scheduled time counts as late.
+pub(crate) const LATE_AFTER: Duration = Duration::from_millis(1);
+
+/// Open loop: requests in flight beyond which a scheduled send is skipped (and counted missed),
+/// so a stalled server cannot make the generator pile up requests without bound.
+const MAX_IN_FLIGHT: u64 = 4096;
 
 /// One second of the measured interval.
 #[derive(Clone, Debug)]
@@ -75,6 +87,12 @@ pub(crate) struct LoadOutcome {
     pub end: Snapshot,
     /// Empty unless the spec asked for `per_second`.
     pub seconds: Vec<SecondFigures>,
+    /// Open loop: sends scheduled in the measured interval, those that left more than
+    /// [`LATE_AFTER`] behind schedule, and those skipped because [`MAX_IN_FLIGHT`] were
+    /// outstanding (all 0 in a closed loop).
+    pub scheduled: u64,
+    pub late: u64,
+    pub missed: u64,
 }
 
 impl LoadOutcome {
@@ -173,6 +191,9 @@ pub(crate) async fn run(
         );
     }
 
+    if let Some(rate) = spec.rate {
+        return open_loop(clients, keys, spec, rate, sampler).await;
+    }
     let start = Instant::now() + spec.warmup;
     let end = start + spec.duration;
     let (parts_tx, parts_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -201,6 +222,9 @@ pub(crate) async fn run(
         start: first,
         end: last,
         seconds: Vec::new(),
+        scheduled: 0,
+        late: 0,
+        missed: 0,
     };
     for task in tasks {
         let t = task.await.context("a load task failed")?;
@@ -230,14 +254,7 @@ async fn closed_loop(
     end: Instant,
     seconds: Option<tokio::sync::mpsc::UnboundedSender<SecondPart>>,
 ) -> TaskOutcome {
-    let mut out = TaskOutcome {
-        ok: 0,
-        over_limit: 0,
-        unknown: 0,
-        errors: BTreeMap::new(),
-        error_sample: None,
-        latency: histogram(),
-    };
+    let mut out = TaskOutcome::new();
     let mut this_second = SecondPart {
         second: 0,
         latency: second_histogram(),
@@ -272,25 +289,190 @@ async fn closed_loop(
                 Err(_) => this_second.errors += 1,
             }
         }
+        out.record(result, micros(sent, done));
+    }
+}
+
+impl TaskOutcome {
+    fn new() -> TaskOutcome {
+        TaskOutcome {
+            ok: 0,
+            over_limit: 0,
+            unknown: 0,
+            errors: BTreeMap::new(),
+            error_sample: None,
+            latency: histogram(),
+        }
+    }
+
+    /// Counts one answered call (its latency `us`) or failed one.
+    fn record(
+        &mut self,
+        result: Result<tonic::Response<sluice::proto::RateLimitResponse>, tonic::Status>,
+        us: u64,
+    ) {
         match result {
             Ok(response) => {
-                out.latency.saturating_record(micros(sent, done));
+                self.latency.saturating_record(us);
                 match Code::try_from(response.get_ref().overall_code) {
-                    Ok(Code::Ok) => out.ok += 1,
-                    Ok(Code::OverLimit) => out.over_limit += 1,
-                    _ => out.unknown += 1,
+                    Ok(Code::Ok) => self.ok += 1,
+                    Ok(Code::OverLimit) => self.over_limit += 1,
+                    _ => self.unknown += 1,
                 }
             }
             Err(status) => {
-                *out.errors
+                *self
+                    .errors
                     .entry(format!("{:?}", status.code()))
                     .or_default() += 1;
-                if out.error_sample.is_none() {
-                    out.error_sample = Some(format!("{:?}: {}", status.code(), status.message()));
+                if self.error_sample.is_none() {
+                    self.error_sample = Some(format!("{:?}: {}", status.code(), status.message()));
                 }
             }
         }
     }
+}
+
+/// What the open loop's requests report, shared by them all (a few thousand a second take the
+/// lock once each; a closed loop's tasks keep their own instead).
+struct OpenShared {
+    outcome: TaskOutcome,
+    seconds: BTreeMap<u64, (Histogram<u64>, u64)>,
+    in_flight: u64,
+}
+
+/// The open loop: a thread of its own sends request `i` at `first + i / rate` (sleeping between
+/// sends, so they are spread evenly rather than in bursts on the runtime's millisecond timer),
+/// each as a task that does not wait for the one before. A send that finds itself behind
+/// schedule still goes (a burst catching up, as a real client's queue would), and counts late
+/// when more than [`LATE_AFTER`] behind. Latency runs from the scheduled time, so a stall of
+/// the generator or the server is charged to every request it delayed (no coordinated
+/// omission). As in the closed loop, a call counts when it completes inside the interval.
+async fn open_loop(
+    clients: Vec<RateLimitServiceClient<Channel>>,
+    mut keys: KeyGen,
+    spec: &LoadSpec,
+    rate: u32,
+    sampler: &mut Sampler,
+) -> Result<LoadOutcome> {
+    let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+    let first = Instant::now();
+    let start = first + spec.warmup;
+    let end = start + spec.duration;
+    let shared = std::sync::Arc::new(std::sync::Mutex::new(OpenShared {
+        outcome: TaskOutcome::new(),
+        seconds: BTreeMap::new(),
+        in_flight: 0,
+    }));
+    let runtime = tokio::runtime::Handle::current();
+    let sender = {
+        let shared = shared.clone();
+        let per_second = spec.per_second;
+        let (first, start, end) = (first.into_std(), start.into_std(), end.into_std());
+        std::thread::Builder::new()
+            .name("open-loop".into())
+            .spawn(move || {
+                let (mut scheduled, mut late, mut missed) = (0u64, 0u64, 0u64);
+                for i in 0u64.. {
+                    let due = first + period.saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
+                    if due >= end {
+                        break;
+                    }
+                    let now = std::time::Instant::now();
+                    if due > now {
+                        std::thread::sleep(due - now);
+                    }
+                    let measured = due >= start;
+                    scheduled += u64::from(measured);
+                    if measured && std::time::Instant::now() - due > LATE_AFTER {
+                        late += 1;
+                    }
+                    {
+                        let mut shared = lock(&shared);
+                        if shared.in_flight >= MAX_IN_FLIGHT {
+                            missed += u64::from(measured);
+                            continue;
+                        }
+                        shared.in_flight += 1;
+                    }
+                    let mut client = clients[i as usize % clients.len()].clone();
+                    let request = keys.request();
+                    let shared = shared.clone();
+                    let due = Instant::from_std(due);
+                    let (start, end) = (Instant::from_std(start), Instant::from_std(end));
+                    runtime.spawn(async move {
+                        let result = client.should_rate_limit(request).await;
+                        let done = Instant::now();
+                        let mut shared = lock(&shared);
+                        shared.in_flight -= 1;
+                        if done < start || done >= end {
+                            return;
+                        }
+                        if per_second {
+                            let (latency, errors) = shared
+                                .seconds
+                                .entry((done - start).as_secs())
+                                .or_insert_with(|| (second_histogram(), 0));
+                            match &result {
+                                Ok(_) => latency.saturating_record(micros(due, done)),
+                                Err(_) => *errors += 1,
+                            }
+                        }
+                        shared.outcome.record(result, micros(due, done));
+                    });
+                }
+                (scheduled, late, missed)
+            })
+            .context("cannot start the open-loop sender")?
+    };
+
+    tokio::time::sleep_until(start).await;
+    let first_snapshot = sampler.snapshot().await?;
+    tokio::time::sleep_until(end).await;
+    let last_snapshot = sampler.snapshot().await?;
+    let (scheduled, late, missed) = tokio::task::spawn_blocking(move || sender.join())
+        .await
+        .context("the open-loop sender failed")?
+        .map_err(|_| anyhow::anyhow!("the open-loop sender panicked"))?;
+    // Answers still outstanding complete after `end` and would not count; give them a moment
+    // so they do not race the next run's server start.
+    let drained = end + Duration::from_secs(2);
+    while lock(&shared).in_flight > 0 && Instant::now() < drained {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut shared = lock(&shared);
+    let task = std::mem::replace(&mut shared.outcome, TaskOutcome::new());
+    let seconds = std::mem::take(&mut shared.seconds)
+        .into_iter()
+        .map(|(second, (h, errors))| SecondFigures {
+            second,
+            answered: h.len(),
+            errors,
+            p50: h.value_at_quantile(0.50),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            max: h.max(),
+        })
+        .collect();
+    Ok(LoadOutcome {
+        ok: task.ok,
+        over_limit: task.over_limit,
+        unknown: task.unknown,
+        errors: task.errors,
+        error_sample: task.error_sample,
+        latency: task.latency,
+        start: first_snapshot,
+        end: last_snapshot,
+        seconds,
+        scheduled,
+        late,
+        missed,
+    })
+}
+
+/// The open loop's shared figures stay good if a request task panicked holding them.
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn micros(sent: Instant, done: Instant) -> u64 {
@@ -370,6 +552,7 @@ mod tests {
             duration: Duration::from_secs(1),
             seed: 1,
             per_second: false,
+            rate: None,
         };
         let mut keys = KeyGen::new(&spec, 0);
         let mut seen = [false; 7];

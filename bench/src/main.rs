@@ -107,6 +107,11 @@ struct RunArgs {
     /// Requests in flight (one closed-loop task each).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     concurrency: u32,
+    /// Open loop instead: send this many requests per second on a fixed schedule, whatever the
+    /// answers do (--concurrency is then unused). Latency runs from each request's scheduled
+    /// time; sends more than 1 ms behind schedule are counted late.
+    #[arg(long, value_name = "REQ_PER_S", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    rate: Option<u32>,
     /// Key cardinality: each descriptor value is drawn uniformly from this many values.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     keys: u64,
@@ -294,7 +299,11 @@ async fn run_main(args: RunArgs) -> Result<()> {
     }
     let spec = load::LoadSpec {
         concurrency: args.concurrency,
-        connections: args.common.connections.min(args.concurrency),
+        // The open loop has no fixed number of callers to cap the connections at.
+        connections: match args.rate {
+            Some(_) => args.common.connections,
+            None => args.common.connections.min(args.concurrency),
+        },
         keys: args.keys,
         descriptors: args.descriptors,
         hits_addend: args.common.hits_addend,
@@ -302,6 +311,7 @@ async fn run_main(args: RunArgs) -> Result<()> {
         duration: args.duration,
         seed: args.common.seed,
         per_second: args.per_second.is_some(),
+        rate: args.rate,
     };
     let result = match (&args.target, args.spawn) {
         (Some(target), _) => {

@@ -392,6 +392,7 @@ async fn one_run(
         duration,
         seed: common.seed,
         per_second: false,
+        rate: None,
     };
     let result = report::measure(kind.label(), &deployment.endpoint(), &spec, common).await;
     deployment.check_alive()?;

@@ -22,6 +22,12 @@ pub(crate) struct RunResult {
     /// `null`, `memory`, `redis` or `target`.
     pub store: String,
     pub concurrency: u32,
+    /// Open loop: the requests per second offered (`None`: closed loop).
+    pub rate: Option<u32>,
+    /// Open loop: sends scheduled in the interval, more than 1 ms late, skipped.
+    pub scheduled: u64,
+    pub late: u64,
+    pub missed: u64,
     pub connections: u32,
     pub threads: u32,
     pub keys: u64,
@@ -154,6 +160,10 @@ pub(crate) async fn measure(
     Ok(RunResult {
         store: store.to_string(),
         concurrency: spec.concurrency,
+        rate: spec.rate,
+        scheduled: outcome.scheduled,
+        late: outcome.late,
+        missed: outcome.missed,
         connections: spec.connections,
         threads: common.threads,
         keys: spec.keys,
@@ -222,6 +232,12 @@ impl RunResult {
         json!({
             "store": self.store,
             "concurrency": self.concurrency,
+            "rate": self.rate,
+            "open_loop": self.rate.map(|_| json!({
+                "scheduled": self.scheduled,
+                "late": self.late,
+                "missed": self.missed,
+            })),
             "connections": self.connections,
             "threads": self.threads,
             "keys": self.keys,
@@ -273,12 +289,15 @@ impl RunResult {
             None => "n/a".into(),
         };
         let mut s = String::new();
+        let load = match self.rate {
+            Some(rate) => format!("open loop at {rate} requests/s"),
+            None => format!("concurrency {}", self.concurrency),
+        };
         let _ = writeln!(
             s,
-            "{} store: concurrency {}, {} connection(s), {} generator thread(s), keys {}, \
+            "{} store: {load}, {} connection(s), {} generator thread(s), keys {}, \
              {} descriptor(s), hits_addend {}, {:.1} s (+{:.1} s warm-up)",
             self.store,
-            self.concurrency,
             self.connections,
             self.threads,
             self.keys,
@@ -292,6 +311,14 @@ impl RunResult {
             "  throughput   {:.0} requests/s ({} OK, {} OVER_LIMIT, {} UNKNOWN, {} errors)",
             self.rps, self.ok, self.over_limit, self.unknown, self.errors
         );
+        if self.rate.is_some() {
+            let _ = writeln!(
+                s,
+                "  schedule     {} sends scheduled, {} more than 1 ms late, {} skipped (too many \
+                 in flight)",
+                self.scheduled, self.late, self.missed
+            );
+        }
         if let Some(sample) = &self.error_sample {
             let _ = writeln!(s, "  first error  {sample}");
         }

@@ -1318,4 +1318,94 @@ mod tests {
         }
         assert_eq!(total, 777);
     }
+
+    /// One shard hammered from many threads at once: callers on one hot key, callers pushing
+    /// fresh keys into the full shard (an eviction per new key), callers adding counters that
+    /// are already expired, and a thread sweeping. A limit of N still admits exactly N: the
+    /// hot key's read-modify-write is atomic under the shard's lock, and it is never the one
+    /// evicted (every other counter in its shard holds fewer hits with the same expiry, and
+    /// the sample is the whole shard here).
+    #[test]
+    fn one_shard_hammered_with_checks_sweeps_and_evictions_admits_exactly_the_limit() {
+        const LIMIT: u64 = 3_000;
+        const HOT_CALLERS: u64 = 4;
+        const CALLS_EACH: u64 = 1_500;
+        let clock = Arc::new(ManualClock::new(120_500_000)); // window [120, 180)
+        let store = store(&clock, SHARDS * EVICTION_SAMPLE);
+        let inner = &store.inner;
+        let shard = inner.shard_index(inner.key_id("hot"));
+        let same_shard = |prefix: &str, count: usize| -> Vec<String> {
+            (0..)
+                .map(|i| format!("{prefix}{i}"))
+                .filter(|key| inner.shard_index(inner.key_id(key)) == shard)
+                .take(count)
+                .collect()
+        };
+        let fresh = same_shard("fresh", 4_000);
+        let stale = same_shard("stale", 1_000);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let admitted = std::thread::scope(|scope| {
+            let hot: Vec<_> = (0..HOT_CALLERS)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..CALLS_EACH)
+                            .filter(|_| {
+                                let check = fixed("hot", 1, LIMIT, 120);
+                                futures::executor::block_on(store.check(&[&check])).unwrap()[0]
+                                    .admitted
+                            })
+                            .count() as u64
+                    })
+                })
+                .collect();
+            let others: Vec<_> = [&fresh[..2_000], &fresh[2_000..]]
+                .into_iter()
+                .map(|keys| {
+                    let (store, done) = (&store, &done);
+                    scope.spawn(move || {
+                        for key in keys.iter().cycle() {
+                            if done.load(Ordering::Relaxed) {
+                                break;
+                            }
+                            futures::executor::block_on(store.check(&[&fixed(key, 1, LIMIT, 120)]))
+                                .unwrap();
+                        }
+                    })
+                })
+                .collect();
+            let (store_ref, done_ref, stale) = (&store, &done, &stale);
+            // A window that ended at 60 s: its counter is stored already expired.
+            let expired = scope.spawn(move || {
+                for key in stale.iter().cycle() {
+                    if done_ref.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    futures::executor::block_on(store_ref.check(&[&fixed(key, 1, LIMIT, 0)]))
+                        .unwrap();
+                }
+            });
+            let sweeper = scope.spawn(move || {
+                while !done_ref.load(Ordering::Relaxed) {
+                    store_ref.sweep_expired();
+                }
+            });
+            let admitted: u64 = hot.into_iter().map(|h| h.join().unwrap()).sum();
+            done.store(true, Ordering::Relaxed);
+            for handle in others {
+                handle.join().unwrap();
+            }
+            expired.join().unwrap();
+            sweeper.join().unwrap();
+            admitted
+        });
+        assert_eq!(admitted, LIMIT);
+        assert!(store.evictions() > 0, "the shard never evicted");
+        let look = futures::executor::block_on(store.check(&[&fixed("hot", 0, LIMIT, 120)]));
+        assert_eq!(look.unwrap()[0].used, HOT_CALLERS * CALLS_EACH);
+        assert!(
+            store.len() <= SHARDS * EVICTION_SAMPLE,
+            "{} counters",
+            store.len()
+        );
+    }
 }
