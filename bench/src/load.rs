@@ -70,6 +70,21 @@ pub(crate) struct SecondFigures {
     pub max: u64,
 }
 
+impl SecondFigures {
+    /// Second `second`'s figures from its latency histogram and error count.
+    fn of(second: u64, latency: &Histogram<u64>, errors: u64) -> Self {
+        Self {
+            second,
+            answered: latency.len(),
+            errors,
+            p50: latency.value_at_quantile(0.50),
+            p99: latency.value_at_quantile(0.99),
+            p999: latency.value_at_quantile(0.999),
+            max: latency.max(),
+        }
+    }
+}
+
 /// What the tasks saw in the measured interval.
 pub(crate) struct LoadOutcome {
     /// Answers with overall code OK.
@@ -146,15 +161,7 @@ async fn collect_seconds(
     }
     seconds
         .into_iter()
-        .map(|(second, (h, errors))| SecondFigures {
-            second,
-            answered: h.len(),
-            errors,
-            p50: h.value_at_quantile(0.50),
-            p99: h.value_at_quantile(0.99),
-            p999: h.value_at_quantile(0.999),
-            max: h.max(),
-        })
+        .map(|(second, (h, errors))| SecondFigures::of(second, &h, errors))
         .collect()
 }
 
@@ -444,15 +451,7 @@ async fn open_loop(
     let task = std::mem::replace(&mut shared.outcome, TaskOutcome::new());
     let seconds = std::mem::take(&mut shared.seconds)
         .into_iter()
-        .map(|(second, (h, errors))| SecondFigures {
-            second,
-            answered: h.len(),
-            errors,
-            p50: h.value_at_quantile(0.50),
-            p99: h.value_at_quantile(0.99),
-            p999: h.value_at_quantile(0.999),
-            max: h.max(),
-        })
+        .map(|(second, (h, errors))| SecondFigures::of(second, &h, errors))
         .collect();
     Ok(LoadOutcome {
         ok: task.ok,

@@ -422,6 +422,21 @@ pub(super) fn parse_rule(name: &str, args: &[String; 4]) -> Result<Rule, StoreEr
 mod tests {
     use super::*;
 
+    /// A fixed-window check of 3 hits on a limit of 10 per minute, in the window from 60 s.
+    fn fixed_window_check(record_refused: bool) -> Check {
+        Check {
+            key: "d_k_v_60".into(),
+            hits: 3,
+            rule: Rule::FixedWindow {
+                limit: 10,
+                window_secs: 60,
+                window_start: 60,
+            },
+            record_refused,
+            group: None,
+        }
+    }
+
     /// A command's arguments as text, to compare with what a script reads.
     fn text_args(cmd: &redis::Cmd) -> Vec<String> {
         cmd.args_iter()
@@ -507,17 +522,7 @@ mod tests {
 
     #[test]
     fn encodes_one_check_per_stride() {
-        let check = Check {
-            key: "d_k_v_60".into(),
-            hits: 3,
-            rule: Rule::FixedWindow {
-                limit: 10,
-                window_secs: 60,
-                window_start: 60,
-            },
-            record_refused: false,
-            group: None,
-        };
+        let check = fixed_window_check(false);
         let mut cmd = redis::cmd("EVALSHA");
         encode(
             &mut cmd,
@@ -538,17 +543,7 @@ mod tests {
 
     #[test]
     fn the_lean_script_takes_fixed_windows_charged_each() {
-        let fixed = Check {
-            key: "d_k_v_60".into(),
-            hits: 3,
-            rule: Rule::FixedWindow {
-                limit: 10,
-                window_secs: 60,
-                window_start: 60,
-            },
-            record_refused: true,
-            group: None,
-        };
+        let fixed = fixed_window_check(true);
         let gcra = Check {
             key: "d_k_w".into(),
             hits: 1,
