@@ -19,6 +19,7 @@ use redis::{
 
 use super::options::{RedisAuth, RedisOptions, TlsFiles, redact_url};
 use super::script::LuaScript;
+use crate::clock::{Clock, SystemClock};
 use crate::store::StoreError;
 use crate::util::LogThrottle;
 
@@ -63,7 +64,7 @@ impl Manager {
             return Ok(None);
         };
         RedisAuth::read(path).map(Some).map_err(|e| {
-            if let Some(held_back) = self.auth_file_log.allow(unix_secs()) {
+            if let Some(held_back) = self.auth_file_log.allow(SystemClock.now_secs()) {
                 tracing::warn!(error = %e, held_back, "no credentials for a new redis connection");
             }
             RedisError::from((ErrorKind::AuthenticationFailed, "REDIS_AUTH_FILE", e))
@@ -207,12 +208,6 @@ pub(super) fn sentinel_pool(
         options.pool_size,
         options.timeout.max(Duration::from_secs(1)),
     ))
-}
-
-fn unix_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// A client of `sentinels` for the master named `master`, authenticating to it with `auth`.
