@@ -92,12 +92,14 @@ pub async fn serve(
                 ..startup.clone()
             };
             let main = open_redis(options, &wait, degraded, &settings).await?;
+            metrics.observe_redis_pool("redis_pool", main.inner().connections());
             if settings.rls.stop_increment_when_over {
                 warn_partial_stop(options, per_second.is_some());
             }
             store_usable.push(("redis", main.usable(), HealthRole::Counts));
             if let Some(options) = per_second {
                 let store = open_redis(options, &wait, degraded, &settings).await?;
+                metrics.observe_redis_pool("redis_per_second_pool", store.inner().connections());
                 store_usable.push(("redis_per_second", store.usable(), HealthRole::Counts));
                 per_second_store = Some(counters(Arc::new(store), "redis_per_second"));
             }
@@ -586,5 +588,12 @@ fn metrics(settings: &Settings) -> Result<Metrics, ServeError> {
         stats.extra_tags.clone(),
         stats.statsd.is_some(),
     );
-    Ok(Metrics::with_stats(settings.near_limit_ratio, store))
+    if stats.response_time_in_ms {
+        tracing::info!(
+            "ratelimit_service_response_time_seconds counts milliseconds, as upstream's legacy \
+             series (PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS)"
+        );
+    }
+    Ok(Metrics::with_stats(settings.near_limit_ratio, store)
+        .with_response_time_in_ms(stats.response_time_in_ms))
 }

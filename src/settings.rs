@@ -82,6 +82,9 @@ pub struct StatsSettings {
     pub flush_interval: Duration,
     /// `PROMETHEUS_MAPPER_YAML`: statsd_exporter mapping rules replacing upstream's default.
     pub mapper_file: Option<PathBuf>,
+    /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`: upstream's legacy response-time series,
+    /// milliseconds under the `_seconds` name.
+    pub response_time_in_ms: bool,
     /// `EXTRA_TAGS` (`k:v,k2:v2`), on every stat.
     pub extra_tags: Vec<(String, String)>,
     /// `DEBUG_HOST:DEBUG_PORT`: `/`, `/rlconfig`, `/stats`.
@@ -930,6 +933,7 @@ fn stats_settings<F: Fn(&str) -> Option<String>>(
         statsd,
         flush_interval,
         mapper_file: env.raw("PROMETHEUS_MAPPER_YAML").map(PathBuf::from),
+        response_time_in_ms: env.bool("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", false)?,
         extra_tags,
         debug_addr: env.addr("DEBUG_HOST", "DEBUG_PORT", 6070)?,
     })

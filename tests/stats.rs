@@ -488,3 +488,129 @@ async fn grafana_dashboard_queries_find_series() {
         }
     }
 }
+
+/// The value of `name: value` in the debug port's `/stats`.
+fn stat(sluice: &Sluice, name: &str) -> Option<u64> {
+    let (_, stats) = http_request(sluice.debug, "GET", "/stats", "");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(": "))
+        .map(|v| v.parse().unwrap())
+}
+
+/// Sluice's connections as Redis lists them (every client but the one asking).
+fn clients_of_sluice(redis: &RedisServer) -> u64 {
+    let list = redis.cli(&["CLIENT", "LIST"]).unwrap_or_default();
+    list.lines().filter(|l| !l.contains("cmd=client")).count() as u64
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_pool_stats_follow_the_connections_as_upstreams() {
+    let redis = RedisServer::start();
+    let dir = config_dir(&format!(
+        "domain: app\ndescriptors:\n  - key: k\n    rate_limit: {{{HOUR}, requests_per_unit: 90}}\n"
+    ));
+    let sluice = Sluice::start(
+        dir.path(),
+        Some(&redis),
+        &[
+            ("USE_STATSD", "false"),
+            ("REDIS_POOL_SIZE", "3"),
+            // Its store has a pool of its own on the same Redis.
+            ("LIMITER_API_ENABLED", "false"),
+        ],
+    );
+    let mut c = sluice.client().await;
+    let req = || request("app", vec![descriptor(&[("k", "x")])]);
+    assert_eq!(ask(&mut c, req()).await.overall_code, 1);
+    let pool = |name: &str| stat(&sluice, &format!("ratelimit.redis_pool.{name}"));
+    wait_until("cx_active to be the connections Redis sees", || {
+        pool("cx_active") == Some(clients_of_sluice(&redis))
+    });
+    let first = pool("cx_total").unwrap();
+    assert!(first >= 1);
+    assert_eq!(pool("cx_local_close"), Some(0));
+    assert_eq!(pool("cx_active"), Some(first));
+
+    // Redis drops every connection of Sluice's: each is found broken on its next use, closed,
+    // and replaced.
+    redis.cli(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+    for _ in 0..20 {
+        // Those on a killed connection fail.
+        let _ = c.should_rate_limit(req()).await;
+    }
+    wait_until("a connection to be closed and another opened", || {
+        pool("cx_local_close") >= Some(1) && pool("cx_total") > Some(first)
+    });
+    for _ in 0..20 {
+        assert_eq!(ask(&mut c, req()).await.overall_code, 1);
+    }
+    let (total, closed, active) = (
+        pool("cx_total").unwrap(),
+        pool("cx_local_close").unwrap(),
+        pool("cx_active").unwrap(),
+    );
+    assert_eq!(active, total - closed, "{total} opened, {closed} closed");
+    assert!((1..=3).contains(&active), "{active} open, pool of 3");
+
+    let (_, metrics) = sluice.http("GET", "/metrics", "");
+    assert!(
+        metrics.contains("# TYPE ratelimit_redis_pool_cx_active gauge\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!("ratelimit_redis_pool_cx_total {total}\n")),
+        "{metrics}"
+    );
+    // No per-second pool without REDIS_PERSECOND.
+    assert_eq!(
+        stat(&sluice, "ratelimit.redis_per_second_pool.cx_total"),
+        None
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_cache_stats_as_upstreams() {
+    let dir = config_dir(&format!(
+        "domain: app\ndescriptors:\n  - key: k\n    rate_limit: {{{HOUR}, requests_per_unit: 2}}\n"
+    ));
+    let sluice = Sluice::start(
+        dir.path(),
+        None,
+        &[
+            ("USE_STATSD", "false"),
+            ("LOCAL_CACHE_SIZE_IN_BYTES", "100000"),
+        ],
+    );
+    let mut c = sluice.client().await;
+    let codes = [1, 1, 2, 2, 2];
+    for code in codes {
+        let req = request("app", vec![descriptor(&[("k", "x")])]);
+        assert_eq!(ask(&mut c, req).await.overall_code, code);
+    }
+    // The third request found the counter over its limit and remembered it; the last two were
+    // answered from the cache.
+    for (name, value) in [
+        ("lookupCount", 5),
+        ("hitCount", 2),
+        ("missCount", 3),
+        ("entryCount", 1),
+        ("overwriteCount", 0),
+        ("evacuateCount", 0),
+        ("expiredCount", 0),
+    ] {
+        let name = format!("ratelimit.localcache.{name}");
+        assert_eq!(stat(&sluice, &name), Some(value), "{name}");
+    }
+    let (_, metrics) = sluice.http("GET", "/metrics", "");
+    assert!(
+        metrics.contains(
+            "# TYPE ratelimit_localcache_hitCount gauge\nratelimit_localcache_hitCount 2\n"
+        ),
+        "{metrics}"
+    );
+
+    // Without the cache, no such stats.
+    let (plain, _dir) = one_request(&[("USE_STATSD", "false")]).await;
+    assert_eq!(stat(&plain, "ratelimit.localcache.lookupCount"), None);
+}

@@ -18,7 +18,7 @@ mod statsd;
 
 pub use instrumented::Instrumented;
 pub use mapper::{Mapper, MapperError};
-pub use stats::{Counter, Stat, StatStore};
+pub use stats::{Counter, Observe, Stat, StatStore};
 pub use statsd::{StatsdOptions, run as run_statsd};
 
 use std::borrow::Cow;
@@ -33,7 +33,7 @@ use prometheus::{
 
 use crate::config::{Algorithm, Limit, Quota};
 use crate::proto::DescriptorEntry;
-use crate::store::Outcome;
+use crate::store::{ConnectionCounts, Outcome};
 
 #[derive(Debug)]
 pub struct Metrics {
@@ -49,6 +49,9 @@ pub struct Metrics {
     /// `ratelimit_server.<method>.total_requests`.
     pub total_requests: StatFamily,
     pub response_time: HistogramVec,
+    /// What one second of response time adds to the histogram: 1, or 1 000 with
+    /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS` (upstream's legacy series).
+    response_time_scale: f64,
     pub store_call: HistogramVec,
     pub store_errors: IntCounterVec,
     /// Error replies to a script: a bug or an input the script cannot represent, never an
@@ -123,6 +126,14 @@ impl Metrics {
         )
     }
 
+    /// Response times on `/metrics` in milliseconds, still under the `_seconds` name, when
+    /// `in_ms` (upstream's `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`, kept for dashboards made
+    /// before upstream's series moved to seconds).
+    pub fn with_response_time_in_ms(mut self, in_ms: bool) -> Self {
+        self.response_time_scale = if in_ms { 1000.0 } else { 1.0 };
+        self
+    }
+
     /// Metrics whose upstream stats go to `stats`.
     pub fn with_stats(near_limit_ratio: f64, stats: StatStore) -> Self {
         let stats = Arc::new(stats);
@@ -166,6 +177,7 @@ impl Metrics {
             },
             stats,
             response_time,
+            response_time_scale: 1.0,
             store_call,
             script_errors: counter_vec(
                 &r,
@@ -306,6 +318,48 @@ impl Metrics {
             .inc_by(hits);
     }
 
+    /// Upstream's stats of one Redis pool (`pool`: `redis_pool`, or `redis_per_second_pool` for
+    /// `REDIS_PERSECOND`): `ratelimit.<pool>.cx_active` (a gauge), `cx_total` and
+    /// `cx_local_close`, read from the store's own counts whenever a sink shows them.
+    pub fn observe_redis_pool(&self, pool: &str, connections: Arc<ConnectionCounts>) {
+        let stat = |name: &str| format!("ratelimit.{pool}.{name}");
+        let counts = connections.clone();
+        self.stats
+            .observe(&stat("cx_active"), Observe::Gauge, move || counts.open());
+        let counts = connections.clone();
+        self.stats
+            .observe(&stat("cx_total"), Observe::Counter, move || counts.opened());
+        self.stats
+            .observe(&stat("cx_local_close"), Observe::Counter, move || {
+                connections.closed()
+            });
+    }
+
+    /// Upstream's stats of its local cache (`ratelimit.localcache.*`, gauges as upstream's
+    /// freecache figures are), each read with `figures` whenever a sink shows them.
+    /// `averageAccessTime` is not reported: the cache keeps no access times.
+    pub fn observe_local_cache(&self, figures: impl Fn() -> CacheFigures + Send + Sync + 'static) {
+        let figures = Arc::new(figures);
+        type Field = fn(&CacheFigures) -> u64;
+        let fields: [(&str, Field); 7] = [
+            ("lookupCount", |f| f.lookups),
+            ("hitCount", |f| f.hits),
+            ("missCount", |f| f.misses),
+            ("overwriteCount", |f| f.overwrites),
+            ("evacuateCount", |f| f.evacuations),
+            ("expiredCount", |f| f.expired),
+            ("entryCount", |f| f.entries),
+        ];
+        for (name, field) in fields {
+            let figures = figures.clone();
+            self.stats.observe(
+                &format!("ratelimit.localcache.{name}"),
+                Observe::Gauge,
+                move || field(&figures()),
+            );
+        }
+    }
+
     /// The request counter and response time of one API (upstream's
     /// `ratelimit_server.<method>.*`).
     pub fn api(&self, method: &str) -> ApiMetrics {
@@ -313,6 +367,7 @@ impl Metrics {
             requests: self.total_requests.with_label_values(&[method]),
             response_time: ResponseTime {
                 histogram: self.response_time.with_label_values(&[method]),
+                scale: self.response_time_scale,
                 stat: format!("ratelimit_server.{method}.response_time").into(),
                 stats: self.stats.clone(),
             },
@@ -345,6 +400,34 @@ impl Metrics {
     }
 }
 
+/// What the local over-limit cache reports (upstream's freecache figures): all since the start
+/// but `entries`, which is what it holds now.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CacheFigures {
+    pub lookups: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// A key remembered again while still held.
+    pub overwrites: u64,
+    /// A key not remembered for lack of room.
+    pub evacuations: u64,
+    /// Entries dropped because their window had ended.
+    pub expired: u64,
+    pub entries: u64,
+}
+
+impl std::ops::AddAssign for CacheFigures {
+    fn add_assign(&mut self, other: Self) {
+        self.lookups += other.lookups;
+        self.hits += other.hits;
+        self.misses += other.misses;
+        self.overwrites += other.overwrites;
+        self.evacuations += other.evacuations;
+        self.expired += other.expired;
+        self.entries += other.entries;
+    }
+}
+
 /// The handles of one API's request metrics, resolved once by its server.
 #[derive(Debug, Clone)]
 pub struct ApiMetrics {
@@ -357,6 +440,8 @@ pub struct ApiMetrics {
 #[derive(Debug, Clone)]
 pub struct ResponseTime {
     histogram: Histogram,
+    /// [`Metrics::with_response_time_in_ms`].
+    scale: f64,
     stat: Arc<str>,
     stats: Arc<StatStore>,
 }
@@ -380,7 +465,9 @@ pub struct ResponseTimer<'a> {
 impl Drop for ResponseTimer<'_> {
     fn drop(&mut self) {
         let elapsed = self.start.elapsed();
-        self.of.histogram.observe(elapsed.as_secs_f64());
+        self.of
+            .histogram
+            .observe(elapsed.as_secs_f64() * self.of.scale);
         self.of
             .stats
             .time(&self.of.stat, elapsed.as_secs_f64() * 1000.0);
@@ -503,7 +590,24 @@ pub fn stats_key<'l>(limit: &'l Limit, entries: &[DescriptorEntry]) -> Cow<'l, s
 
 #[cfg(test)]
 mod tests {
-    use super::split;
+    use super::{Metrics, split};
+
+    #[test]
+    fn response_times_in_milliseconds_when_asked_as_upstreams_legacy_series() {
+        // 20 ms of waiting: at least 20 in milliseconds, well under 1 in seconds.
+        let sum = |in_ms: bool| {
+            let metrics = Metrics::new(0.8).with_response_time_in_ms(in_ms);
+            let api = metrics.api("ShouldRateLimit");
+            {
+                let _timer = api.response_time.start_timer();
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            api.response_time.histogram.get_sample_sum()
+        };
+        assert!(sum(true) >= 20.0, "{}", sum(true));
+        let seconds = sum(false);
+        assert!((0.02..1.0).contains(&seconds), "{seconds}");
+    }
 
     #[test]
     fn upstream_worked_examples() {

@@ -3,6 +3,11 @@
 //! sink reads. Prometheus maps each name through the [`Mapper`] (once, when the stat is
 //! created), the statsd sink sends the names as they are, and the debug port's `/stats` lists
 //! them. `EXTRA_TAGS` go on every one of them: as labels on `/metrics`, as tags in statsd.
+//!
+//! Most stats are counters counted here. A few are kept by the part of Sluice they describe (a
+//! Redis pool's connections, the local cache's lookups) and only read here, when a sink shows or
+//! sends them ([`StatStore::observe`]): those parts sit below `metrics` and cannot reach a
+//! [`Counter`], and their gauges (`cx_active`, `entryCount`) are states, not counts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -58,6 +63,59 @@ impl Stat {
 /// A handle to one stat.
 pub type Counter = Arc<Stat>;
 
+/// Reads an observed stat's current value from the part of Sluice that keeps it.
+type Reader = Box<dyn Fn() -> u64 + Send + Sync>;
+
+/// What an observed stat is ([`StatStore::observe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observe {
+    /// It only grows; statsd gets its increase.
+    Counter,
+    /// A state; statsd gets its value at every flush, as gostats sends gauges.
+    Gauge,
+}
+
+/// A stat kept elsewhere and read when shown or sent ([`StatStore::observe`]).
+pub struct Observed {
+    name: Box<str>,
+    mapped: Mapped,
+    kind: Observe,
+    read: Reader,
+    /// The value the statsd sink last sent (a counter goes out as its increase).
+    flushed: AtomicU64,
+}
+
+impl Observed {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn get(&self) -> u64 {
+        (self.read)()
+    }
+
+    pub fn kind(&self) -> Observe {
+        self.kind
+    }
+
+    /// A counter's increase since the last call (for the statsd sink); a counter that went back
+    /// (its owner was rebuilt) sends its new value.
+    pub(super) fn take_delta(&self) -> u64 {
+        let now = self.get();
+        let before = self.flushed.swap(now, Ordering::Relaxed);
+        now.checked_sub(before).unwrap_or(now)
+    }
+}
+
+impl std::fmt::Debug for Observed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observed")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Timer samples (stat name, milliseconds) waiting for the next statsd flush.
 type TimerSamples = Vec<(Arc<str>, f64)>;
 
@@ -73,6 +131,8 @@ pub struct StatStore {
     mapper: Mapper,
     extra_tags: Vec<(String, String)>,
     counters: RwLock<HashMap<Box<str>, Counter>>,
+    /// Stats kept elsewhere, by name.
+    observed: RwLock<BTreeMap<Box<str>, Arc<Observed>>>,
     /// Timer samples in milliseconds, kept only while a statsd sink drains them.
     timers: Option<Mutex<TimerSamples>>,
     timers_dropped: AtomicU64,
@@ -90,6 +150,7 @@ impl StatStore {
             mapper,
             extra_tags,
             counters: RwLock::default(),
+            observed: RwLock::default(),
             timers: keep_timers.then(Mutex::default),
             timers_dropped: AtomicU64::new(0),
         }
@@ -109,6 +170,37 @@ impl StatStore {
             .entry(name.into())
             .or_insert_with(|| Arc::new(Stat::new(name, mapped)))
             .clone()
+    }
+
+    /// Shows the stat `name`, kept elsewhere, by reading it with `read` whenever a sink shows or
+    /// sends it (a counter's `read` must never go down). A second stat of the same name replaces
+    /// the first (its owner was rebuilt).
+    pub fn observe(
+        &self,
+        name: &str,
+        kind: Observe,
+        read: impl Fn() -> u64 + Send + Sync + 'static,
+    ) {
+        let mapped = self.mapper.map(
+            name,
+            match kind {
+                Observe::Counter => StatKind::Counter,
+                Observe::Gauge => StatKind::Gauge,
+            },
+        );
+        let stat = Observed {
+            name: name.into(),
+            mapped,
+            kind,
+            read: Box::new(read),
+            flushed: AtomicU64::new(0),
+        };
+        write(&self.observed).insert(name.into(), Arc::new(stat));
+    }
+
+    /// Every observed stat, sorted by name.
+    pub fn observed(&self) -> Vec<Arc<Observed>> {
+        read(&self.observed).values().cloned().collect()
     }
 
     /// One timer sample, for the statsd sink (Prometheus has its own histogram).
@@ -141,12 +233,47 @@ impl StatStore {
         (samples, self.timers_dropped.swap(0, Ordering::Relaxed))
     }
 
+    /// A series' labels in the text format: the mapping's, then `EXTRA_TAGS` (a tag whose name
+    /// the mapping already uses is left out).
+    fn label_text(&self, labels: &[(String, String)]) -> String {
+        let mut text = String::new();
+        let mut seen: Vec<String> = Vec::new();
+        let extra = self
+            .extra_tags
+            .iter()
+            .map(|(k, v)| (escape_metric_name(k), v.as_str()));
+        for (k, v) in labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str()))
+            .chain(extra)
+        {
+            if seen.contains(&k) {
+                continue;
+            }
+            let sep = if text.is_empty() { "" } else { "," };
+            let _ = write!(text, "{sep}{k}=\"{}\"", escape_label_value(v));
+            seen.push(k);
+        }
+        text
+    }
+
     /// `/stats` on the debug port: `name: value` per line.
     pub fn render_text(&self) -> String {
         let mut out = String::new();
         if self.enabled {
-            for c in self.counters() {
-                let _ = writeln!(out, "{}: {}", c.name, c.get());
+            let mut lines: Vec<(String, u64)> = self
+                .counters()
+                .iter()
+                .map(|c| (c.name.to_string(), c.get()))
+                .chain(
+                    self.observed()
+                        .iter()
+                        .map(|o| (o.name.to_string(), o.get())),
+                )
+                .collect();
+            lines.sort();
+            for (name, value) in lines {
+                let _ = writeln!(out, "{name}: {value}");
             }
         }
         out
@@ -159,36 +286,29 @@ impl StatStore {
         }
         // Stats that map to the same series add up, as statsd_exporter adds their events
         // (an unanchored regex rule can take in a longer name, e.g. `over_limit_with_local_cache`
-        // under the default `over_limit` rule).
-        let mut families: BTreeMap<&str, BTreeMap<String, u64>> = BTreeMap::new();
+        // under the default `over_limit` rule). A family is a gauge when its first stat is.
+        let mut families: BTreeMap<&str, (&str, BTreeMap<String, u64>)> = BTreeMap::new();
         let counters = self.counters();
-        for c in &counters {
-            let Mapped::Series { name, labels } = &c.mapped else {
+        let observed = self.observed();
+        let all = counters
+            .iter()
+            .map(|c| (&c.mapped, Observe::Counter, c.get()))
+            .chain(observed.iter().map(|o| (&o.mapped, o.kind, o.get())));
+        for (mapped, kind, value) in all {
+            let Mapped::Series { name, labels } = mapped else {
                 continue;
             };
-            let mut text = String::new();
-            let mut seen: Vec<String> = Vec::new();
-            let extra = self
-                .extra_tags
-                .iter()
-                .map(|(k, v)| (escape_metric_name(k), v.as_str()));
-            for (k, v) in labels
-                .iter()
-                .map(|(k, v)| (k.clone(), v.as_str()))
-                .chain(extra)
-            {
-                if seen.contains(&k) {
-                    continue;
-                }
-                let sep = if text.is_empty() { "" } else { "," };
-                let _ = write!(text, "{sep}{k}=\"{}\"", escape_label_value(v));
-                seen.push(k);
-            }
-            *families.entry(name).or_default().entry(text).or_default() += c.get();
+            let labels = self.label_text(labels);
+            let kind = match kind {
+                Observe::Counter => "counter",
+                Observe::Gauge => "gauge",
+            };
+            let (_, series) = families.entry(name).or_insert((kind, BTreeMap::new()));
+            *series.entry(labels).or_default() += value;
         }
         let mut text = String::new();
-        for (name, series) in families {
-            let _ = writeln!(text, "# TYPE {name} counter");
+        for (name, (kind, series)) in families {
+            let _ = writeln!(text, "# TYPE {name} {kind}");
             for (labels, value) in series {
                 if labels.is_empty() {
                     let _ = writeln!(text, "{name} {value}");

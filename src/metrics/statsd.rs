@@ -1,7 +1,7 @@
 //! The statsd sinks, as upstream's: plain statsd over TCP (`USE_STATSD`, upstream's default,
 //! lyft/gostats' TCP sink) and DogStatsD over UDP (`USE_DOG_STATSD`, datadog-go's default).
-//! Every `STATS_FLUSH_INTERVAL` the counters that grew go out as their increase (`name:n|c`)
-//! and the timer samples as `name:ms|ms`; the lines are formatted by the `cadence` crate.
+//! Every `STATS_FLUSH_INTERVAL` the counters that grew go out as their increase (`name:n|c`),
+//! the gauges as their value (`name:v|g`) and the timer samples as `name:ms|ms`; the lines are formatted by the `cadence` crate.
 //!
 //! Tags (`EXTRA_TAGS`) travel as gostats puts them in a plain statsd name (`name.__key=value`,
 //! sorted by key, `.`, `:` and `|` in values replaced by `_`) and as DogStatsD tags
@@ -19,7 +19,7 @@ use cadence::{MetricSink, StatsdClient};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UdpSocket};
 
-use super::stats::StatStore;
+use super::stats::{Observe, StatStore};
 
 /// Which statsd server and dialect (built by `app` from upstream's variables).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,13 +56,21 @@ pub(super) fn flush_lines(stats: &StatStore, dog: bool) -> Vec<String> {
             continue;
         }
         let name = format!("{}{plain_suffix}", counter.name());
-        let mut metric = client.count_with_tags(&name, delta);
-        if dog {
-            for (k, v) in tags {
-                metric = metric.with_tag(k, v);
+        send_tagged(client.count_with_tags(&name, delta), dog, tags);
+    }
+    // Gauges go out at every flush with their value, as gostats sends them; counters kept
+    // elsewhere as their increase, like the others.
+    for stat in stats.observed() {
+        let name = format!("{}{plain_suffix}", stat.name());
+        if stat.kind() == Observe::Gauge {
+            send_tagged(client.gauge_with_tags(&name, stat.get()), dog, tags);
+        } else {
+            let delta = stat.take_delta();
+            if delta == 0 {
+                continue;
             }
+            send_tagged(client.count_with_tags(&name, delta), dog, tags);
         }
-        metric.send();
     }
     let (samples, dropped) = stats.take_timers();
     if dropped > 0 {
@@ -73,16 +81,32 @@ pub(super) fn flush_lines(stats: &StatStore, dog: bool) -> Vec<String> {
     }
     for (name, millis) in samples {
         let name = format!("{name}{plain_suffix}");
-        let mut metric = client.time_with_tags(&name, millis.round() as u64);
-        if dog {
-            for (k, v) in tags {
-                metric = metric.with_tag(k, v);
-            }
-        }
-        metric.send();
+        send_tagged(
+            client.time_with_tags(&name, millis.round() as u64),
+            dog,
+            tags,
+        );
     }
     let mut out = lines.0.lock().unwrap_or_else(|e| e.into_inner());
     std::mem::take(&mut *out)
+}
+
+/// Sends one line, with `tags` as DogStatsD tags on the DogStatsD sink (the plain sink has them
+/// in the name already).
+fn send_tagged<'m, T>(
+    metric: cadence::MetricBuilder<'m, '_, T>,
+    dog: bool,
+    tags: &'m [(String, String)],
+) where
+    T: cadence::Metric + From<String>,
+{
+    let mut metric = metric;
+    if dog {
+        for (k, v) in tags {
+            metric = metric.with_tag(k, v);
+        }
+    }
+    metric.send();
 }
 
 /// gostats' form of tags inside a plain statsd name.
@@ -230,5 +254,47 @@ mod tests {
             flush_lines(&stats, true),
             ["x.hits:1|c|#env:a.b", "x.time:3|ms|#env:a.b"]
         );
+    }
+
+    #[test]
+    fn observed_gauges_go_out_every_flush_and_counters_as_their_increase() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let stats = StatStore::new(true, Mapper::upstream_default(), Vec::new(), true);
+        let open = Arc::new(AtomicU64::new(3));
+        let opened = Arc::new(AtomicU64::new(5));
+        let (o, t) = (open.clone(), opened.clone());
+        stats.observe("p.cx_active", Observe::Gauge, move || {
+            o.load(Ordering::Relaxed)
+        });
+        stats.observe("p.cx_total", Observe::Counter, move || {
+            t.load(Ordering::Relaxed)
+        });
+        assert_eq!(
+            flush_lines(&stats, false),
+            ["p.cx_active:3|g", "p.cx_total:5|c"]
+        );
+        assert_eq!(
+            flush_lines(&stats, false),
+            ["p.cx_active:3|g"],
+            "the gauge, again"
+        );
+        open.store(1, Ordering::Relaxed);
+        opened.store(7, Ordering::Relaxed);
+        assert_eq!(
+            flush_lines(&stats, false),
+            ["p.cx_active:1|g", "p.cx_total:2|c"]
+        );
+        let mut text = Vec::new();
+        stats.render_prometheus(&mut text);
+        let text = String::from_utf8(text).unwrap();
+        assert!(
+            text.contains("# TYPE p_cx_active gauge\np_cx_active 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE p_cx_total counter\np_cx_total 7\n"),
+            "{text}"
+        );
+        assert_eq!(stats.render_text(), "p.cx_active: 1\np.cx_total: 7\n");
     }
 }

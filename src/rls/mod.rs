@@ -123,7 +123,7 @@ pub struct RateLimiter {
     keys: KeyBuilder,
     clock: Arc<dyn Clock>,
     options: RlsOptions,
-    over_limit_cache: Option<OverLimitCache>,
+    over_limit_cache: Option<Arc<OverLimitCache>>,
     /// Requests answered OK because the store failed and the policy is fail-open.
     failed_open: AtomicU64,
     fail_open_log: LogThrottle,
@@ -225,7 +225,7 @@ impl RateLimiter {
             metrics: None,
             keys,
             clock,
-            over_limit_cache: OverLimitCache::with_size(options.local_cache_bytes),
+            over_limit_cache: OverLimitCache::with_size(options.local_cache_bytes).map(Arc::new),
             options,
             failed_open: AtomicU64::new(0),
             fail_open_log: LogThrottle::default(),
@@ -240,8 +240,12 @@ impl RateLimiter {
         self
     }
 
-    /// Records per-rule and store metrics.
+    /// Records per-rule and store metrics, and shows the local cache's figures.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        if let Some(cache) = &self.over_limit_cache {
+            let cache = cache.clone();
+            metrics.observe_local_cache(move || cache.figures());
+        }
         self.metrics = Some(metrics);
         self
     }

@@ -75,10 +75,7 @@ pub const UPSTREAM_VARIABLES: &[(&str, Support)] = &[
     ("PROMETHEUS_ADDR", Implemented),
     ("PROMETHEUS_PATH", Implemented),
     ("PROMETHEUS_MAPPER_YAML", Implemented),
-    (
-        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
-        NotSupported("the response-time histogram is Sluice's own, in seconds"),
-    ),
+    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Implemented),
     ("RUNTIME_ROOT", Implemented),
     ("RUNTIME_SUBDIRECTORY", Implemented),
     ("RUNTIME_APPDIRECTORY", Implemented),

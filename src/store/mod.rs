@@ -21,7 +21,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 pub use memory::{MemoryStore, MemoryStoreOptions};
-pub use redis::{RedisOptions, RedisStore, TlsFiles};
+pub use redis::{ConnectionCounts, RedisOptions, RedisStore, TlsFiles};
 
 /// How a check is counted, with the numbers it needs. Everything a store needs comes with the
 /// check, so stores hold no config and a config reload never has to reach them. Times are in

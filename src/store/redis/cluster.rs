@@ -25,7 +25,6 @@
 //! answers `NOSCRIPT` once and gets them then (see `coalesce.rs`).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,7 +34,7 @@ use redis::{
 };
 
 use super::coalesce::{CallError, Coalescer, Connect, PipelineCounts, send_on};
-use super::conn::{Connection, Manager, describe, fail, new_pool, redis_error};
+use super::conn::{Connection, Manager, PoolSettings, describe, fail, new_pool, redis_error};
 use super::slot::SLOTS;
 use crate::store::StoreError;
 
@@ -56,11 +55,9 @@ struct Topology {
 pub(super) struct Cluster {
     /// Settings to connect with (auth, TLS); the address is replaced per node.
     template: ConnectionInfo,
-    /// `REDIS_AUTH_FILE`, read by each node's pool for every new connection.
-    auth_file: Option<PathBuf>,
     seeds: Vec<String>,
-    pool_size: u32,
-    connect_timeout: Duration,
+    /// What each node's pool is made with.
+    pools: PoolSettings,
     topology: ArcSwap<Topology>,
     nodes: Mutex<HashMap<String, Arc<Coalescer<Node>>>>,
     /// When the slot map was last refreshed (`None`: never).
@@ -85,19 +82,11 @@ enum Attempt<T> {
 
 impl Cluster {
     /// `seeds` are `host:port` addresses; `template` carries auth and TLS settings.
-    pub(super) fn new(
-        template: ConnectionInfo,
-        auth_file: Option<PathBuf>,
-        seeds: Vec<String>,
-        pool_size: u32,
-        connect_timeout: Duration,
-    ) -> Self {
+    pub(super) fn new(template: ConnectionInfo, seeds: Vec<String>, pools: PoolSettings) -> Self {
         Self {
             template,
-            auth_file,
             seeds,
-            pool_size,
-            connect_timeout,
+            pools,
             topology: ArcSwap::from_pointee(Topology {
                 owner: vec![None; usize::from(SLOTS)],
                 masters: Vec::new(),
@@ -129,12 +118,7 @@ impl Cluster {
         }
         let created = Arc::new(Coalescer::new(Node {
             name: node.to_string(),
-            pool: new_pool(
-                self.node_info(node)?,
-                self.auth_file.clone(),
-                self.pool_size,
-                self.connect_timeout,
-            )?,
+            pool: new_pool(self.node_info(node)?, &self.pools)?,
             down_until: Mutex::new(None),
         }));
         nodes.insert(node.to_string(), created.clone());

@@ -2,11 +2,12 @@
 //! Sentinel), the [`Manager`] that marks a connection broken when a call fails on it (bb8-redis
 //! never does) and reads `REDIS_AUTH_FILE` for each new connection, `SCRIPT LOAD`, and how a
 //! redis-rs error becomes a [`StoreError`] (an error reply to a script is
-//! [`StoreError::Script`], never an outage).
+//! [`StoreError::Script`], never an outage). Also counts the connections a store opens and
+//! closes, for upstream's pool stats ([`ConnectionCounts`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bb8_redis::RedisConnectionManager;
@@ -28,6 +29,51 @@ use crate::util::LogThrottle;
 pub(super) struct Connection {
     pub(super) redis: MultiplexedConnection,
     broken: Arc<AtomicBool>,
+    /// Counts the connection as closed when its last clone is dropped.
+    _open: Arc<Open>,
+}
+
+/// The connections one store has opened and closed, over all its pools (every cluster node's),
+/// what upstream's pool stats report (`ratelimit.redis_pool.cx_total`, `cx_local_close`, and
+/// their difference `cx_active`). A connection counts once it is set up (connected, and
+/// authenticated), and as closed when the pool drops it: broken, or the store gone.
+#[derive(Debug, Default)]
+pub struct ConnectionCounts {
+    opened: AtomicU64,
+    closed: AtomicU64,
+}
+
+impl ConnectionCounts {
+    /// Connections opened so far.
+    pub fn opened(&self) -> u64 {
+        self.opened.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed so far.
+    pub fn closed(&self) -> u64 {
+        self.closed.load(Ordering::Relaxed)
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> u64 {
+        // Read closed first: a connection closed between the two reads is then still open.
+        let closed = self.closed();
+        self.opened().saturating_sub(closed)
+    }
+
+    fn opening(self: &Arc<Self>) -> Arc<Open> {
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        Arc::new(Open(self.clone()))
+    }
+}
+
+/// One open connection of [`ConnectionCounts`]; dropping it counts the close.
+struct Open(Arc<ConnectionCounts>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.closed.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// bb8-redis's manager, plus broken-connection tracking and credentials read from a file.
@@ -38,6 +84,7 @@ pub(super) struct Manager {
     /// bb8 reports a failed connect to its waiters as a timeout, so a file that cannot be used
     /// is logged here, at most once a second.
     auth_file_log: LogThrottle,
+    counts: Arc<ConnectionCounts>,
 }
 
 /// Where new connections go.
@@ -101,6 +148,7 @@ impl bb8::ManageConnection for Manager {
         Ok(Connection {
             redis,
             broken: Arc::new(AtomicBool::new(false)),
+            _open: self.counts.opening(),
         })
     }
 
@@ -155,30 +203,41 @@ fn with_auth(info: ConnectionInfo, auth: &RedisAuth) -> ConnectionInfo {
     info.set_redis_settings(settings)
 }
 
-/// A bb8 pool of connections to one server (or one cluster node), authenticating with the
-/// credentials in `auth_file` when one is given.
+/// What every pool of one store shares: its size, how long a connect may take, where the
+/// credentials come from, and where its connections are counted.
+#[derive(Clone)]
+pub(super) struct PoolSettings {
+    pub(super) size: u32,
+    pub(super) connect_timeout: Duration,
+    /// `REDIS_AUTH_FILE`, read for every new connection.
+    pub(super) auth_file: Option<PathBuf>,
+    pub(super) counts: Arc<ConnectionCounts>,
+}
+
+/// A bb8 pool of connections to one server (or one cluster node), as `settings` say.
 pub(super) fn new_pool(
     info: ConnectionInfo,
-    auth_file: Option<PathBuf>,
-    pool_size: u32,
-    connect_timeout: Duration,
+    settings: &PoolSettings,
 ) -> Result<bb8::Pool<Manager>, StoreError> {
     let manager = Manager {
         source: Source::Direct {
             manager: RedisConnectionManager::new(info.clone()).map_err(redis_error)?,
             info,
         },
-        auth_file,
+        auth_file: settings.auth_file.clone(),
         auth_file_log: LogThrottle::new(),
+        counts: settings.counts.clone(),
     };
-    Ok(pool_of(manager, pool_size, connect_timeout))
+    Ok(pool_of(manager, settings.size, settings.connect_timeout))
 }
 
-/// A pool of connections to the master the sentinels name (`Target::Sentinel`).
+/// A pool of connections to the master the sentinels name (`Target::Sentinel`), as `settings`
+/// say.
 pub(super) fn sentinel_pool(
     master: &str,
     sentinels: &[String],
     options: &RedisOptions,
+    settings: &PoolSettings,
 ) -> Result<bb8::Pool<Manager>, StoreError> {
     let sentinel_infos = sentinels
         .iter()
@@ -200,14 +259,11 @@ pub(super) fn sentinel_pool(
             sentinels: sentinel_infos,
             master: master.to_string(),
         },
-        auth_file: options.auth_file.clone(),
+        auth_file: settings.auth_file.clone(),
         auth_file_log: LogThrottle::new(),
+        counts: settings.counts.clone(),
     };
-    Ok(pool_of(
-        manager,
-        options.pool_size,
-        options.timeout.max(Duration::from_secs(1)),
-    ))
+    Ok(pool_of(manager, settings.size, settings.connect_timeout))
 }
 
 /// A client of `sentinels` for the master named `master`, authenticating to it with `auth`.

@@ -36,13 +36,14 @@ use rand::Rng;
 use redis::{RedisError, Value};
 
 pub use coalesce::PipelineCounts;
+pub use conn::ConnectionCounts;
 pub use options::{RedisAuth, RedisOptions, Target, TlsFiles, redact_url};
 pub use script::TTL_REPAIR_PERIOD;
 
 use self::cluster::Cluster;
 use self::coalesce::Coalescer;
 use self::conn::{
-    Manager, checkout, connection_info, fail, host_port, load, new_pool, redis_error,
+    Manager, PoolSettings, checkout, connection_info, fail, host_port, load, new_pool, redis_error,
     sentinel_pool, with_tls_files,
 };
 use self::script::{
@@ -56,6 +57,8 @@ use super::{
 
 pub struct RedisStore {
     connector: Connector,
+    /// Every connection the store's pools opened and closed.
+    connections: Arc<ConnectionCounts>,
     options: RedisOptions,
     /// Whether calls that fit the lean script go to it (always, but for tests that compare it
     /// with the full script: [`RedisStore::use_lean_script`]).
@@ -89,22 +92,30 @@ impl RedisStore {
             // rustls needs one process-wide crypto provider; a second install is a no-op error.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
+        let connections = Arc::new(ConnectionCounts::default());
+        let pools = PoolSettings {
+            size: options.pool_size,
+            connect_timeout: options.timeout,
+            auth_file: options.auth_file.clone(),
+            counts: connections.clone(),
+        };
+        // Connecting through Sentinel or to a cluster node may take longer than a decision's
+        // deadline (TLS, asking the sentinels); requests are bounded by their own deadline anyway.
+        let slow_connect = PoolSettings {
+            connect_timeout: options.timeout.max(Duration::from_secs(1)),
+            ..pools.clone()
+        };
         let connector = match &options.target {
             Target::Single(url) => {
                 let mut info = connection_info(url, &options)?;
                 if url.starts_with("rediss://") && options.tls != TlsFiles::default() {
                     info = with_tls_files(info, &options.tls)?;
                 }
-                Connector::Single(Coalescer::new(new_pool(
-                    info,
-                    options.auth_file.clone(),
-                    options.pool_size,
-                    options.timeout,
-                )?))
+                Connector::Single(Coalescer::new(new_pool(info, &pools)?))
             }
-            Target::Sentinel { master, sentinels } => {
-                Connector::Single(Coalescer::new(sentinel_pool(master, sentinels, &options)?))
-            }
+            Target::Sentinel { master, sentinels } => Connector::Single(Coalescer::new(
+                sentinel_pool(master, sentinels, &options, &slow_connect)?,
+            )),
             Target::Cluster(nodes) => {
                 let mut template = connection_info(&nodes[0], &options)?;
                 if options.target.tls() && options.tls != TlsFiles::default() {
@@ -114,20 +125,12 @@ impl RedisStore {
                     .iter()
                     .map(|n| host_port(n))
                     .collect::<Result<Vec<_>, _>>()?;
-                // Connecting may take longer than a decision's deadline (TLS); requests are
-                // bounded by their own deadline anyway.
-                let connect = options.timeout.max(Duration::from_secs(1));
-                Connector::Cluster(Arc::new(Cluster::new(
-                    template,
-                    options.auth_file.clone(),
-                    seeds,
-                    options.pool_size,
-                    connect,
-                )))
+                Connector::Cluster(Arc::new(Cluster::new(template, seeds, slow_connect)))
             }
         };
         Ok(Self {
             connector,
+            connections,
             options,
             lean: AtomicBool::new(true),
         })
@@ -155,6 +158,12 @@ impl RedisStore {
             Connector::Single(coalescer) => coalescer.counts(),
             Connector::Cluster(cluster) => cluster.pipeline_counts(),
         }
+    }
+
+    /// The connections the store has opened and closed (every master of a cluster summed), for
+    /// upstream's pool stats.
+    pub fn connections(&self) -> Arc<ConnectionCounts> {
+        self.connections.clone()
     }
 
     /// Pings Redis and loads the script, retrying on `retry`'s schedule until its
