@@ -355,13 +355,17 @@ pub(super) fn decode(reply: &[i64], checks: usize) -> Result<Vec<Outcome>, Store
 /// check that is not a fixed window, is an error.
 pub(super) fn decode_lean(reply: &[i64], checks: &[&Check]) -> Result<Vec<Outcome>, StoreError> {
     let expected = LEAN_LEADING_REPLY + checks.len() * LEAN_REPLY_PER_CHECK;
-    let (Some((&now_micros, counts)), true) = (reply.split_first(), reply.len() == expected) else {
-        return Err(StoreError::Protocol(format!(
-            "expected {expected} integers, got {}",
-            reply.len()
-        )));
+    let (leading, counts) = match reply.split_at_checked(LEAN_LEADING_REPLY) {
+        Some(split) if reply.len() == expected => split,
+        _ => {
+            return Err(StoreError::Protocol(format!(
+                "expected {expected} integers, got {}",
+                reply.len()
+            )));
+        }
     };
-    let now_ms = non_negative(now_micros) / 1000;
+    // The time the script read, in microseconds, as the memory store's clock gives it.
+    let now_ms = non_negative(leading[0]) / 1000;
     checks
         .iter()
         .zip(counts.chunks_exact(LEAN_REPLY_PER_CHECK))
