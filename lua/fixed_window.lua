@@ -6,29 +6,43 @@
 -- Another writer of the same keys (envoyproxy/ratelimit sends INCRBY and EXPIRE separately) can
 -- leave one without a TTL; the script repairs that whenever the count passes a multiple of 64.
 -- Checking on every hit cost a PTTL per descriptor, about an eighth of the script's time, to fix
--- what is only a leak: a key names its window, so a stale one is never counted again. The reset
--- is measured on Redis's clock against the end of the window the key names, clamped to
--- [1 ms, window].
+-- what is only a leak: a key names its window, so a stale one is never counted again.
 --
--- Arguments: hits (decimal string, 0 = look without counting), limit, window_ms, window_end_ms,
--- ttl_ms (window plus expiry jitter). Returns admitted (0/1), remaining, reset_ms, count.
+-- Two parts: fixed_window_count writes (the one place for the INCRBY, the PEXPIRE and the
+-- repair) and returns the count; fixed_window judges that count. The lean script
+-- (fixed_window_lean.lua) runs only the first and leaves the judging to Rust
+-- (store::algorithms::fixed_window_outcome, the same arithmetic as fixed_window's below).
+
 -- Mirrored in Rust as store::redis::TTL_REPAIR_PERIOD (a test checks they agree).
 local TTL_REPAIR_PERIOD = 64
 
-local function fixed_window(key, now_ms, hits, limit, window_ms, window_end_ms, ttl_ms)
-  local count
+-- Counts `hits` (a decimal string; '0' looks without counting) on the counter `key`, giving it
+-- a TTL of ttl_ms (the window plus expiry jitter) when new or found without one at a repair
+-- point. Returns the count after the hits. In a dry run (common.lua) it writes nothing and
+-- returns what the count would be.
+local function fixed_window_count(key, hits, ttl_ms)
   if hits == '0' then
-    count = tonumber(call('GET', key) or '0') or 0
+    return tonumber(call('GET', key) or '0') or 0
   elseif dry_run then
-    count = (tonumber(call('GET', key) or '0') or 0) + tonumber(hits)
-  else
-    -- hits stays a string: INCRBY takes it verbatim, with no float formatting on the way.
-    count = call('INCRBY', key, hits)
-    local added = tonumber(hits)
-    if count == added or (count % TTL_REPAIR_PERIOD < added and call('PTTL', key) < 0) then
-      call('PEXPIRE', key, ttl_ms)
-    end
+    return (tonumber(call('GET', key) or '0') or 0) + tonumber(hits)
   end
+  -- hits stays a string: INCRBY takes it verbatim, with no float formatting on the way.
+  local count = call('INCRBY', key, hits)
+  local added = tonumber(hits)
+  if count == added or (count % TTL_REPAIR_PERIOD < added and call('PTTL', key) < 0) then
+    call('PEXPIRE', key, ttl_ms)
+  end
+  return count
+end
+
+-- The decision on one check: counts as fixed_window_count does, then measures the reset on the
+-- script's clock (now_ms) against the end of the window the key names, clamped to
+-- [1 ms, window].
+--
+-- Arguments: hits, limit, window_ms, window_end_ms, ttl_ms. Returns admitted (0/1), remaining,
+-- reset_ms, count.
+local function fixed_window(key, now_ms, hits, limit, window_ms, window_end_ms, ttl_ms)
+  local count = fixed_window_count(key, hits, ttl_ms)
   limit = tonumber(limit)
   window_ms = tonumber(window_ms)
   local reset_ms = tonumber(window_end_ms) - now_ms

@@ -1,30 +1,30 @@
 -- Entry point of the lean decision script, for the common request: every check a plain fixed
--- window, every check charged (store::Charging::Each). It decides exactly what decide.lua would
--- (common.lua and fixed_window.lua are prepended, so the counting, the TTL repair and the reply
--- are the same code), without the general script's per-call work: no charging mode, no
--- algorithm names to route on, no tables of hits, and only this chunk's few functions to define
--- (decide.lua's defines every algorithm's on every call). src/store/redis/script.rs says when it
--- is used.
+-- window, every check charged (store::Charging::Each). It only counts: per check it runs
+-- fixed_window_count (common.lua and fixed_window.lua are prepended, so the INCRBY, the PEXPIRE
+-- on a new key and the TTL repair are the full script's code) and returns the count; Rust judges
+-- it (admitted, remaining, reset) with the memory store's arithmetic,
+-- store::algorithms::fixed_window_outcome, against the time this script read. So per check
+-- Redis parses two arguments and writes one integer, where the full script (decide.lua) takes
+-- seven and returns four; and no charging mode, algorithm names, tables of hits or other
+-- algorithms' functions. src/store/redis/script.rs says when it is used.
 --
 -- ARGV[1] is empty in production, and Redis's clock (TIME) is used; tests that pin time put
--- microseconds there. Then follow the checks, ARGS_PER_CHECK arguments each: fixed_window's own
--- (hits, limit, window_ms, window_end_ms, ttl_ms). Check i uses KEYS[i]. The reply is decide.lua's:
--- four integers per check (admitted, remaining, reset in milliseconds, count).
+-- microseconds there. Then follow the checks, ARGS_PER_CHECK arguments each: hits and ttl_ms
+-- (fixed_window_count's). Check i uses KEYS[i]. The reply is LEADING_REPLY integers, the time
+-- read in microseconds, then REPLY_PER_CHECK per check, its count after its hits.
 
 -- Needed on Redis 3.2-4.x to write after reading TIME; a no-op from Redis 5 on.
 if redis.replicate_commands then redis.replicate_commands() end
 
--- Both mirrored in src/store/redis/script.rs (a test checks they agree).
-local ARGS_PER_CHECK = 5
-local REPLY_PER_CHECK = 4
+-- All three mirrored in src/store/redis/script.rs (a test checks they agree).
+local ARGS_PER_CHECK = 2
+local LEADING_REPLY = 1
+local REPLY_PER_CHECK = 1
 
-local now_ms = floor(script_now() / 1000)
-
-local reply = {}
+local reply = { script_now() }
 for check = 1, #KEYS do
   local arg = 2 + (check - 1) * ARGS_PER_CHECK
-  local at = (check - 1) * REPLY_PER_CHECK
-  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = fixed_window(KEYS[check], now_ms,
-    ARGV[arg], ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3], ARGV[arg + 4])
+  reply[LEADING_REPLY + check * REPLY_PER_CHECK] = fixed_window_count(KEYS[check], ARGV[arg],
+    ARGV[arg + 1])
 end
 return reply

@@ -619,6 +619,15 @@ async fn pinned_store(
     redis: &RedisServer,
     clock: std::sync::Arc<sluice::clock::ManualClock>,
 ) -> sluice::store::RedisStore {
+    store_on(redis, Some(clock)).await
+}
+
+/// A store of our own on `redis` with no expiry jitter, on Redis's clock unless `clock` pins
+/// the time.
+async fn store_on(
+    redis: &RedisServer,
+    clock: Option<std::sync::Arc<sluice::clock::ManualClock>>,
+) -> sluice::store::RedisStore {
     let store = sluice::store::RedisStore::new(sluice::store::RedisOptions {
         target: sluice::store::redis::Target::Single(redis.url()),
         auth: None,
@@ -628,7 +637,7 @@ async fn pinned_store(
         pool_size: 2,
         timeout: Duration::from_secs(5),
         expiration_jitter_max: Duration::ZERO,
-        pinned_clock: Some(clock),
+        pinned_clock: clock.map(|c| c as _),
     })
     .unwrap();
     store
@@ -654,10 +663,12 @@ fn state_under(redis: &RedisServer, prefix: &str) -> Vec<(String, String, i64)> 
         .collect()
 }
 
-/// The lean script (lua/fixed_window_lean.lua) stands in for the full one only because it
-/// decides the same: for one sequence of calls (over the limit, zero hits, the same key twice
-/// in one call, windows ending, counters another writer left without a TTL), both give the same
-/// replies and leave the same keys, values and TTLs.
+/// The lean script (lua/fixed_window_lean.lua, which only counts, judged in Rust) stands in
+/// for the full one only because it decides the same: for one sequence of calls (over the
+/// limit, refused hits counted, zero hits, the same key twice in one call, windows ending,
+/// checks whose window already ended or has not begun on the store's clock, so the reset is
+/// clamped to 1 ms or to the window, counters another writer left without a TTL), both give the
+/// same replies and leave the same keys, values and TTLs.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_lean_script_decides_and_writes_like_the_full_one() {
     use sluice::store::CounterStore;
@@ -677,6 +688,7 @@ async fn the_lean_script_decides_and_writes_like_the_full_one() {
             }
         }
     }
+    let (mut resets_at_one, mut resets_of_a_window) = (0, 0);
     let mut rng: u64 = 0x2545_F491_4F6C_DD1D;
     let mut next = |n: u64| {
         rng ^= rng << 13;
@@ -686,21 +698,39 @@ async fn the_lean_script_decides_and_writes_like_the_full_one() {
     };
     for step in 0..400 {
         let now = clock.now_micros();
-        let checks: Vec<(String, u64, u64, u64)> = (0..1 + next(3))
+        let checks: Vec<(String, u64, u64, u64, u64, bool)> = (0..1 + next(3))
             .map(|_| {
                 let name = ["a", "b", "c", "d"][next(4) as usize].to_string();
                 let hits = [0, 1, 1, 2, 5, 63, 64, 65][next(8) as usize];
                 let limit = [0, 3, 50, 200, 10_000][next(5) as usize];
                 let window = [1, 60, 3600][next(3) as usize];
-                (name, hits, limit, window)
+                // The time the check was made at, against the store's: mostly the same; before
+                // (its window may have ended: reset 1 ms) or after it (a window not yet begun:
+                // reset clamped to the window).
+                let made_at =
+                    [0, 0, 0, 0, 400_000, 1_200_000, 61_000_000, 1, 2, 3][next(10) as usize];
+                let made_at = match made_at {
+                    ahead @ 1..=3 => now + ahead * 900_000,
+                    behind => now - behind,
+                };
+                (name, hits, limit, window, made_at, next(2) == 1)
             })
             .collect();
         let made = |prefix: &str| -> Vec<Check> {
             checks
                 .iter()
-                .map(|(name, hits, limit, window)| {
-                    fixed_window_check(&format!("{prefix}{name}"), *hits, *limit, *window, now)
-                })
+                .map(
+                    |(name, hits, limit, window, made_at, record_refused)| Check {
+                        record_refused: *record_refused,
+                        ..fixed_window_check(
+                            &format!("{prefix}{name}"),
+                            *hits,
+                            *limit,
+                            *window,
+                            *made_at,
+                        )
+                    },
+                )
                 .collect()
         };
         let (lean_checks, full_checks) = (made("lean:"), made("full:"));
@@ -709,8 +739,16 @@ async fn the_lean_script_decides_and_writes_like_the_full_one() {
         let a = lean.check(&lean_refs).await.unwrap();
         let b = full.check(&full_refs).await.unwrap();
         assert_eq!(a, b, "step {step}: {checks:?}");
+        for (outcome, (_, _, _, window, _, _)) in a.iter().zip(&checks) {
+            resets_at_one += u32::from(outcome.reset_ms == 1);
+            resets_of_a_window += u32::from(outcome.reset_ms == window * 1000);
+        }
         clock.advance_micros(next(700_000));
     }
+    assert!(
+        resets_at_one > 5 && resets_of_a_window > 5,
+        "the sequence clamped few resets: {resets_at_one} to 1 ms, {resets_of_a_window} to a window"
+    );
     let (a, b) = (state_under(&redis, "lean:"), state_under(&redis, "full:"));
     assert_eq!(a.len(), b.len(), "{a:?}\n{b:?}");
     assert!(a.len() > 10, "the sequence wrote few counters: {a:?}");
@@ -720,6 +758,86 @@ async fn the_lean_script_decides_and_writes_like_the_full_one() {
         assert!(
             a.2 > 0 && (a.2 - b.2).abs() <= 10_000,
             "TTLs {a:?} vs {b:?}"
+        );
+    }
+}
+
+/// What the lean script sends back: the time it read (the pinned one here, in microseconds),
+/// then each check's count after its hits, a zero-hit check only looking; Rust judges them.
+/// Its writes are the full script's: a new counter gets the TTL it was given.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_lean_script_returns_the_time_and_the_counts() {
+    let redis = RedisServer::start();
+    let _store = store_on(&redis, None).await;
+    let sha = sluice::store::RedisStore::lean_script_sha1();
+    let mut conn = redis.connection();
+    let mut call = |pinned: &str| -> Vec<i64> {
+        redis::cmd("EVALSHA")
+            .arg(sha)
+            .arg(2)
+            .arg("c1")
+            .arg("c2")
+            .arg(pinned)
+            .arg(&["3", "60000", "0", "60000"])
+            .query(&mut conn)
+            .unwrap()
+    };
+    assert_eq!(call("1700000000250000"), [1_700_000_000_250_000, 3, 0]);
+    assert_eq!(call("1700000000250999"), [1_700_000_000_250_999, 6, 0]);
+    let (ttl, exists): (i64, bool) = {
+        let mut conn = redis.connection();
+        (conn.pttl("c1").unwrap(), conn.exists("c2").unwrap())
+    };
+    assert!(ttl > 50_000 && ttl <= 60_000, "{ttl}");
+    assert!(!exists, "a zero-hit check wrote its counter");
+    // On Redis's clock: now, in microseconds.
+    let before = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    let read = call("")[0];
+    let after = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    assert!(
+        before - 1_000 <= read && read <= after + 1_000,
+        "{before} {read} {after}"
+    );
+}
+
+/// On Redis's clock (nothing pinned) the lean script's answers are measured against the time
+/// Redis read: the reset is the rest of the window on that clock, as the full script's is.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_redis_clock_the_reset_is_the_rest_of_the_window() {
+    use sluice::store::CounterStore;
+    let redis = RedisServer::start();
+    let lean = store_on(&redis, None).await;
+    let full = store_on(&redis, None).await;
+    full.use_lean_script(false);
+    let micros = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64
+    };
+    for (name, store) in [("lean", &lean), ("full", &full)] {
+        let before = micros();
+        let check = fixed_window_check(name, 2, 5, 3600, before);
+        let Rule::FixedWindow { window_start, .. } = check.rule else {
+            unreachable!()
+        };
+        let out = store.check(&[&check]).await.unwrap()[0];
+        let after = micros();
+        let end_ms = (window_start + 3600) * 1000;
+        assert!(
+            end_ms - after / 1000 <= out.reset_ms + 1 && out.reset_ms <= end_ms - before / 1000,
+            "{name}: {out:?}, {before}..{after}"
+        );
+        assert_eq!(
+            (out.admitted, out.remaining, out.used),
+            (true, 3, 2),
+            "{name}"
         );
     }
 }

@@ -98,10 +98,13 @@ pub fn fixed_window(
     }
 }
 
-/// Fixed-window arithmetic, so the memory store and the Lua script (by the same formula)
-/// derive admitted/remaining/reset identically from the count (after this request's hits, which
-/// upstream's fixed window counts even when it refuses them).
-fn fixed_window_outcome(
+/// Fixed-window arithmetic: admitted/remaining/reset from the count after this request's hits
+/// (which upstream's fixed window counts even when it refuses them), the reset measured at
+/// `now_ms` against the end of the window the key names, clamped to [1 ms, window]. The memory
+/// store and the Redis store's lean script (which returns only counts and the time it read,
+/// `lua/fixed_window_lean.lua`) both judge with this function; the full Lua script has its
+/// twin in `fixed_window` (`lua/fixed_window.lua`).
+pub(crate) fn fixed_window_outcome(
     count: u64,
     limit: u64,
     window_secs: u64,
@@ -110,7 +113,8 @@ fn fixed_window_outcome(
 ) -> Outcome {
     let window_ms = window_secs * 1000;
     let end_ms = (window_start + window_secs) * 1000;
-    let reset_ms = end_ms.saturating_sub(now_ms).clamp(1, window_ms);
+    // Not `clamp(1, window_ms)`, which panics on a zero window; the same for any other.
+    let reset_ms = end_ms.saturating_sub(now_ms).min(window_ms).max(1);
     Outcome {
         admitted: count <= limit,
         remaining: limit.saturating_sub(count),

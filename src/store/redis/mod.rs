@@ -47,7 +47,8 @@ use self::conn::{
     sentinel_pool, with_tls_files,
 };
 use self::script::{
-    ELSEWHERE, FIXED_WINDOW_LEAN, Keys, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK,
+    ELSEWHERE, FIXED_WINDOW_LEAN, Keys, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK, Reply,
+    decode,
 };
 use super::{
     Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
@@ -317,7 +318,7 @@ impl RedisStore {
             let mut indexes: Vec<usize> = slots.iter().flat_map(|(_, i)| i).copied().collect();
             indexes.sort_unstable();
             let part: Vec<&Check> = indexes.iter().map(|&i| checks[i]).collect();
-            let cmd = self.decision(&part, charging, Keys::AcrossSlots);
+            let (cmd, layout) = self.decision(&part, charging, Keys::AcrossSlots);
             match cluster.run_on(master, cmd).await? {
                 // Refused before anything was written (lua/across_slots.lua): one call per slot.
                 Some(Value::SimpleString(refusal)) if refusal.starts_with(ELSEWHERE) => {
@@ -327,7 +328,7 @@ impl RedisStore {
                     let reply: Vec<i64> = parse(value)?;
                     return Ok(indexes
                         .into_iter()
-                        .zip(decode(&reply, part.len())?)
+                        .zip(layout.decode(&reply, &part)?)
                         .collect());
                 }
                 // Not sent, or refused as a whole by the cluster: nothing ran.
@@ -350,13 +351,14 @@ impl RedisStore {
         checks: &[&Check],
         charging: Charging,
     ) -> Result<Vec<Outcome>, StoreError> {
-        let cmd = self.decision(checks, charging, Keys::Declared);
+        let (cmd, layout) = self.decision(checks, charging, Keys::Declared);
         let reply: Vec<i64> = parse(self.route(slot, cmd).await?)?;
-        decode(&reply, checks.len())
+        layout.decode(&reply, checks)
     }
 
-    /// The script call deciding `checks`, with each new counter's expiry jittered.
-    fn decision(&self, checks: &[&Check], charging: Charging, keys: Keys) -> redis::Cmd {
+    /// The script call deciding `checks`, with each new counter's expiry jittered, and how its
+    /// reply is laid out.
+    fn decision(&self, checks: &[&Check], charging: Charging, keys: Keys) -> (redis::Cmd, Reply) {
         let jitter_ms = self.options.expiration_jitter_max.as_millis() as u64;
         let mut rng = rand::rng();
         let jitter = move || {
@@ -471,26 +473,6 @@ fn parse_record(fields: RecordFields) -> Result<Option<LimiterRecord>, StoreErro
         per_client: per_client.as_deref() == Some("1"),
         description: desc.unwrap_or_default(),
     }))
-}
-
-fn decode(reply: &[i64], checks: usize) -> Result<Vec<Outcome>, StoreError> {
-    if reply.len() != checks * REPLY_PER_CHECK {
-        return Err(StoreError::Protocol(format!(
-            "expected {} integers, got {}",
-            checks * REPLY_PER_CHECK,
-            reply.len()
-        )));
-    }
-    let as_u64 = |n: i64| u64::try_from(n).unwrap_or(0);
-    Ok(reply
-        .chunks_exact(REPLY_PER_CHECK)
-        .map(|r| Outcome {
-            admitted: r[0] == 1,
-            remaining: as_u64(r[1]),
-            reset_ms: as_u64(r[2]).max(1),
-            used: as_u64(r[3]),
-        })
-        .collect())
 }
 
 impl RedisStore {

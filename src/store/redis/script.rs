@@ -1,9 +1,11 @@
 //! The Lua scripts: their sources (assembled from the files in `lua/`), their SHA1s, and the
-//! layout of their arguments. The one place that knows how a [`Rule`] is spelled for Lua.
+//! layout of their arguments and of the decision scripts' replies. The one place that knows how
+//! a [`Rule`] is spelled for Lua and how a reply is read back into [`Outcome`]s.
 
 use std::sync::LazyLock;
 
-use crate::store::{Charging, Check, Rule, StoreError};
+use crate::store::algorithms::fixed_window_outcome;
+use crate::store::{Charging, Check, Outcome, Rule, StoreError};
 
 /// Helpers and algorithms, shared by both entry points; each script is one chunk so its entry
 /// point can call them.
@@ -89,9 +91,33 @@ pub(super) enum Keys {
     AcrossSlots,
 }
 
+/// How a decision call's reply is laid out: which script the call went to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reply {
+    /// [`DECISION`]'s: [`REPLY_PER_CHECK`] integers per check, the outcome ([`decode`]).
+    Decided,
+    /// [`FIXED_WINDOW_LEAN`]'s: the time it read, then each check's count ([`decode_lean`]).
+    Counted,
+}
+
+impl Reply {
+    /// The outcomes of `checks` from the reply of the call [`decision_call`] made for them.
+    pub(super) fn decode(
+        self,
+        reply: &[i64],
+        checks: &[&Check],
+    ) -> Result<Vec<Outcome>, StoreError> {
+        match self {
+            Reply::Decided => decode(reply, checks.len()),
+            Reply::Counted => decode_lean(reply, checks),
+        }
+    }
+}
+
 /// One call deciding `checks` with their keys laid out as `keys` says: `EVALSHA`, the SHA1 of
 /// the lean script when [`fits_lean`] (and `lean`, which only tests turn off) or else of the
-/// full one, and its arguments. `pinned_now_micros` and `ttl_jitter_ms` as [`encode`] takes them.
+/// full one, and its arguments; and how to read its reply. `pinned_now_micros` and
+/// `ttl_jitter_ms` as [`encode`] takes them.
 pub(super) fn decision_call(
     checks: &[&Check],
     charging: Charging,
@@ -99,7 +125,7 @@ pub(super) fn decision_call(
     keys: Keys,
     pinned_now_micros: Option<u64>,
     ttl_jitter_ms: impl FnMut() -> u64,
-) -> redis::Cmd {
+) -> (redis::Cmd, Reply) {
     if lean && fits_lean(checks, charging) {
         let script = match keys {
             Keys::Declared => &FIXED_WINDOW_LEAN,
@@ -107,7 +133,7 @@ pub(super) fn decision_call(
         };
         let mut cmd = evalsha(script, capacity_lean(checks, keys));
         encode_lean(&mut cmd, checks, keys, pinned_now_micros, ttl_jitter_ms);
-        cmd
+        (cmd, Reply::Counted)
     } else {
         let script = match keys {
             Keys::Declared => &DECISION,
@@ -122,7 +148,7 @@ pub(super) fn decision_call(
             pinned_now_micros,
             ttl_jitter_ms,
         );
-        cmd
+        (cmd, Reply::Decided)
     }
 }
 
@@ -136,10 +162,11 @@ pub(super) fn evalsha(script: &LuaScript, (arguments, bytes): (usize, usize)) ->
     cmd
 }
 
-/// Decides a batch of RLS checks that [`fits_lean`] (`lua/fixed_window_lean.lua`): the same
-/// answers and writes as [`DECISION`], for about two thirds of its time inside Redis with one
-/// check. It carries only the fixed window, so defining the other algorithms' functions on
-/// every call is not part of its cost.
+/// Counts a batch of RLS checks that [`fits_lean`] (`lua/fixed_window_lean.lua`): the same
+/// writes as [`DECISION`], and with [`decode_lean`] the same answers. It carries only the fixed
+/// window's counting, so defining the other algorithms' functions on every call is not part of
+/// its cost, and it leaves the judging to Rust, so per check it takes two arguments and
+/// returns one integer.
 pub(super) static FIXED_WINDOW_LEAN: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::join(LEAN_PARTS));
 
@@ -155,8 +182,15 @@ const LEAN_PARTS: &[&str] = &[
 ];
 
 /// Arguments per check of [`FIXED_WINDOW_LEAN`], after its one leading argument (the pinned
-/// time): the fixed window's own.
-const LEAN_ARGS_PER_CHECK: usize = 5;
+/// time): what `fixed_window_count` in `lua/fixed_window.lua` takes, hits and ttl_ms.
+const LEAN_ARGS_PER_CHECK: usize = 2;
+
+/// Integers before the first check's in [`FIXED_WINDOW_LEAN`]'s reply: the time it read, in
+/// microseconds.
+const LEAN_LEADING_REPLY: usize = 1;
+
+/// Integers per check in [`FIXED_WINDOW_LEAN`]'s reply: the count after its hits.
+const LEAN_REPLY_PER_CHECK: usize = 1;
 
 /// Whether [`FIXED_WINDOW_LEAN`] decides `checks` exactly as [`DECISION`] would, and so may
 /// stand in for it: every check is a fixed window, and every check is charged on its own (the
@@ -267,14 +301,9 @@ pub(super) fn encode_lean(
 ) {
     keys_and_clock(cmd, checks, keys, pinned_now_micros);
     for check in checks {
-        if let Rule::FixedWindow {
-            limit,
-            window_secs,
-            window_start,
-        } = check.rule
-        {
-            cmd.arg(check.hits);
-            fixed_window_args(cmd, limit, window_secs, window_start, ttl_jitter_ms());
+        if let Rule::FixedWindow { window_secs, .. } = check.rule {
+            cmd.arg(check.hits)
+                .arg(fixed_window_ttl_ms(window_secs, ttl_jitter_ms()));
         }
     }
 }
@@ -288,17 +317,88 @@ fn fixed_window_args(
     window_start: u64,
     ttl_jitter_ms: u64,
 ) {
-    let window_ms = window_secs * 1000;
     cmd.arg(limit)
-        .arg(window_ms)
+        .arg(window_secs * 1000)
         .arg((window_start + window_secs) * 1000)
-        .arg(window_ms + ttl_jitter_ms);
+        .arg(fixed_window_ttl_ms(window_secs, ttl_jitter_ms));
+}
+
+/// The expiry a new fixed-window counter gets: its window plus the jitter drawn for it.
+fn fixed_window_ttl_ms(window_secs: u64, ttl_jitter_ms: u64) -> u64 {
+    window_secs * 1000 + ttl_jitter_ms
+}
+
+/// The outcomes of [`DECISION`]'s reply for `checks` checks: [`REPLY_PER_CHECK`] integers each,
+/// admitted (1/0), remaining, reset in ms, used. A reply of another length is an error.
+pub(super) fn decode(reply: &[i64], checks: usize) -> Result<Vec<Outcome>, StoreError> {
+    if reply.len() != checks * REPLY_PER_CHECK {
+        return Err(StoreError::Protocol(format!(
+            "expected {} integers, got {}",
+            checks * REPLY_PER_CHECK,
+            reply.len()
+        )));
+    }
+    Ok(reply
+        .chunks_exact(REPLY_PER_CHECK)
+        .map(|r| Outcome {
+            admitted: r[0] == 1,
+            remaining: non_negative(r[1]),
+            reset_ms: non_negative(r[2]).max(1),
+            used: non_negative(r[3]),
+        })
+        .collect())
+}
+
+/// The outcomes of [`FIXED_WINDOW_LEAN`]'s reply for `checks` (fixed windows, [`fits_lean`]):
+/// each check's count judged with the memory store's arithmetic ([`fixed_window_outcome`]) at
+/// the time the script read, so the answers are [`DECISION`]'s. A reply of another length, or a
+/// check that is not a fixed window, is an error.
+pub(super) fn decode_lean(reply: &[i64], checks: &[&Check]) -> Result<Vec<Outcome>, StoreError> {
+    let expected = LEAN_LEADING_REPLY + checks.len() * LEAN_REPLY_PER_CHECK;
+    let (leading, counts) = match reply.split_at_checked(LEAN_LEADING_REPLY) {
+        Some(split) if reply.len() == expected => split,
+        _ => {
+            return Err(StoreError::Protocol(format!(
+                "expected {expected} integers, got {}",
+                reply.len()
+            )));
+        }
+    };
+    // The time the script read, in microseconds, as the memory store's clock gives it.
+    let now_ms = non_negative(leading[0]) / 1000;
+    checks
+        .iter()
+        .zip(counts.chunks_exact(LEAN_REPLY_PER_CHECK))
+        .map(|(check, count)| match check.rule {
+            Rule::FixedWindow {
+                limit,
+                window_secs,
+                window_start,
+            } => Ok(fixed_window_outcome(
+                non_negative(count[0]),
+                limit,
+                window_secs,
+                window_start,
+                now_ms,
+            )),
+            ref rule => Err(StoreError::Protocol(format!(
+                "a count for a {} check",
+                rule_name(rule)
+            ))),
+        })
+        .collect()
+}
+
+/// A reply's integer as a `u64`; a negative one (never written by Sluice) as 0.
+fn non_negative(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
 }
 
 /// [`capacity`] for [`encode_lean`].
 pub(super) fn capacity_lean(checks: &[&Check], keys: Keys) -> (usize, usize) {
     const NUMBER: usize = 20;
     let key_bytes: usize = checks.iter().map(|c| c.key.len()).sum();
+    // The key count and the pinned time, then per check its key and its arguments.
     let arguments = 2 + checks.len() * (1 + LEAN_ARGS_PER_CHECK);
     with_layout(
         keys,
@@ -458,7 +558,14 @@ mod tests {
                 lean,
                 format!("local ARGS_PER_CHECK = {LEAN_ARGS_PER_CHECK}\n"),
             ),
-            (lean, format!("local REPLY_PER_CHECK = {REPLY_PER_CHECK}\n")),
+            (
+                lean,
+                format!("local LEADING_REPLY = {LEAN_LEADING_REPLY}\n"),
+            ),
+            (
+                lean,
+                format!("local REPLY_PER_CHECK = {LEAN_REPLY_PER_CHECK}\n"),
+            ),
             (decide, format!("local LEADING_ARGS = {LEADING_ARGS}\n")),
             (decide, format!("local ARGS_PER_CHECK = {ARGS_PER_CHECK}\n")),
             (
@@ -572,7 +679,8 @@ mod tests {
         let args = text_args(&cmd);
         assert_eq!(args.len(), 1 + 2 + 1 + 2 * LEAN_ARGS_PER_CHECK);
         assert_eq!(&args[..4], ["2", "d_k_v_60", "d_k_v_60", "5"]);
-        assert_eq!(&args[4..9], ["3", "10", "60000", "120000", "60007"]);
+        // Only what the count needs: the hits and the new counter's expiry.
+        assert_eq!(&args[4..], ["3", "60007", "3", "60007"]);
         let (arguments, bytes) = capacity_lean(&[&fixed, &fixed], Keys::Declared);
         assert_eq!(arguments, args.len());
         assert!(bytes >= args.iter().map(String::len).sum());
@@ -593,6 +701,63 @@ mod tests {
             capacity_lean(&[&fixed, &fixed], Keys::AcrossSlots).0,
             across.len()
         );
+    }
+
+    /// The lean script's reply, the time it read and each count, is judged as the memory store
+    /// judges a count; a reply of any other shape is an error, never a panic.
+    #[test]
+    fn lean_replies_are_judged_like_the_memory_store_and_checked() {
+        let check = fixed_window_check(false);
+        let (limit, window_secs, window_start) = (10, 60, 60);
+        let checks = [&check, &check];
+        // 100.5 s: 19.5 s before the window ends.
+        let outcomes = decode_lean(&[100_500_000, 4, 12], &checks).unwrap();
+        assert_eq!(
+            outcomes,
+            [
+                fixed_window_outcome(4, limit, window_secs, window_start, 100_500),
+                fixed_window_outcome(12, limit, window_secs, window_start, 100_500),
+            ]
+        );
+        assert_eq!(
+            (
+                outcomes[0].admitted,
+                outcomes[0].remaining,
+                outcomes[0].reset_ms
+            ),
+            (true, 6, 19_500)
+        );
+        assert_eq!((outcomes[1].admitted, outcomes[1].remaining), (false, 0));
+        // The window over (reset at least 1 ms) or not begun (at most the window).
+        assert_eq!(
+            decode_lean(&[130_000_000, 1], &[&check]).unwrap()[0].reset_ms,
+            1
+        );
+        assert_eq!(
+            decode_lean(&[1_000_000, 1], &[&check]).unwrap()[0].reset_ms,
+            60_000
+        );
+        // What Sluice never writes reads as zero.
+        assert_eq!(decode_lean(&[-5, -1], &[&check]).unwrap()[0].used, 0);
+
+        for bad in [&[][..], &[100_500_000], &[100_500_000, 4], &[1, 2, 3, 4]] {
+            assert!(
+                matches!(decode_lean(bad, &checks), Err(StoreError::Protocol(_))),
+                "{bad:?}"
+            );
+        }
+        let gcra = Check {
+            rule: Rule::Gcra {
+                interval: 7,
+                burst: 9,
+            },
+            ..check.clone()
+        };
+        assert!(decode_lean(&[100_500_000, 1], &[&gcra]).is_err());
+        // The full script's layout, and which one a call reads.
+        assert!(decode(&[1, 2, 3], 1).is_err());
+        assert!(Reply::Counted.decode(&[1, 2, 3, 4], &[&check]).is_err());
+        assert!(Reply::Decided.decode(&[1, 2, 3, 4], &[&check]).is_ok());
     }
 
     #[test]
