@@ -291,6 +291,43 @@ async fn statsd_sink_sends_counters_and_timers_over_tcp() {
     drop(sluice);
 }
 
+/// The sink connects before it formats a flush; while nothing listens, flushes are dropped, and
+/// once a statsd server is there, counters and timers reach it.
+#[tokio::test(flavor = "multi_thread")]
+async fn statsd_sink_sends_once_a_server_listens() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (sluice, _dir) = start_with_statsd(port, false).await;
+    // Several flushes (every 100 ms) find nobody.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let mut c = sluice.client().await;
+    ask(&mut c, request("app", vec![descriptor(&[("k", "y")])])).await;
+    let (stream, _) = listener.accept().unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let hits = "ratelimit.service.rate_limit.app.k.total_hits.__env=t:";
+    let timer = "ratelimit_server.ShouldRateLimit.response_time.__env=t:";
+    let lines = BufReader::new(stream).lines().map_while(Result::ok);
+    let seen = read_until(lines, |seen| {
+        seen.iter().any(|l| l.starts_with(hits)) && seen.iter().any(|l| l.starts_with(timer))
+    });
+    assert!(
+        seen.iter().any(|l| l.starts_with(hits)),
+        "no hits in {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|l| l.starts_with(timer) && l.ends_with("|ms")),
+        "no timer in {seen:?}"
+    );
+    drop(sluice);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn dogstatsd_sink_sends_tags() {
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();

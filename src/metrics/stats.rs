@@ -53,6 +53,11 @@ impl Stat {
         &self.name
     }
 
+    /// Whether [`Self::take_delta`] would give more than 0.
+    pub(super) fn has_news(&self) -> bool {
+        self.get() != self.flushed.load(Ordering::Relaxed)
+    }
+
     /// The increase since the last call (for the statsd sink).
     pub(super) fn take_delta(&self) -> u64 {
         let now = self.get();
@@ -221,6 +226,18 @@ impl StatStore {
         let mut all: Vec<Counter> = read(&self.counters).values().cloned().collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
         all
+    }
+
+    /// Whether a counter grew or a timer sample came since the last flush (the statsd sink's
+    /// [`Stat::take_delta`] and [`Self::take_timers`]), or there are observed stats, whose
+    /// gauges go out at every flush.
+    pub(super) fn has_news(&self) -> bool {
+        let timed = self.timers.as_ref().is_some_and(|t| {
+            !lock(t).is_empty() || self.timers_dropped.load(Ordering::Relaxed) > 0
+        });
+        timed
+            || !read(&self.observed).is_empty()
+            || read(&self.counters).values().any(|c| c.has_news())
     }
 
     /// The timer samples since the last call, and how many were dropped.

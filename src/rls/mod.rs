@@ -152,10 +152,11 @@ struct StoreAnswer<'a, 'c> {
 struct Answers<'p> {
     statuses: Vec<DescriptorStatus>,
     /// Per status, the limit it was judged under when it is not over that limit (for the
-    /// dynamic metadata).
+    /// dynamic metadata; empty without it).
     passed: Vec<Option<&'p Limit>>,
     /// Per status, the length in seconds of the window of the limit it names (0: none), for
-    /// the draft headers' `w=` (the protocol's unit does not carry `unit_multiplier`).
+    /// the draft headers' `w=` (the protocol's unit does not carry `unit_multiplier`; empty
+    /// without them).
     windows: Vec<u64>,
     tally: response::Tally,
 }
@@ -406,10 +407,14 @@ impl RateLimiter {
             plan,
             outcomes,
         };
+        // `passed` and `windows` are read only for dynamic metadata and the draft headers: left
+        // empty (no allocation) otherwise.
+        let n = plan.slots.len();
+        let (metadata, draft) = (self.options.dynamic_metadata, self.options.draft_headers);
         let mut answers = Answers {
-            statuses: Vec::with_capacity(plan.slots.len()),
-            passed: Vec::with_capacity(plan.slots.len()),
-            windows: Vec::with_capacity(plan.slots.len()),
+            statuses: Vec::with_capacity(n),
+            passed: Vec::with_capacity(if metadata { n } else { 0 }),
+            windows: Vec::with_capacity(if draft { n } else { 0 }),
             tally: response::Tally::default(),
         };
         for (index, (slot, descriptor)) in plan.slots.iter().zip(&request.descriptors).enumerate() {
@@ -436,13 +441,17 @@ impl RateLimiter {
                 }
             };
             answers.tally.add(index, judged);
-            answers.passed.push(match decided {
-                Some(c) if !judged.over => Some(&*c.limit),
-                _ => None,
-            });
-            answers
-                .windows
-                .push(decided.map_or(0, |c| c.rate.window_secs));
+            if metadata {
+                answers.passed.push(match decided {
+                    Some(c) if !judged.over => Some(&*c.limit),
+                    _ => None,
+                });
+            }
+            if draft {
+                answers
+                    .windows
+                    .push(decided.map_or(0, |c| c.rate.window_secs));
+            }
             answers.statuses.push(status);
         }
         answers

@@ -235,12 +235,18 @@ pub(crate) struct Expired;
 /// HTTP/2 server serving it gives up and drops it (closing the socket), whatever calls it still
 /// carries. Until then it is the connection itself.
 ///
-/// The deadline is a timer polled by every read and write: an idle connection waits in a read,
-/// so the timer wakes it at the deadline too.
+/// The deadline is a timer, polled by the first operation, which arms it. After that, every
+/// read and write looks at whether it has fired, which is one atomic load; only an operation
+/// that makes the task wait (it returned `Pending`) polls it again, so that it wakes the task at
+/// the deadline: an idle connection waits in a read, so the deadline still ends it. Polling the
+/// timer on every operation, as this did before, registered the task's waker with it about six
+/// times per request.
 pub struct Expiring<IO> {
     io: IO,
     /// `None`: no deadline.
     deadline: Option<Pin<Box<Sleep>>>,
+    /// Whether the timer has been polled once: before that it cannot fire.
+    armed: bool,
     expired: bool,
 }
 
@@ -251,25 +257,57 @@ impl<IO> Expiring<IO> {
             io,
             // `sleep` saturates a deadline too far away to represent, so any lifetime is fine.
             deadline: lifetime.map(|lifetime| Box::pin(tokio::time::sleep(lifetime))),
+            armed: false,
             expired: false,
         }
     }
 
-    /// Whether the lifetime has passed; if not, the task is woken when it does.
+    /// Whether the lifetime has passed (the timer has fired, or fires as it is armed).
     fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
         if !self.expired {
             let Some(deadline) = &mut self.deadline else {
                 return Ok(());
             };
-            if deadline.as_mut().poll(cx).is_pending() {
+            let passed = if self.armed {
+                deadline.is_elapsed()
+            } else {
+                self.armed = true;
+                deadline.as_mut().poll(cx).is_ready()
+            };
+            if !passed {
                 return Ok(());
             }
-            self.expired = true;
-            self.deadline = None;
-            tracing::debug!("closing a gRPC connection: {Expired}");
+            self.expire();
         }
-        Err(io::Error::new(io::ErrorKind::TimedOut, Expired))
+        Err(expired())
     }
+
+    /// `poll` as the connection answered it; when it makes the task wait, the deadline must be
+    /// able to wake the task, so the timer is polled (and when it has passed, the operation
+    /// fails instead).
+    fn wait<T>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if poll.is_ready() || self.expired {
+            return poll;
+        }
+        let Some(deadline) = &mut self.deadline else {
+            return poll;
+        };
+        if deadline.as_mut().poll(cx).is_pending() {
+            return poll;
+        }
+        self.expire();
+        Poll::Ready(Err(expired()))
+    }
+
+    fn expire(&mut self) {
+        self.expired = true;
+        self.deadline = None;
+        tracing::debug!("closing a gRPC connection: {Expired}");
+    }
+}
+
+fn expired() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, Expired)
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Expiring<IO> {
@@ -279,7 +317,8 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Expiring<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         self.check(cx)?;
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let poll = Pin::new(&mut self.io).poll_read(cx, buf);
+        self.wait(cx, poll)
     }
 }
 
@@ -290,7 +329,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Expiring<IO> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         self.check(cx)?;
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let poll = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.wait(cx, poll)
     }
 
     fn poll_write_vectored(
@@ -299,7 +339,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Expiring<IO> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         self.check(cx)?;
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let poll = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.wait(cx, poll)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -308,7 +349,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Expiring<IO> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.check(cx)?;
-        Pin::new(&mut self.io).poll_flush(cx)
+        let poll = Pin::new(&mut self.io).poll_flush(cx);
+        self.wait(cx, poll)
     }
 
     // Shutting down stays possible after the deadline: it is how the socket gets closed.
@@ -356,5 +398,18 @@ mod tests {
         assert!(conn.flush().await.is_err());
         // Shutting down still works: it is how the socket gets closed.
         conn.shutdown().await.unwrap();
+    }
+
+    /// A connection whose every operation completes at once never waits, so the timer is only
+    /// armed by its first operation; the deadline must end it all the same.
+    #[tokio::test]
+    async fn a_connection_that_never_waits_still_expires() {
+        let lifetime = Duration::from_millis(100);
+        let (ours, _peer) = tokio::io::duplex(1 << 16);
+        let mut conn = Expiring::new(ours, Some(lifetime));
+        conn.write_all(b"first").await.unwrap();
+        tokio::time::sleep(lifetime * 2).await;
+        let e = conn.write_all(b"late").await.unwrap_err();
+        assert!(e.get_ref().is_some_and(|e| e.is::<Expired>()), "{e}");
     }
 }
