@@ -54,8 +54,10 @@ struct Topology {
 }
 
 pub(super) struct Cluster {
-    /// Settings to connect with (auth, TLS); the address is replaced per node.
+    /// Settings to connect with (auth, whether TLS); the address is replaced per node.
     template: ConnectionInfo,
+    /// TLS settings, for `rediss://` nodes.
+    tls: Option<Arc<rustls::ClientConfig>>,
     /// `REDIS_AUTH_FILE`, read by each node's pool for every new connection.
     auth_file: Option<PathBuf>,
     seeds: Vec<String>,
@@ -84,9 +86,11 @@ enum Attempt<T> {
 }
 
 impl Cluster {
-    /// `seeds` are `host:port` addresses; `template` carries auth and TLS settings.
+    /// `seeds` are `host:port` addresses; `template` carries auth settings and whether to use
+    /// TLS, `tls` its settings.
     pub(super) fn new(
         template: ConnectionInfo,
+        tls: Option<Arc<rustls::ClientConfig>>,
         auth_file: Option<PathBuf>,
         seeds: Vec<String>,
         pool_size: u32,
@@ -94,6 +98,7 @@ impl Cluster {
     ) -> Self {
         Self {
             template,
+            tls,
             auth_file,
             seeds,
             pool_size,
@@ -131,6 +136,7 @@ impl Cluster {
             name: node.to_string(),
             pool: new_pool(
                 self.node_info(node)?,
+                self.tls.clone(),
                 self.auth_file.clone(),
                 self.pool_size,
                 self.connect_timeout,

@@ -24,6 +24,7 @@ mod conn;
 mod options;
 mod script;
 pub mod slot;
+mod wire;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -43,7 +44,7 @@ use self::cluster::Cluster;
 use self::coalesce::Coalescer;
 use self::conn::{
     Manager, checkout, connection_info, fail, host_port, load, new_pool, redis_error,
-    sentinel_pool, with_tls_files,
+    sentinel_pool, tls_config,
 };
 use self::script::{
     ELSEWHERE, FIXED_WINDOW_LEAN, Keys, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK,
@@ -91,12 +92,14 @@ impl RedisStore {
         }
         let connector = match &options.target {
             Target::Single(url) => {
-                let mut info = connection_info(url, &options)?;
-                if url.starts_with("rediss://") && options.tls != TlsFiles::default() {
-                    info = with_tls_files(info, &options.tls)?;
-                }
+                let tls = if url.starts_with("rediss://") {
+                    Some(tls_config(&options.tls)?)
+                } else {
+                    None
+                };
                 Connector::Single(Coalescer::new(new_pool(
-                    info,
+                    connection_info(url, &options)?,
+                    tls,
                     options.auth_file.clone(),
                     options.pool_size,
                     options.timeout,
@@ -106,10 +109,12 @@ impl RedisStore {
                 Connector::Single(Coalescer::new(sentinel_pool(master, sentinels, &options)?))
             }
             Target::Cluster(nodes) => {
-                let mut template = connection_info(&nodes[0], &options)?;
-                if options.target.tls() && options.tls != TlsFiles::default() {
-                    template = with_tls_files(template, &options.tls)?;
-                }
+                let template = connection_info(&nodes[0], &options)?;
+                let tls = if options.target.tls() {
+                    Some(tls_config(&options.tls)?)
+                } else {
+                    None
+                };
                 let seeds = nodes
                     .iter()
                     .map(|n| host_port(n))
@@ -119,6 +124,7 @@ impl RedisStore {
                 let connect = options.timeout.max(Duration::from_secs(1));
                 Connector::Cluster(Arc::new(Cluster::new(
                     template,
+                    tls,
                     options.auth_file.clone(),
                     seeds,
                     options.pool_size,
