@@ -36,7 +36,10 @@ async fn calls_on_a_killed_connection_fail_and_are_not_sent_again() {
     // Redis holds the script calls unanswered (they write), so they are on the wire when the
     // connection is killed; Redis drops them without running them.
     assert_eq!(
-        redis.cli(&["CLIENT", "PAUSE", "10000", "WRITE"]).unwrap().trim(),
+        redis
+            .cli(&["CLIENT", "PAUSE", "10000", "WRITE"])
+            .unwrap()
+            .trim(),
         "OK"
     );
     let calls: Vec<_> = (0..4)
@@ -58,7 +61,11 @@ async fn calls_on_a_killed_connection_fail_and_are_not_sent_again() {
         assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(counter(&redis, 0, "alice"), None, "a lost call was sent again");
+    assert_eq!(
+        counter(&redis, 0, "alice"),
+        None,
+        "a lost call was sent again"
+    );
 
     // Later calls go out on a new connection, each counted once.
     let r = ask(&mut c, alice()).await;
@@ -88,7 +95,10 @@ async fn a_caller_abandoned_at_its_deadline_leaves_later_replies_in_step() {
     }
 
     assert_eq!(
-        redis.cli(&["CLIENT", "PAUSE", "700", "WRITE"]).unwrap().trim(),
+        redis
+            .cli(&["CLIENT", "PAUSE", "700", "WRITE"])
+            .unwrap()
+            .trim(),
         "OK"
     );
     // Alice's call is written, then abandoned at 500 ms with its reply still owed.
@@ -97,7 +107,10 @@ async fn a_caller_abandoned_at_its_deadline_leaves_later_replies_in_step() {
     // Bob's call follows on the same connection; Redis resumes at 700 ms and answers Alice's
     // call first, then Bob's.
     let r = ask(&mut c, bob()).await;
-    assert_eq!(r.statuses[0].limit_remaining, 1, "bob got someone else's reply");
+    assert_eq!(
+        r.statuses[0].limit_remaining, 1,
+        "bob got someone else's reply"
+    );
     // Alice's abandoned call did run (it was counted); her next reply is her own.
     assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 3);
     assert_eq!(ask(&mut c, bob()).await.statuses[0].limit_remaining, 0);
@@ -121,16 +134,7 @@ async fn the_database_in_the_url_is_selected() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_acl_user_authenticates_on_plain_tcp() {
     let args: Vec<String> = [
-        "--user",
-        "default",
-        "off",
-        "--user",
-        "limiter",
-        "on",
-        ">pw-9",
-        "~*",
-        "&*",
-        "+@all",
+        "--user", "default", "off", "--user", "limiter", "on", ">pw-9", "~*", "&*", "+@all",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -153,4 +157,51 @@ async fn an_acl_user_authenticates_on_plain_tcp() {
             .any(|l| l.contains("user=limiter") && l.contains("cmd=evalsha")),
         "{clients}"
     );
+}
+
+/// Sluice's connections to `redis` (every normal client but the asking `redis-cli`), by id.
+fn connection_ids(redis: &RedisServer) -> Vec<String> {
+    let list = redis.cli(&["CLIENT", "LIST", "TYPE", "normal"]).unwrap();
+    list.lines()
+        .filter(|l| !l.contains("cmd=client|list"))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_that_stops_answering_is_replaced() {
+    let redis = RedisServer::start();
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(
+        dir.path(),
+        Some(&redis),
+        &[("REDIS_TIMEOUT", "300ms"), ("REDIS_POOL_SIZE", "1")],
+    );
+    let mut c = sluice.client().await;
+    avoid_window_edge(60, 10).await;
+    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
+    assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 4);
+    // The decisions' connection, and the named limiters' store's own.
+    let before = connection_ids(&redis);
+
+    // Redis stops answering (as a lost peer would) with a reply owed on the connection.
+    assert_eq!(
+        redis
+            .cli(&["CLIENT", "PAUSE", "3000", "WRITE"])
+            .unwrap()
+            .trim(),
+        "OK"
+    );
+    assert!(c.should_rate_limit(alice()).await.is_err());
+    // Past the stall limit, the next call does not queue behind it: a new connection is opened.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(c.should_rate_limit(alice()).await.is_err());
+    let after = connection_ids(&redis);
+    assert!(
+        after.iter().any(|id| !before.contains(id)),
+        "no new connection: {before:?} -> {after:?}"
+    );
+    assert_eq!(redis.cli(&["CLIENT", "UNPAUSE"]).unwrap().trim(), "OK");
+    let r = ask(&mut c, alice()).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
 }

@@ -271,8 +271,9 @@ pub(super) fn host_port(url: &str) -> Result<String, StoreError> {
 /// bundled public roots without one, and the client certificate when one is given. Files are
 /// read once, at start-up.
 pub(super) fn tls_config(files: &TlsFiles) -> Result<Arc<rustls::ClientConfig>, StoreError> {
-    let unreadable =
-        |path: &PathBuf, e: &dyn std::fmt::Display| StoreError::Setup(format!("cannot read {}: {e}", path.display()));
+    let unreadable = |path: &PathBuf, e: &dyn std::fmt::Display| {
+        StoreError::Setup(format!("cannot read {}: {e}", path.display()))
+    };
     let mut roots = rustls::RootCertStore::empty();
     match &files.ca_cert {
         Some(ca) => {

@@ -17,7 +17,10 @@
 //!   unusable, so the connection fails;
 //! - a failed connection (write or read error, end of stream, a reply nobody waits for) fails
 //!   every waiting call with an I/O error, which the layers above take as "may have run": such a
-//!   call is never sent again. Later calls fail at once, and the pool replaces the connection.
+//!   call is never sent again. Later calls fail at once, and the pool replaces the connection;
+//! - a connection that owes replies and has read none for [`STALLED_AFTER`] counts as failed
+//!   when next checked out (a peer gone without a reset would otherwise hold every call that
+//!   picks it until its deadline, for as long as TCP takes to notice).
 //!
 //! It implements redis-rs's `ConnectionLike`, so commands are still packed by redis-rs and
 //! replies are redis-rs `Value`s; error replies go through redis-rs's own parser so that
@@ -26,12 +29,12 @@
 use std::collections::VecDeque;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 use redis::{
-    Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisError, RedisFuture,
-    RedisResult, Value,
+    Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
+    Value,
 };
 use rustls_pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -42,6 +45,10 @@ use tokio::task::AbortHandle;
 const READ_CHUNK: usize = 16 * 1024;
 /// Nesting of arrays accepted in a reply; Sluice's replies nest two deep.
 const MAX_DEPTH: usize = 32;
+/// No reply for this long while replies are owed: the connection is taken for dead. Redis
+/// answers a decision in microseconds; only a stopped server, a lost peer or a long
+/// `CLIENT PAUSE` come near this.
+pub(super) const STALLED_AFTER: Duration = Duration::from_secs(1);
 
 /// A connection; clones share it.
 #[derive(Clone)]
@@ -62,9 +69,15 @@ impl Drop for Shared {
     }
 }
 
-/// The calls waiting for replies, oldest first; `None` once the connection has failed.
-#[derive(Default)]
-struct Owed(Mutex<Option<VecDeque<Slot>>>);
+/// The calls waiting for replies.
+struct Owed(Mutex<Waiting>);
+
+struct Waiting {
+    /// Oldest first; `None` once the connection has failed.
+    queue: Option<VecDeque<Slot>>,
+    /// When a reply was last read, or the queue last went from empty to owing.
+    progress: Instant,
+}
 
 /// One written pipeline's claim on the replies.
 struct Slot {
@@ -78,33 +91,71 @@ struct Slot {
 }
 
 impl Owed {
-    fn lock(&self) -> MutexGuard<'_, Option<VecDeque<Slot>>> {
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn new() -> Self {
+        Self(Mutex::new(Waiting {
+            queue: Some(VecDeque::new()),
+            progress: Instant::now(),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Waiting> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Fails the connection: every waiting call gets `why`, and so does every later one.
     fn fail(&self, why: &str) {
-        let waiting = self.lock().take();
+        let waiting = self.lock().queue.take();
         for slot in waiting.into_iter().flatten() {
             let _ = slot.reply.send(Err(lost(why)));
         }
     }
 
-    fn is_failed(&self) -> bool {
-        self.lock().is_none()
+    /// Failed, or failed now because it owes replies and has read none for `stalled_after`.
+    fn is_failed(&self, stalled_after: Duration) -> bool {
+        let stalled = {
+            let waiting = self.lock();
+            match &waiting.queue {
+                None => return true,
+                Some(queue) => !queue.is_empty() && waiting.progress.elapsed() > stalled_after,
+            }
+        };
+        if stalled {
+            self.fail("redis stopped answering");
+        }
+        stalled
     }
 
-    /// Hands `values` (in order) to the waiting calls. An error means a reply nobody asked for.
+    /// Queues `slot` for the replies of a pipeline about to be written.
+    fn owe(&self, slot: Slot) -> RedisResult<()> {
+        let mut waiting = self.lock();
+        let Waiting { queue, progress } = &mut *waiting;
+        let Some(queue) = queue else {
+            return Err(lost("the redis connection has failed"));
+        };
+        if queue.is_empty() {
+            *progress = Instant::now();
+        }
+        queue.push_back(slot);
+        Ok(())
+    }
+
+    /// Hands `values` (in order) to the waiting calls. An error means a reply nobody asked for;
+    /// the calls completed before it still get their replies.
     fn deliver(&self, values: Vec<Value>) -> Result<(), ()> {
         let mut done = Vec::new();
+        let mut unasked = false;
         {
-            let mut owed = self.lock();
-            let Some(queue) = owed.as_mut() else {
+            let mut waiting = self.lock();
+            waiting.progress = Instant::now();
+            let Some(queue) = waiting.queue.as_mut() else {
                 return Ok(());
             };
             for value in values {
                 let Some(front) = queue.front_mut() else {
-                    return Err(());
+                    unasked = true;
+                    break;
                 };
                 front.got.push(value);
                 if front.got.len() == front.expect
@@ -118,14 +169,17 @@ impl Owed {
             let wanted = slot.got.split_off(slot.skip.min(slot.got.len()));
             let _ = slot.reply.send(Ok(wanted));
         }
-        Ok(())
+        if unasked { Err(()) } else { Ok(()) }
     }
 }
 
 /// The error a call gets when the connection fails under it: an I/O error, so that it counts as
 /// "may have run" and retires the connection.
 fn lost(why: &str) -> RedisError {
-    RedisError::from(io::Error::new(io::ErrorKind::ConnectionReset, why.to_string()))
+    RedisError::from(io::Error::new(
+        io::ErrorKind::ConnectionReset,
+        why.to_string(),
+    ))
 }
 
 /// Fails the connection when dropped before [`WriteGuard::done`]: a write cut short leaves
@@ -189,7 +243,9 @@ impl Wire {
                     return Err(config_error("TLS address without TLS settings"));
                 };
                 if *insecure {
-                    return Err(config_error("TLS without certificate checks is not supported"));
+                    return Err(config_error(
+                        "TLS without certificate checks is not supported",
+                    ));
                 }
                 let name = ServerName::try_from(host.clone())
                     .map_err(|_| config_error("invalid TLS server name"))?;
@@ -207,7 +263,7 @@ impl Wire {
             #[allow(unreachable_patterns)]
             _ => return Err(config_error("unsupported redis address")),
         };
-        let owed = Arc::new(Owed(Mutex::new(Some(VecDeque::new()))));
+        let owed = Arc::new(Owed::new());
         let reader = tokio::spawn(read_replies(read, owed.clone())).abort_handle();
         let mut wire = Wire {
             shared: Arc::new(Shared {
@@ -254,9 +310,9 @@ impl Wire {
         Ok(())
     }
 
-    /// The connection has failed; every call on it fails.
+    /// The connection has failed (or stalled, see [`STALLED_AFTER`]); every call on it fails.
     pub(super) fn is_failed(&self) -> bool {
-        self.shared.owed.is_failed()
+        self.shared.owed.is_failed(STALLED_AFTER)
     }
 
     /// Writes `packed` (`expect` commands) and waits for the replies after the first `skip`.
@@ -264,15 +320,12 @@ impl Wire {
         let (reply, answer) = oneshot::channel();
         {
             let mut writer = self.shared.writer.lock().await;
-            match self.shared.owed.lock().as_mut() {
-                Some(queue) => queue.push_back(Slot {
-                    expect,
-                    skip,
-                    got: Vec::with_capacity(expect),
-                    reply,
-                }),
-                None => return Err(lost("the redis connection has failed")),
-            }
+            self.shared.owed.owe(Slot {
+                expect,
+                skip,
+                got: Vec::with_capacity(expect),
+                reply,
+            })?;
             let guard = WriteGuard {
                 owed: &self.shared.owed,
                 finished: false,
@@ -292,9 +345,7 @@ impl ConnectionLike for Wire {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let mut replies = self.exchange(&cmd.get_packed_command(), 0, 1).await?;
-            replies
-                .pop()
-                .ok_or_else(|| lost("no reply from redis"))
+            replies.pop().ok_or_else(|| lost("no reply from redis"))
         })
     }
 
@@ -392,7 +443,10 @@ fn parse(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, &'static st
             let Ok(len) = usize::try_from(number()?) else {
                 return Ok(Some((Value::Nil, after_line)));
             };
-            let total = after_line.checked_add(len).and_then(|n| n.checked_add(2)).ok_or(BAD)?;
+            let total = after_line
+                .checked_add(len)
+                .and_then(|n| n.checked_add(2))
+                .ok_or(BAD)?;
             if buf.len() < total {
                 return Ok(None);
             }
@@ -470,7 +524,9 @@ mod tests {
         };
         assert_eq!(e.kind(), Some(redis::ServerErrorKind::NoScript));
         let (value, _) = one(b"-MOVED 3999 127.0.0.1:6381\r\n").unwrap();
-        assert!(matches!(value, Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::Moved)));
+        assert!(
+            matches!(value, Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::Moved))
+        );
     }
 
     #[test]
