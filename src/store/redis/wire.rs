@@ -48,7 +48,7 @@ const MAX_DEPTH: usize = 32;
 /// No reply for this long while replies are owed: the connection is taken for dead. Redis
 /// answers a decision in microseconds; only a stopped server, a lost peer or a long
 /// `CLIENT PAUSE` come near this.
-pub(super) const STALLED_AFTER: Duration = Duration::from_secs(1);
+const STALLED_AFTER: Duration = Duration::from_secs(1);
 
 /// A connection; clones share it.
 #[derive(Clone)]
