@@ -1,6 +1,7 @@
 //! Sluice's own Redis connection (`src/store/redis/wire.rs`) against a real `redis-server`:
 //! calls on a connection that dies are failed, never sent again; a caller abandoned at its
-//! deadline leaves later replies with their own callers; the database in the URL is selected.
+//! deadline leaves later replies with their own callers; the database in the URL is selected;
+//! an ACL user and a unix socket work; a connection that stops answering is replaced.
 //! TLS with an ACL user, `REDIS_AUTH_FILE` and `NOSCRIPT` recovery are covered in
 //! `tests/redis_store.rs`, redirects in `tests/redis_cluster.rs`.
 
@@ -204,4 +205,31 @@ async fn a_connection_that_stops_answering_is_replaced() {
     assert_eq!(redis.cli(&["CLIENT", "UNPAUSE"]).unwrap().trim(), "OK");
     let r = ask(&mut c, alice()).await;
     assert_eq!(r.overall_code, Code::Ok as i32);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_unix_socket_is_used_as_upstream_names_it() {
+    let sockets = tempfile::tempdir().unwrap();
+    let socket = sockets.path().join("redis.sock");
+    let socket = socket.to_str().unwrap();
+    let args = ["--unixsocket", socket, "--unixsocketperm", "700"].map(String::from);
+    let redis = RedisServer::start_with(&args, &[]);
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(
+        dir.path(),
+        Some(&redis),
+        &[("REDIS_SOCKET_TYPE", "unix"), ("REDIS_URL", socket)],
+    );
+    let mut c = sluice.client().await;
+    avoid_window_edge(60, 5).await;
+    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
+    assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 4);
+    assert_eq!(counter(&redis, 0, "alice").as_deref(), Some("1"));
+    let clients = redis.cli(&["CLIENT", "LIST"]).unwrap();
+    assert!(
+        clients
+            .lines()
+            .any(|l| l.contains("flags=U") && l.contains("cmd=evalsha")),
+        "{clients}"
+    );
 }
