@@ -53,10 +53,10 @@ struct Topology {
 }
 
 pub(super) struct Cluster {
-    /// Settings to connect with (auth, TLS); the address is replaced per node.
+    /// Settings to connect with (auth, whether TLS); the address is replaced per node.
     template: ConnectionInfo,
     seeds: Vec<String>,
-    /// What each node's pool is made with.
+    /// What each node's pool is made with (TLS settings for `rediss://` nodes among them).
     pools: PoolSettings,
     topology: ArcSwap<Topology>,
     nodes: Mutex<HashMap<String, Arc<Coalescer<Node>>>>,
@@ -81,7 +81,8 @@ enum Attempt<T> {
 }
 
 impl Cluster {
-    /// `seeds` are `host:port` addresses; `template` carries auth and TLS settings.
+    /// `seeds` are `host:port` addresses; `template` carries auth settings and whether to use
+    /// TLS, `pools` the rest.
     pub(super) fn new(template: ConnectionInfo, seeds: Vec<String>, pools: PoolSettings) -> Self {
         Self {
             template,
@@ -118,7 +119,7 @@ impl Cluster {
         }
         let created = Arc::new(Coalescer::new(Node {
             name: node.to_string(),
-            pool: new_pool(self.node_info(node)?, &self.pools)?,
+            pool: new_pool(self.node_info(node)?, &self.pools),
             down_until: Mutex::new(None),
         }));
         nodes.insert(node.to_string(), created.clone());

@@ -1,25 +1,24 @@
-//! Connections to Redis: the `bb8` pool of multiplexed connections (standalone, or through
-//! Sentinel), the [`Manager`] that marks a connection broken when a call fails on it (bb8-redis
-//! never does) and reads `REDIS_AUTH_FILE` for each new connection, `SCRIPT LOAD`, and how a
-//! redis-rs error becomes a [`StoreError`] (an error reply to a script is
-//! [`StoreError::Script`], never an outage). Also counts the connections a store opens and
-//! closes, for upstream's pool stats ([`ConnectionCounts`]).
+//! Connections to Redis: the `bb8` pool of [`Wire`] connections (standalone, or to the master the
+//! sentinels name), the [`Manager`] that opens them (TLS settings, credentials including
+//! `REDIS_AUTH_FILE` read for each new connection) and marks a connection broken when a call
+//! fails on it, `SCRIPT LOAD`, and how a redis-rs error becomes a [`StoreError`] (an error reply
+//! to a script is [`StoreError::Script`], never an outage). Also counts the connections a store
+//! opens and closes, for upstream's pool stats ([`ConnectionCounts`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use bb8_redis::RedisConnectionManager;
-use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::aio::ConnectionLike;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{
-    ClientTlsConfig, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
-    TlsCertificates,
-};
+use redis::{ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::options::{RedisAuth, RedisOptions, TlsFiles, redact_url};
 use super::script::LuaScript;
+use super::wire::Wire;
 use crate::clock::{Clock, SystemClock};
 use crate::store::StoreError;
 use crate::util::LogThrottle;
@@ -27,10 +26,16 @@ use crate::util::LogThrottle;
 /// A pooled connection and the flag that retires it from the pool.
 #[derive(Clone)]
 pub(super) struct Connection {
-    pub(super) redis: MultiplexedConnection,
+    pub(super) redis: Wire,
     broken: Arc<AtomicBool>,
     /// Counts the connection as closed when its last clone is dropped.
     _open: Arc<Open>,
+}
+
+impl Connection {
+    fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Relaxed) || self.redis.is_failed()
+    }
 }
 
 /// The connections one store has opened and closed, over all its pools (every cluster node's),
@@ -76,25 +81,32 @@ impl Drop for Open {
     }
 }
 
-/// bb8-redis's manager, plus broken-connection tracking and credentials read from a file.
+/// What every pool of one store shares: its size, how long a connect may take (TLS and the
+/// handshake included), the TLS settings for `rediss://` addresses, where the credentials come
+/// from, and where its connections are counted.
+#[derive(Clone)]
+pub(super) struct PoolSettings {
+    pub(super) size: u32,
+    pub(super) connect_timeout: Duration,
+    pub(super) tls: Option<Arc<rustls::ClientConfig>>,
+    /// `REDIS_AUTH_FILE`, read for every new connection.
+    pub(super) auth_file: Option<PathBuf>,
+    pub(super) counts: Arc<ConnectionCounts>,
+}
+
+/// Opens connections for bb8, and tells it which ones failed.
 pub(super) struct Manager {
     source: Source,
-    /// `REDIS_AUTH_FILE`: read for every new connection, so a rotated secret is picked up.
-    auth_file: Option<PathBuf>,
+    settings: PoolSettings,
     /// bb8 reports a failed connect to its waiters as a timeout, so a file that cannot be used
     /// is logged here, at most once a second.
     auth_file_log: LogThrottle,
-    counts: Arc<ConnectionCounts>,
 }
 
 /// Where new connections go.
 enum Source {
-    /// A fixed address, through bb8-redis; `info` is its settings, for connections that take
-    /// their credentials from the auth file.
-    Direct {
-        manager: RedisConnectionManager,
-        info: ConnectionInfo,
-    },
+    /// A fixed address and its settings.
+    Direct(ConnectionInfo),
     /// Whichever server the sentinels name as master right now, so a new connection after a
     /// failover reaches the new master.
     Sentinel {
@@ -107,7 +119,7 @@ enum Source {
 impl Manager {
     /// The credentials in the auth file, when there is one.
     fn file_auth(&self) -> Result<Option<RedisAuth>, RedisError> {
-        let Some(path) = &self.auth_file else {
+        let Some(path) = &self.settings.auth_file else {
             return Ok(None);
         };
         RedisAuth::read(path).map(Some).map_err(|e| {
@@ -124,37 +136,41 @@ impl bb8::ManageConnection for Manager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Connection, RedisError> {
-        let redis = match (&self.source, self.file_auth()?) {
-            (Source::Direct { manager, .. }, None) => manager.connect().await?,
-            (Source::Direct { info, .. }, Some(auth)) => {
-                redis::Client::open(with_auth(info.clone(), &auth))?
-                    .get_multiplexed_async_connection()
-                    .await?
-            }
-            (Source::Sentinel { client, .. }, None) => {
-                client.lock().await.get_async_connection().await?
-            }
+        let info = match (&self.source, self.file_auth()?) {
+            (Source::Direct(info), None) => info.clone(),
+            (Source::Direct(info), Some(auth)) => with_auth(info.clone(), &auth),
+            // The sentinels name the master (and redis-rs checks its role) for every new
+            // connection, so connections made after a failover reach the new master.
+            (Source::Sentinel { client, .. }, None) => client
+                .lock()
+                .await
+                .async_get_client()
+                .await?
+                .get_connection_info()
+                .clone(),
             (
                 Source::Sentinel {
                     sentinels, master, ..
                 },
                 Some(auth),
-            ) => {
-                sentinel_client(sentinels.clone(), master, Some(&auth))?
-                    .get_async_connection()
-                    .await?
-            }
+            ) => sentinel_client(sentinels.clone(), master, Some(&auth))?
+                .async_get_client()
+                .await?
+                .get_connection_info()
+                .clone(),
         };
+        let settings = &self.settings;
+        let redis = Wire::connect(&info, settings.tls.as_ref(), settings.connect_timeout).await?;
         Ok(Connection {
             redis,
             broken: Arc::new(AtomicBool::new(false)),
-            _open: self.counts.opening(),
+            _open: settings.counts.opening(),
         })
     }
 
     /// Called on checkout: cheap, because a failed call has already set the flag.
     async fn is_valid(&self, conn: &mut Connection) -> Result<(), RedisError> {
-        if conn.broken.load(Ordering::Relaxed) {
+        if conn.is_broken() {
             Err(RedisError::from((
                 ErrorKind::Io,
                 "connection failed earlier",
@@ -165,7 +181,7 @@ impl bb8::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Connection) -> bool {
-        conn.broken.load(Ordering::Relaxed)
+        conn.is_broken()
     }
 }
 
@@ -203,36 +219,17 @@ fn with_auth(info: ConnectionInfo, auth: &RedisAuth) -> ConnectionInfo {
     info.set_redis_settings(settings)
 }
 
-/// What every pool of one store shares: its size, how long a connect may take, where the
-/// credentials come from, and where its connections are counted.
-#[derive(Clone)]
-pub(super) struct PoolSettings {
-    pub(super) size: u32,
-    pub(super) connect_timeout: Duration,
-    /// `REDIS_AUTH_FILE`, read for every new connection.
-    pub(super) auth_file: Option<PathBuf>,
-    pub(super) counts: Arc<ConnectionCounts>,
-}
-
 /// A bb8 pool of connections to one server (or one cluster node), as `settings` say.
-pub(super) fn new_pool(
-    info: ConnectionInfo,
-    settings: &PoolSettings,
-) -> Result<bb8::Pool<Manager>, StoreError> {
-    let manager = Manager {
-        source: Source::Direct {
-            manager: RedisConnectionManager::new(info.clone()).map_err(redis_error)?,
-            info,
-        },
-        auth_file: settings.auth_file.clone(),
+pub(super) fn new_pool(info: ConnectionInfo, settings: &PoolSettings) -> bb8::Pool<Manager> {
+    pool_of(Manager {
+        source: Source::Direct(info),
+        settings: settings.clone(),
         auth_file_log: LogThrottle::new(),
-        counts: settings.counts.clone(),
-    };
-    Ok(pool_of(manager, settings.size, settings.connect_timeout))
+    })
 }
 
 /// A pool of connections to the master the sentinels name (`Target::Sentinel`), as `settings`
-/// say.
+/// say (TLS through Sentinel is not supported: the settings refuse it).
 pub(super) fn sentinel_pool(
     master: &str,
     sentinels: &[String],
@@ -253,17 +250,15 @@ pub(super) fn sentinel_pool(
         .collect::<Result<Vec<_>, StoreError>>()?;
     let client = sentinel_client(sentinel_infos.clone(), master, options.auth.as_ref())
         .map_err(|e| StoreError::Setup(format!("invalid sentinel settings: {}", describe(&e))))?;
-    let manager = Manager {
+    Ok(pool_of(Manager {
         source: Source::Sentinel {
             client: tokio::sync::Mutex::new(client),
             sentinels: sentinel_infos,
             master: master.to_string(),
         },
-        auth_file: settings.auth_file.clone(),
+        settings: settings.clone(),
         auth_file_log: LogThrottle::new(),
-        counts: settings.counts.clone(),
-    };
-    Ok(pool_of(manager, settings.size, settings.connect_timeout))
+    }))
 }
 
 /// A client of `sentinels` for the master named `master`, authenticating to it with `auth`.
@@ -287,13 +282,10 @@ fn sentinel_client(
     )
 }
 
-pub(super) fn pool_of(
-    manager: Manager,
-    pool_size: u32,
-    connect_timeout: Duration,
-) -> bb8::Pool<Manager> {
+pub(super) fn pool_of(manager: Manager) -> bb8::Pool<Manager> {
+    let (size, connect_timeout) = (manager.settings.size, manager.settings.connect_timeout);
     bb8::Pool::builder()
-        .max_size(pool_size.max(1))
+        .max_size(size.max(1))
         .test_on_check_out(true)
         // Fail fast and let the caller decide: start-up retries with backoff, requests answer
         // UNAVAILABLE at once instead of waiting out their deadline.
@@ -317,31 +309,44 @@ pub(super) fn host_port(url: &str) -> Result<String, StoreError> {
     }
 }
 
-/// Attaches CA and client certificates to the connection info (read once, at start-up).
-pub(super) fn with_tls_files(
-    info: ConnectionInfo,
-    files: &TlsFiles,
-) -> Result<ConnectionInfo, StoreError> {
-    let client = redis::Client::build_with_tls(info, tls_certificates(files)?)
-        .map_err(|e| StoreError::Setup(format!("invalid TLS files: {}", describe(&e))))?;
-    Ok(client.get_connection_info().clone())
-}
-
-pub(super) fn tls_certificates(files: &TlsFiles) -> Result<TlsCertificates, StoreError> {
-    let read = |path: &PathBuf| {
-        std::fs::read(path)
-            .map_err(|e| StoreError::Setup(format!("cannot read {}: {e}", path.display())))
+/// The TLS settings of connections to `rediss://` addresses: the CA file's certificates, or the
+/// bundled public roots without one, and the client certificate when one is given. Files are
+/// read once, at start-up.
+pub(super) fn tls_config(files: &TlsFiles) -> Result<Arc<rustls::ClientConfig>, StoreError> {
+    let unreadable = |path: &PathBuf, e: &dyn std::fmt::Display| {
+        StoreError::Setup(format!("cannot read {}: {e}", path.display()))
     };
-    Ok(TlsCertificates {
-        root_cert: files.ca_cert.as_ref().map(read).transpose()?,
-        client_tls: match &files.client_cert_and_key {
-            Some((cert, key)) => Some(ClientTlsConfig {
-                client_cert: read(cert)?,
-                client_key: read(key)?,
-            }),
-            None => None,
-        },
-    })
+    let mut roots = rustls::RootCertStore::empty();
+    match &files.ca_cert {
+        Some(ca) => {
+            for cert in CertificateDer::pem_file_iter(ca).map_err(|e| unreadable(ca, &e))? {
+                roots
+                    .add(cert.map_err(|e| unreadable(ca, &e))?)
+                    .map_err(|e| StoreError::Setup(format!("invalid TLS files: {e}")))?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| StoreError::Setup(format!("TLS settings: {e}")))?
+    .with_root_certificates(roots);
+    let config = match &files.client_cert_and_key {
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_file_iter(cert)
+                .map_err(|e| unreadable(cert, &e))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| unreadable(cert, &e))?;
+            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| unreadable(key, &e))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| StoreError::Setup(format!("invalid TLS files: {e}")))?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(config))
 }
 
 /// Records a failed call: connection-level failures retire the connection.

@@ -24,6 +24,7 @@ mod conn;
 mod options;
 mod script;
 pub mod slot;
+mod wire;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -44,7 +45,7 @@ use self::cluster::Cluster;
 use self::coalesce::Coalescer;
 use self::conn::{
     Manager, PoolSettings, checkout, connection_info, fail, host_port, load, new_pool, redis_error,
-    sentinel_pool, with_tls_files,
+    sentinel_pool, tls_config,
 };
 use self::script::{
     ELSEWHERE, FIXED_WINDOW_LEAN, Keys, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK, Reply,
@@ -97,6 +98,11 @@ impl RedisStore {
         let pools = PoolSettings {
             size: options.pool_size,
             connect_timeout: options.timeout,
+            tls: if options.target.tls() {
+                Some(tls_config(&options.tls)?)
+            } else {
+                None
+            },
             auth_file: options.auth_file.clone(),
             counts: connections.clone(),
         };
@@ -107,21 +113,15 @@ impl RedisStore {
             ..pools.clone()
         };
         let connector = match &options.target {
-            Target::Single(url) => {
-                let mut info = connection_info(url, &options)?;
-                if url.starts_with("rediss://") && options.tls != TlsFiles::default() {
-                    info = with_tls_files(info, &options.tls)?;
-                }
-                Connector::Single(Coalescer::new(new_pool(info, &pools)?))
-            }
+            Target::Single(url) => Connector::Single(Coalescer::new(new_pool(
+                connection_info(url, &options)?,
+                &pools,
+            ))),
             Target::Sentinel { master, sentinels } => Connector::Single(Coalescer::new(
                 sentinel_pool(master, sentinels, &options, &slow_connect)?,
             )),
             Target::Cluster(nodes) => {
-                let mut template = connection_info(&nodes[0], &options)?;
-                if options.target.tls() && options.tls != TlsFiles::default() {
-                    template = with_tls_files(template, &options.tls)?;
-                }
+                let template = connection_info(&nodes[0], &options)?;
                 let seeds = nodes
                     .iter()
                     .map(|n| host_port(n))
