@@ -160,15 +160,6 @@ async fn an_acl_user_authenticates_on_plain_tcp() {
     );
 }
 
-/// Sluice's connections to `redis` (every normal client but the asking `redis-cli`), by id.
-fn connection_ids(redis: &RedisServer) -> Vec<String> {
-    let list = redis.cli(&["CLIENT", "LIST", "TYPE", "normal"]).unwrap();
-    list.lines()
-        .filter(|l| !l.contains("cmd=client|list"))
-        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_connection_that_stops_answering_is_replaced() {
     let redis = RedisServer::start();
@@ -183,7 +174,7 @@ async fn a_connection_that_stops_answering_is_replaced() {
     let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 4);
     // The decisions' connection, and the named limiters' store's own.
-    let before = connection_ids(&redis);
+    let before = redis.client_ids();
 
     // Redis stops answering (as a lost peer would) with a reply owed on the connection.
     assert_eq!(
@@ -197,7 +188,7 @@ async fn a_connection_that_stops_answering_is_replaced() {
     // Past the stall limit, the next call does not queue behind it: a new connection is opened.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(c.should_rate_limit(alice()).await.is_err());
-    let after = connection_ids(&redis);
+    let after = redis.client_ids();
     assert!(
         after.iter().any(|id| !before.contains(id)),
         "no new connection: {before:?} -> {after:?}"

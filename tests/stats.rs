@@ -535,12 +535,6 @@ fn stat(sluice: &Sluice, name: &str) -> Option<u64> {
         .map(|v| v.parse().unwrap())
 }
 
-/// Sluice's connections as Redis lists them (every client but the one asking).
-fn clients_of_sluice(redis: &RedisServer) -> u64 {
-    let list = redis.cli(&["CLIENT", "LIST"]).unwrap_or_default();
-    list.lines().filter(|l| !l.contains("cmd=client")).count() as u64
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_pool_stats_follow_the_connections_as_upstreams() {
     let redis = RedisServer::start();
@@ -562,7 +556,7 @@ async fn redis_pool_stats_follow_the_connections_as_upstreams() {
     assert_eq!(ask(&mut c, req()).await.overall_code, 1);
     let pool = |name: &str| stat(&sluice, &format!("ratelimit.redis_pool.{name}"));
     wait_until("cx_active to be the connections Redis sees", || {
-        pool("cx_active") == Some(clients_of_sluice(&redis))
+        pool("cx_active") == Some(redis.client_ids().len() as u64)
     });
     let first = pool("cx_total").unwrap();
     assert!(first >= 1);

@@ -145,6 +145,16 @@ impl RedisServer {
             .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// The ids of the clients connected to this server (every normal client but the
+    /// `redis-cli` asking): Sluice's connections, in the tests that use this.
+    pub fn client_ids(&self) -> Vec<String> {
+        let list = self.cli(&["CLIENT", "LIST", "TYPE", "normal"]).unwrap();
+        list.lines()
+            .filter(|l| !l.contains("cmd=client|list"))
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect()
+    }
+
     pub fn connection(&self) -> redis::Connection {
         redis::Client::open(self.url())
             .unwrap()
