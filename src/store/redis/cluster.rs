@@ -1,4 +1,4 @@
-//! Redis Cluster routing: the slot map, one bb8-redis pool and one batcher (`coalesce.rs`) per
+//! Redis Cluster routing: the slot map, one bb8 pool and one batcher (`coalesce.rs`) per
 //! master, and the cluster's replies that move a call (`MOVED`, `ASK`, `TRYAGAIN`,
 //! `CLUSTERDOWN`, a dead node).
 //!

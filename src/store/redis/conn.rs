@@ -365,7 +365,8 @@ pub(super) fn retire_if_broken(conn: &Connection, e: &RedisError) {
     }
 }
 
-/// A connection from `pool`, handed back at once: the multiplexed handle is shared by clones.
+/// A connection from `pool`, handed back at once: clones share the connection, and its calls
+/// are pipelined on it.
 pub(super) async fn checkout(pool: &bb8::Pool<Manager>) -> Result<Connection, StoreError> {
     let pooled = pool.get().await.map_err(|e| match e {
         bb8::RunError::User(e) => StoreError::Unavailable(describe(&e)),

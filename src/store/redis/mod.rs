@@ -2,11 +2,12 @@
 //! check is a plain fixed window charged each; see `script::fits_lean`); on a Redis Cluster one
 //! per master the request's slots are on (see [`RedisStore::run`]).
 //!
-//! Connections come from a `bb8` pool of `bb8-redis` multiplexed connections. Script calls go
+//! Connections come from a `bb8` pool of Sluice's own pipelined connections (`wire.rs`: callers
+//! write to the socket, one reader task hands out the replies in order). Script calls go
 //! through `coalesce.rs`, which sends the calls of concurrent requests as one pipeline on one
-//! pooled connection (checked out, cloned and returned at once). bb8-redis never
-//! reports a connection as broken, so [`Manager`] wraps it with a flag that a failed call sets;
-//! the pool then replaces that connection on its next checkout, without a PING per request.
+//! pooled connection (checked out, cloned and returned at once). A failed call sets a flag on
+//! its connection ([`Manager`]), and so does a connection that stopped answering; the pool then
+//! replaces it on its next checkout, without a PING per request.
 //!
 //! The script is loaded with `SCRIPT LOAD` at start-up and called by SHA1. Redis forgets scripts
 //! on restart, failover and `SCRIPT FLUSH`; a `NOSCRIPT` reply means the script did not run, so
@@ -14,8 +15,8 @@
 //! error.
 
 //!
-//! Its parts import in one direction: `options`, `slot` and `script` are leaves; `conn` (pools,
-//! connections, errors) ← `coalesce` (one pipelined write for concurrent calls) ← `cluster` (the
+//! Its parts import in one direction: `options`, `slot` and `script` are leaves; `wire` (one
+//! connection) ← `conn` (pools, connection settings, errors) ← `coalesce` (one pipelined write for concurrent calls) ← `cluster` (the
 //! slot map and a pool and batcher per master) ← this module (the [`Store`] implementation).
 
 mod cluster;
@@ -69,7 +70,7 @@ pub struct RedisStore {
 
 /// How calls reach Redis.
 enum Connector {
-    /// bb8 pool of multiplexed connections to one server; concurrent calls are coalesced.
+    /// bb8 pool of pipelined connections to one server; concurrent calls are coalesced.
     Single(Coalescer<bb8::Pool<Manager>>),
     /// A bb8 pool per master, routed by slot (see `cluster.rs`).
     Cluster(Arc<Cluster>),
