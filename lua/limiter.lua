@@ -9,8 +9,9 @@
 -- (cap), per-client mode (pc), the API's encoded config (desc) and the generation (gen). A reset
 -- starts a new generation; states of the old one (other clients', which this call cannot name)
 -- are dropped the next time they are used, and expire meanwhile. A keep-state update that
--- changes the state's shape (another algorithm, or a fixed window's length) starts a new
--- generation too, the rule Rule::keeps_state_of in src/store/mod.rs states for the memory store.
+-- changes the state's shape (another algorithm, a fixed window's length, or the mode between
+-- shared and per client) starts a new generation too, the rule LimiterRecord::keeps_state_of in
+-- src/store/mod.rs states for the memory store.
 --
 -- Replies: 'set' {applied, state_reset, record}; 'acquire' {} (no such limiter), {-1} (a client
 -- is needed), {-2, capacity} (more permits than the capacity, nothing read or written), or
@@ -30,15 +31,17 @@ if op == 'get' then
   return record()
 elseif op == 'set' then
   local mode = ARGV[4]
-  local old = call('HMGET', config, 'gen', 'rule', 'b')
+  local old = call('HMGET', config, 'gen', 'rule', 'b', 'pc')
   -- A hash with a generation but no rule is a deleted limiter's tombstone (see 'delete').
   local gen, exists = old[1], old[2]
   if exists and mode == 'try' then
     return {0, 0, record()}
   end
   -- GCRA's state is also the token bucket's and the leaky bucket's: they share the rule name.
+  -- A change between one shared state and one per client keeps nothing either: a new
+  -- generation, so neither mode's old states are read again (LimiterRecord::keeps_state_of).
   local fresh = not exists or mode == 'reset' or old[2] ~= ARGV[5]
-    or (ARGV[5] == 'fixed_window' and old[3] ~= ARGV[7])
+    or (ARGV[5] == 'fixed_window' and old[3] ~= ARGV[7]) or (old[4] or '0') ~= ARGV[11]
   if not exists and gen then call('PERSIST', config) end
   if fresh then
     -- Time-based, so a limiter deleted and created again never meets its old clients' state

@@ -62,6 +62,9 @@ impl Default for Bounds {
     }
 }
 
+/// Longest `interval` and `warmup_period`: 366 days, a leap year's fixed window.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(366 * 86_400);
+
 /// Most permits one call may ask for: no limiter grants more at once (rate and burst are at most
 /// this), and anything larger is refused before it reaches the store, whose scripts could not
 /// represent every such number.
@@ -498,7 +501,7 @@ fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), 
     let invalid = |m: String| Err(NamedError::Invalid(m));
     check_name(&config.name)?;
     let interval = match config.interval.map(Duration::try_from) {
-        Some(Ok(d)) if d >= Duration::from_millis(1) && d <= Duration::from_secs(366 * 86_400) => d,
+        Some(Ok(d)) if d >= Duration::from_millis(1) && d <= MAX_INTERVAL => d,
         _ => return invalid("interval must be from 1ms to 366 days".into()),
     };
     let window = interval.as_micros() as u64;
@@ -520,7 +523,14 @@ fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), 
             u32::MAX
         ))
     })?;
-    let api = ApiAlgorithm::try_from(config.algorithm).unwrap_or(ApiAlgorithm::Unspecified);
+    // Unknown enum values are refused, never read as a default: a client built against a newer
+    // proto must not get a limiter that counts otherwise than it asked.
+    let Ok(api) = ApiAlgorithm::try_from(config.algorithm) else {
+        return invalid(format!("unknown algorithm {}", config.algorithm));
+    };
+    let Ok(mode) = Mode::try_from(config.mode) else {
+        return invalid(format!("unknown mode {}", config.mode));
+    };
     let algorithm = match api {
         ApiAlgorithm::Unspecified => return invalid("algorithm is required".into()),
         ApiAlgorithm::FixedWindow => {
@@ -535,8 +545,11 @@ fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), 
         ApiAlgorithm::Gcra => ConfigAlgorithm::Gcra { burst },
         ApiAlgorithm::LeakyBucket => ConfigAlgorithm::LeakyBucket { burst },
         ApiAlgorithm::WarmUp => {
-            let Some(Ok(warmup)) = config.warmup_period.map(Duration::try_from) else {
-                return invalid("warm_up needs a warmup_period of at least 1ms".into());
+            // Bounded like the interval, so that every time the algorithm derives from it
+            // stays exact on both stores.
+            let warmup = match config.warmup_period.map(Duration::try_from) {
+                Some(Ok(d)) if d <= MAX_INTERVAL => d,
+                _ => return invalid("warm_up needs a warmup_period from 1ms to 366 days".into()),
             };
             // 0 is proto3's "not set".
             let cold_factor = (config.cold_factor != 0.0).then_some(config.cold_factor);
@@ -558,7 +571,7 @@ fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), 
     let record = LimiterRecord {
         rule: rule_for(algorithm, config.rate, window),
         capacity,
-        per_client: config.mode == Mode::PerClient as i32,
+        per_client: mode == Mode::PerClient,
         description: config.encode_to_vec(),
     };
     Ok((config, record))

@@ -78,7 +78,7 @@ impl Interceptor for BearerToken {
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(bearer_credentials)
             .map(digest);
         let matches = presented.is_some_and(|p| {
             // Every byte is compared whatever the first difference, so the time does not depend
@@ -96,6 +96,15 @@ impl Interceptor for BearerToken {
             ))
         }
     }
+}
+
+/// The token of an `authorization` value that uses the `Bearer` scheme. RFC 7235 (section 2.1)
+/// makes the scheme case-insensitive and puts one or more spaces before the credentials, so
+/// `bearer <token>` and `BEARER  <token>` name the same token as `Bearer <token>`.
+fn bearer_credentials(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    let token = rest.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 fn to_status(error: NamedError) -> Status {

@@ -753,7 +753,7 @@ impl LimiterStore for MemoryStore {
                 current: current.clone(),
             },
             (Some((current, generation)), SetMode::UpdateKeepState)
-                if current.rule.keeps_state_of(&record.rule) =>
+                if current.keeps_state_of(record) =>
             {
                 let generation = *generation;
                 limiters.insert(keys.config.clone(), (record.clone(), generation));

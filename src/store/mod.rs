@@ -183,6 +183,17 @@ pub struct LimiterRecord {
     pub description: Vec<u8>,
 }
 
+impl LimiterRecord {
+    /// Whether `UPDATE_KEEP_STATE` from `self` to `other` keeps the states counted: the rule
+    /// must keep them ([`Rule::keeps_state_of`]) and the mode must stay, since one shared state
+    /// and one state per client are different shapes. Any other change starts a new
+    /// generation, so the states of the mode left behind are never read again (switching back
+    /// does not bring them back).
+    pub fn keeps_state_of(&self, other: &LimiterRecord) -> bool {
+        self.per_client == other.per_client && self.rule.keeps_state_of(&other.rule)
+    }
+}
+
 /// How `set_limiter` treats an existing limiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetMode {
@@ -198,7 +209,7 @@ pub struct LimiterSet {
     /// False when `TrySet` found an existing limiter.
     pub applied: bool,
     /// The limiter starts from an empty state because of this call: it was created, reset, or
-    /// kept its state across a change [`Rule::keeps_state_of`] does not allow.
+    /// kept its state across a change [`LimiterRecord::keeps_state_of`] does not allow.
     pub state_reset: bool,
     /// The record in force after the call.
     pub current: LimiterRecord,
