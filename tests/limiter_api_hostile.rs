@@ -111,7 +111,11 @@ async fn the_native_api_cannot_evict_envoys_counters() {
     for round in 1..=6 {
         for batch in victims.chunks(64) {
             let response = ask(&mut rls, users(batch)).await;
-            let want = if round <= 5 { Code::Ok } else { Code::OverLimit };
+            let want = if round <= 5 {
+                Code::Ok
+            } else {
+                Code::OverLimit
+            };
             assert!(
                 response.statuses.iter().all(|s| s.code == want as i32),
                 "round {round}"
@@ -171,7 +175,10 @@ async fn the_native_api_cannot_evict_envoys_counters() {
     );
     assert_eq!(admitted, 0, "of 640 users over their limit");
     let states = sluice.metric("sluice_memory_limiter_states");
-    assert_eq!(states, 20_000.0, "the API's states are counted on their own");
+    assert_eq!(
+        states, 20_000.0,
+        "the API's states are counted on their own"
+    );
     sluice.terminate();
 }
 
@@ -234,7 +241,10 @@ async fn a_per_client_limiter_holds_at_most_its_cap_of_clients() {
         ));
         set(&mut c, short, SetMode::UpdateResetState).await.unwrap();
         for i in 0..50 {
-            assert!(acquired(&mut c, "short", &format!("s{i}")).await, "{kind:?}");
+            assert!(
+                acquired(&mut c, "short", &format!("s{i}")).await,
+                "{kind:?}"
+            );
         }
         let status = c
             .try_acquire(take("short", "late", 1, Duration::ZERO))
@@ -244,7 +254,10 @@ async fn a_per_client_limiter_holds_at_most_its_cap_of_clients() {
         let started = Instant::now();
         loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            match c.try_acquire(take("short", "late", 1, Duration::ZERO)).await {
+            match c
+                .try_acquire(take("short", "late", 1, Duration::ZERO))
+                .await
+            {
                 Ok(r) => {
                     assert!(r.into_inner().acquired, "{kind:?}");
                     break;
@@ -343,7 +356,12 @@ async fn a_mode_change_resets_the_state_and_says_so() {
         let dir = config_dir("domain: unused\n");
         let sluice = Sluice::start(dir.path(), redis.as_ref(), &[]);
         let mut c = limiter_client(sluice.grpc).await;
-        let overall = config("modes", Algorithm::FixedWindow, 2, Duration::from_secs(3_600));
+        let overall = config(
+            "modes",
+            Algorithm::FixedWindow,
+            2,
+            Duration::from_secs(3_600),
+        );
         let clients = per_client(overall.clone());
 
         set(&mut c, clients.clone(), SetMode::UpdateResetState)
@@ -357,7 +375,10 @@ async fn a_mode_change_resets_the_state_and_says_so() {
             .await
             .unwrap();
         assert!(applied, "{kind:?}");
-        assert!(reset, "{kind:?}: PER_CLIENT -> OVERALL kept no state, yet said so");
+        assert!(
+            reset,
+            "{kind:?}: PER_CLIENT -> OVERALL kept no state, yet said so"
+        );
         assert_eq!(available(&mut c, "modes", "").await, 2, "{kind:?}");
         assert!(acquired(&mut c, "modes", "").await, "{kind:?}");
         assert!(acquired(&mut c, "modes", "").await, "{kind:?}");
@@ -365,7 +386,10 @@ async fn a_mode_change_resets_the_state_and_says_so() {
         let (_, reset) = set(&mut c, clients.clone(), SetMode::UpdateKeepState)
             .await
             .unwrap();
-        assert!(reset, "{kind:?}: OVERALL -> PER_CLIENT kept no state, yet said so");
+        assert!(
+            reset,
+            "{kind:?}: OVERALL -> PER_CLIENT kept no state, yet said so"
+        );
         // Client a's old state must not come back.
         assert_eq!(
             available(&mut c, "modes", "a").await,
@@ -383,7 +407,12 @@ async fn a_mode_change_resets_the_state_and_says_so() {
         );
         // The same mode keeps its state, as before.
         assert!(acquired(&mut c, "modes", "").await, "{kind:?}");
-        let same = config("modes", Algorithm::FixedWindow, 3, Duration::from_secs(3_600));
+        let same = config(
+            "modes",
+            Algorithm::FixedWindow,
+            3,
+            Duration::from_secs(3_600),
+        );
         let (_, reset) = set(&mut c, same, SetMode::UpdateKeepState).await.unwrap();
         assert!(!reset, "{kind:?}");
         assert_eq!(available(&mut c, "modes", "").await, 2, "{kind:?}");
@@ -405,7 +434,11 @@ async fn out_of_range_numbers_and_unknown_enums_are_refused_on_both_stores() {
             ..config("warm", Algorithm::WarmUp, rate, Duration::from_secs(1))
         };
         let invalid = |r: Result<(bool, bool), tonic::Status>, what: &str| match r {
-            Err(s) => assert_eq!(s.code(), tonic::Code::InvalidArgument, "{kind:?} {what}: {s:?}"),
+            Err(s) => assert_eq!(
+                s.code(),
+                tonic::Code::InvalidArgument,
+                "{kind:?} {what}: {s:?}"
+            ),
             Ok(r) => panic!("{kind:?} {what}: accepted {r:?}"),
         };
         invalid(
@@ -442,10 +475,18 @@ async fn out_of_range_numbers_and_unknown_enums_are_refused_on_both_stores() {
         invalid(set(&mut c, mode, SetMode::TrySet).await, "mode 7");
         let mut algorithm = config("m", Algorithm::FixedWindow, 1, Duration::from_secs(1));
         algorithm.algorithm = 42;
-        invalid(set(&mut c, algorithm, SetMode::TrySet).await, "algorithm 42");
+        invalid(
+            set(&mut c, algorithm, SetMode::TrySet).await,
+            "algorithm 42",
+        );
         let status = c
             .set_rate(SetRateRequest {
-                config: Some(config("m", Algorithm::FixedWindow, 1, Duration::from_secs(1))),
+                config: Some(config(
+                    "m",
+                    Algorithm::FixedWindow,
+                    1,
+                    Duration::from_secs(1),
+                )),
                 set_mode: 9,
             })
             .await
@@ -491,7 +532,10 @@ async fn the_bearer_scheme_is_case_insensitive() {
         format!("BEARER {token}"),
         format!("bEaReR   {token}"),
     ] {
-        let status = c.available_permits(call(accepted.clone())).await.unwrap_err();
+        let status = c
+            .available_permits(call(accepted.clone()))
+            .await
+            .unwrap_err();
         // Past the token check: the limiter does not exist.
         assert_eq!(status.code(), tonic::Code::NotFound, "{accepted:?}");
     }
@@ -501,7 +545,10 @@ async fn the_bearer_scheme_is_case_insensitive() {
         format!("Bearer {token}x"),
         "bearer".to_string(),
     ] {
-        let status = c.available_permits(call(refused.clone())).await.unwrap_err();
+        let status = c
+            .available_permits(call(refused.clone()))
+            .await
+            .unwrap_err();
         assert_eq!(status.code(), tonic::Code::Unauthenticated, "{refused:?}");
     }
 }

@@ -7,6 +7,7 @@
 //! | no such limiter | `NOT_FOUND` |
 //! | `Acquire` would wait past the server's maximum | `DEADLINE_EXCEEDED` |
 //! | creating a limiter while `LIMITER_MAX_COUNT` exist | `RESOURCE_EXHAUSTED` |
+//! | a new client of a per-client limiter holding `LIMITER_MAX_CLIENTS` client states (memory store: or `MEMORY_MAX_LIMITER_STATES` over all limiters) | `RESOURCE_EXHAUSTED` |
 //! | store failure or timeout | `UNAVAILABLE` |
 //! | `LIMITER_API_TOKEN` set and the call's bearer token missing or different | `UNAUTHENTICATED` |
 //!
@@ -115,7 +116,9 @@ fn to_status(error: NamedError) -> Status {
         }
         NamedError::NotFound(_) => Status::not_found(message),
         NamedError::WaitTooLong(_) => Status::deadline_exceeded(message),
-        NamedError::TooManyLimiters(_) => Status::resource_exhausted(message),
+        NamedError::TooManyLimiters(_) | NamedError::TooManyClients { .. } => {
+            Status::resource_exhausted(message)
+        }
         NamedError::Store(e) => {
             static STORE_ERRORS: LogThrottle = LogThrottle::new();
             if let Some(held_back) = STORE_ERRORS.allow(SystemClock.now_secs()) {
