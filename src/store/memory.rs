@@ -631,6 +631,12 @@ impl Inner {
         (u128::from(high.hash_one(key)) << 64) | u128::from(low.hash_one(key))
     }
 
+    /// The shard of `id` (tests look into it).
+    #[cfg(test)]
+    fn shard(&self, id: KeyId) -> &Shard {
+        &self.shards[self.shard_index(id)]
+    }
+
     /// The shard from the high bits; the index inside uses the low ones.
     fn shard_index(&self, id: KeyId) -> usize {
         (id >> 64) as usize % self.shards.len()
@@ -1433,7 +1439,76 @@ mod tests {
     }
 
     async fn take(store: &MemoryStore, keys: &LimiterKeys, permits: u64) -> Acquisition {
-        store.acquire(keys, permits).await.unwrap()
+        store.acquire(keys, permits, 0).await.unwrap()
+    }
+
+    /// The named limiters' states live in a table of their own: they never take a counter's
+    /// place, a per-client limiter holds at most its cap of clients and the table at most its
+    /// bound, new clients beyond are refused without pushing anyone out, and expired states
+    /// make room again.
+    #[tokio::test]
+    async fn named_states_are_bounded_apart_from_the_counters() {
+        let clock = Arc::new(ManualClock::new(1_000 * 1_000_000));
+        let store = MemoryStore::new(
+            MemoryStoreOptions {
+                max_counters: 64,
+                max_limiter_states: 30,
+                ..Default::default()
+            },
+            clock.clone(),
+        );
+        let rule = Rule::SlidingWindowLog {
+            limit: 1,
+            window: 10_000_000,
+        };
+        let per_client = |name: &str| {
+            let keys = limiter_keys(name);
+            let record = LimiterRecord {
+                per_client: true,
+                ..limiter(rule.clone(), 1)
+            };
+            (keys, record)
+        };
+        let client =
+            |name: &str, id: &str| crate::rls::KeyBuilder::default().limiter(name, Some(id));
+        for name in ["a", "b"] {
+            let (keys, record) = per_client(name);
+            store
+                .set_limiter(&keys, &record, SetMode::TrySet)
+                .await
+                .unwrap();
+        }
+        let acquire = |keys: LimiterKeys| {
+            let store = &store;
+            async move { store.acquire(&keys, 1, 20).await.unwrap() }
+        };
+        for i in 0..20 {
+            let got = acquire(client("a", &format!("c{i}"))).await;
+            assert!(matches!(got, Acquisition::Decided { outcome, .. } if outcome.admitted));
+        }
+        // The cap of one limiter.
+        let got = acquire(client("a", "c20")).await;
+        assert_eq!(got, Acquisition::TooManyClients { max: 20 });
+        // A known client is still decided (and still over its limit: nobody was pushed out).
+        let got = acquire(client("a", "c0")).await;
+        assert!(matches!(got, Acquisition::Decided { outcome, .. } if !outcome.admitted));
+        // The table's bound over all limiters.
+        for i in 0..10 {
+            let got = acquire(client("b", &format!("c{i}"))).await;
+            assert!(matches!(got, Acquisition::Decided { .. }), "{got:?}");
+        }
+        let got = acquire(client("b", "c10")).await;
+        assert_eq!(got, Acquisition::TooManyClients { max: 30 });
+        assert_eq!(store.limiter_states(), 30);
+        assert_eq!(store.limiter_clients_refused(), 2);
+        // None of it is in the counters' shards.
+        assert_eq!(store.len(), 0);
+        // Once the states expire, there is room again.
+        clock.advance_micros(11_000_000);
+        let got = acquire(client("a", "c20")).await;
+        assert!(matches!(got, Acquisition::Decided { outcome, .. } if outcome.admitted));
+        store.sweep_expired();
+        assert_eq!(store.limiter_states(), 1);
     }
 
     fn remaining(acquisition: Acquisition) -> u64 {
