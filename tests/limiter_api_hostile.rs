@@ -221,6 +221,21 @@ async fn a_per_client_limiter_holds_at_most_its_cap_of_clients() {
         // in is still known.
         assert!(!acquired(&mut c, "capped", "victim").await, "{kind:?}");
         assert!(!acquired(&mut c, "capped", "fresh0").await, "{kind:?}");
+        if let Some(redis) = &redis {
+            // The places are a sorted set that expires with its latest member, like every key
+            // the scripts write.
+            let mut conn = redis.connection();
+            let held: u64 = redis::cmd("ZCARD")
+                .arg("{limiter_capped}:clients")
+                .query(&mut conn)
+                .unwrap();
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg("{limiter_capped}:clients")
+                .query(&mut conn)
+                .unwrap();
+            assert_eq!(held, 50, "{kind:?}");
+            assert!(ttl > 0 && ttl <= 3_600_000, "{kind:?}: TTL {ttl} ms");
+        }
         // Another limiter has a cap of its own.
         let other = per_client(config(
             "other",
