@@ -129,7 +129,7 @@ pub struct LimiterApiSettings {
     pub addr: Option<SocketAddr>,
     /// `LIMITER_API_TOKEN`: callers must send `authorization: Bearer <token>`.
     pub token: Option<String>,
-    /// `LIMITER_MAX_COUNT` and `LIMITER_IDLE_EXPIRY`.
+    /// `LIMITER_MAX_COUNT`, `LIMITER_IDLE_EXPIRY` and `LIMITER_MAX_CLIENTS`.
     pub bounds: Bounds,
 }
 
@@ -281,6 +281,10 @@ impl Settings {
         let backend = match backend_type.as_str() {
             "memory" => Backend::Memory(MemoryStoreOptions {
                 max_counters: env.number("MEMORY_MAX_COUNTERS", 1_000_000usize)?,
+                max_limiter_states: env.number(
+                    "MEMORY_MAX_LIMITER_STATES",
+                    MemoryStoreOptions::default().max_limiter_states,
+                )?,
                 ..MemoryStoreOptions::default()
             }),
             "redis" => redis_backend(env)?,
@@ -735,6 +739,7 @@ fn limiter_api<F: Fn(&str) -> Option<String>>(
         "LIMITER_API_TOKEN",
         "LIMITER_MAX_COUNT",
         "LIMITER_IDLE_EXPIRY",
+        "LIMITER_MAX_CLIENTS",
     ];
     if !enabled {
         if let Some(name) = names.into_iter().find(|n| env.raw(n).is_some()) {
@@ -754,6 +759,7 @@ fn limiter_api<F: Fn(&str) -> Option<String>>(
     let bounds = Bounds {
         max_count: env.number("LIMITER_MAX_COUNT", defaults.max_count)?,
         idle: env.duration("LIMITER_IDLE_EXPIRY", defaults.idle)?,
+        max_clients: env.number("LIMITER_MAX_CLIENTS", defaults.max_clients)?,
     };
     Ok(Some(LimiterApiSettings {
         addr,

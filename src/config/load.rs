@@ -843,6 +843,7 @@ impl FileChecker<'_> {
             let field = match problem.field {
                 AlgorithmField::Rate => "requests_per_unit",
                 AlgorithmField::Burst => "burst",
+                AlgorithmField::WarmupPeriod => "warmup_period",
             };
             self.error(
                 at(field),

@@ -204,11 +204,17 @@ pub const MAX_LOG_LIMIT: u64 = 100_000;
 /// GCRA-family state is in microseconds, kept exact in Lua's doubles (2^53) with headroom.
 const MAX_BUCKET_SPAN_MICROS: f64 = 4_503_599_627_370_496.0; // 2^52
 
+/// Most permits a cold warm-up limiter stores. Both stores keep them in millionths, which stay
+/// exact in Lua's doubles (2^53) below 2^32 permits; a warm-up period of years at a high rate
+/// would otherwise make Redis and the memory store round differently (or Redis fail).
+const MAX_WARM_UP_STORED: f64 = 4_294_967_296.0; // 2^32
+
 /// Which number an [`AlgorithmProblem`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AlgorithmField {
     Rate,
     Burst,
+    WarmupPeriod,
 }
 
 /// Numbers an algorithm cannot work with.
@@ -285,6 +291,19 @@ impl Algorithm {
                     ),
                 )
             }
+            Algorithm::WarmUp {
+                warmup,
+                cold_factor,
+            } if warm_up_stored(per_permit, warmup.as_micros() as f64, *cold_factor)
+                > MAX_WARM_UP_STORED =>
+            {
+                problem(
+                    AlgorithmField::WarmupPeriod,
+                    "warmup_period times the rate stores more than 2^32 permits when cold; \
+                     shorten warmup_period or lower the rate"
+                        .to_string(),
+                )
+            }
             Algorithm::TokenBucket { burst }
             | Algorithm::Gcra { burst }
             | Algorithm::LeakyBucket { burst }
@@ -299,6 +318,13 @@ impl Algorithm {
             _ => Ok(()),
         }
     }
+}
+
+/// The permits a cold warm-up limiter stores (Guava's `maxPermits`), as both stores compute it
+/// (`store::algorithms::WarmUpShape`, `lua/warm_up.lua`): `stable` and `warmup` in microseconds.
+fn warm_up_stored(stable: f64, warmup: f64, cold_factor: f64) -> f64 {
+    let cold = stable * cold_factor;
+    0.5 * warmup / stable + 2.0 * warmup / (stable + cold)
 }
 
 impl fmt::Display for Algorithm {

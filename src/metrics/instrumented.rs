@@ -99,8 +99,13 @@ impl<S: LimiterStore + ?Sized> LimiterStore for Instrumented<S> {
         self.measured("delete_limiter", self.store.delete_limiter(keys))
     }
 
-    fn acquire<'a>(&'a self, keys: &'a LimiterKeys, permits: u64) -> StoreFuture<'a, Acquisition> {
-        self.measured("acquire", self.store.acquire(keys, permits))
+    fn acquire<'a>(
+        &'a self,
+        keys: &'a LimiterKeys,
+        permits: u64,
+        max_clients: u64,
+    ) -> StoreFuture<'a, Acquisition> {
+        self.measured("acquire", self.store.acquire(keys, permits, max_clients))
     }
 
     fn registry<'a>(&'a self, key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply> {

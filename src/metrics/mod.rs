@@ -61,6 +61,11 @@ pub struct Metrics {
     pub breaker_open: IntGaugeVec,
     pub memory_entries: IntGauge,
     pub memory_evictions: IntCounter,
+    /// The named limiters' client states on the memory store (their own table).
+    pub memory_limiter_states: IntGauge,
+    /// New clients of named limiters refused on the memory store because a limiter
+    /// (`LIMITER_MAX_CLIENTS`) or the table (`MEMORY_MAX_LIMITER_STATES`) was full.
+    pub limiter_clients_refused: IntCounter,
     pub connections_open: IntGaugeVec,
     pub connections_rejected: IntCounterVec,
     descriptors_refused: IntCounterVec,
@@ -212,6 +217,18 @@ impl Metrics {
                 &r,
                 "sluice_memory_store_evictions_total",
                 "Live entries evicted because the memory store was full",
+            ),
+            memory_limiter_states: gauge(
+                &r,
+                "sluice_memory_limiter_states",
+                "Client states of named limiters held by the memory store (a table of their own, \
+                 at most MEMORY_MAX_LIMITER_STATES)",
+            ),
+            limiter_clients_refused: counter(
+                &r,
+                "sluice_limiter_clients_refused_total",
+                "New clients of named limiters refused on the memory store because a limiter \
+                 (LIMITER_MAX_CLIENTS) or the table (MEMORY_MAX_LIMITER_STATES) was full",
             ),
             connections_open: gauge_vec(
                 &r,

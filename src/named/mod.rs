@@ -14,7 +14,11 @@
 //! # Waiting in line
 //!
 //! Callers that wait for the same budget on one replica form a line ([`Line`]) and are served in
-//! arrival order: only the caller at its head asks the store, once per wake-up, after the delay
+//! arrival order. A budget is the limiter's for an `OVERALL` limiter, whatever client ids the
+//! callers name (the store ignores them there), and the client's for a `PER_CLIENT` one; the
+//! mode is learnt from the store's replies (and from `SetRate` on this replica), so a caller of
+//! a limiter this replica has not used yet makes one store call before it joins a line. Only
+//! the caller at its head asks the store, once per wake-up, after the delay
 //! the algorithm gave it; the others wait on the line without store calls. When the head is
 //! granted the last permit, it leaves the next one a hint (the shortest time seen between two
 //! grants), so a steady-rate limiter costs about one store call per grant instead of one per
@@ -51,6 +55,10 @@ pub struct Bounds {
     /// `LIMITER_IDLE_EXPIRY`: a limiter neither set nor acquired from for this long is deleted
     /// (config and shared state; per-client states expire on their own).
     pub idle: Duration,
+    /// `LIMITER_MAX_CLIENTS`: client states one `PER_CLIENT` limiter keeps at most; a new
+    /// client beyond is RESOURCE_EXHAUSTED until one expires (never by pushing out another
+    /// client's state, which would reset its budget). 0: no cap.
+    pub max_clients: u64,
 }
 
 impl Default for Bounds {
@@ -58,9 +66,13 @@ impl Default for Bounds {
         Self {
             max_count: 10_000,
             idle: Duration::from_secs(7 * 86_400),
+            max_clients: 100_000,
         }
     }
 }
+
+/// Longest `interval` and `warmup_period`: 366 days, a leap year's fixed window.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(366 * 86_400);
 
 /// Most permits one call may ask for: no limiter grants more at once (rate and burst are at most
 /// this), and anything larger is refused before it reaches the store, whose scripts could not
@@ -87,6 +99,12 @@ pub enum NamedError {
     WaitTooLong(Duration),
     #[error("{0} limiters exist, the most this server keeps (LIMITER_MAX_COUNT)")]
     TooManyLimiters(u64),
+    #[error(
+        "limiter {name:?} keeps the state of {max} clients, the most it may hold \
+         (LIMITER_MAX_CLIENTS, or MEMORY_MAX_LIMITER_STATES over all limiters); \
+         a new client gets a place when one expires"
+    )]
+    TooManyClients { name: String, max: u64 },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -119,9 +137,13 @@ pub struct NamedLimiters {
     keys: KeyBuilder,
     /// Bound of `Acquire` (and of any `TryAcquire` timeout).
     max_wait: Duration,
-    /// The waiting lines, by budget (limiter name and client); a line is dropped when its last
-    /// caller leaves.
-    lines: Mutex<HashMap<String, Arc<Line>>>,
+    /// The waiting lines, by budget (limiter name, and the client for a per-client limiter); a
+    /// line is dropped when its last caller leaves.
+    lines: Mutex<HashMap<Budget, Arc<Line>>>,
+    /// Whether each limiter is per client, as this replica last learnt it: which line a
+    /// caller joins. A change made through another replica is learnt at the next reply; until
+    /// then only the order of this replica's waiters can be off, never a grant.
+    modes: Mutex<HashMap<String, bool>>,
     bounds: Bounds,
     /// Where the store keeps the registry of limiters.
     registry: String,
@@ -129,6 +151,9 @@ pub struct NamedLimiters {
     /// [`NamedLimiters::touch_period`], not on every acquisition.
     touched: Mutex<HashMap<String, Instant>>,
 }
+
+/// A budget: a limiter's, or one client's of a per-client limiter.
+type Budget = (String, Option<String>);
 
 /// The callers of one replica waiting for one budget. tokio's mutex hands itself over in the
 /// order it was asked for, which is the arrival order; it guards what the heads learnt.
@@ -158,6 +183,7 @@ impl NamedLimiters {
             keys,
             max_wait,
             lines: Mutex::default(),
+            modes: Mutex::default(),
             bounds: Bounds::default(),
             touched: Mutex::default(),
         }
@@ -264,9 +290,35 @@ impl NamedLimiters {
         }
     }
 
-    /// The line of `name`'s budget for `client`, created when nobody waits on it.
-    fn line(&self, name: &str, client: &str) -> (String, Arc<Line>) {
-        let budget = format!("{name}\0{client}");
+    /// Whether `name` is per client, as last learnt; `None`: not known here.
+    fn mode(&self, name: &str) -> Option<bool> {
+        let modes = self.modes.lock().unwrap_or_else(|p| p.into_inner());
+        modes.get(name).copied()
+    }
+
+    /// Remembers `name`'s mode (`None`: forgets it).
+    fn learn_mode(&self, name: &str, per_client: Option<bool>) {
+        let mut modes = self.modes.lock().unwrap_or_else(|p| p.into_inner());
+        match per_client {
+            Some(per_client) => {
+                if modes.get(name) != Some(&per_client) {
+                    // Bounded like the registry: forgetting costs one store call before a wait.
+                    if modes.len() as u64 >= self.bounds.max_count.max(1024) {
+                        modes.clear();
+                    }
+                    modes.insert(name.to_string(), per_client);
+                }
+            }
+            None => {
+                modes.remove(name);
+            }
+        }
+    }
+
+    /// The line of the budget `client` draws on, created when nobody waits on it: the
+    /// limiter's, unless it is per client.
+    fn line(&self, name: &str, client: &str, per_client: bool) -> (Budget, Arc<Line>) {
+        let budget = (name.to_string(), per_client.then(|| client.to_string()));
         let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
         let line = lines.entry(budget.clone()).or_default().clone();
         (budget, line)
@@ -274,7 +326,7 @@ impl NamedLimiters {
 
     /// Drops `line` from the map when the caller leaving was its last user. Clones are only made
     /// under the map's lock, so the count cannot grow meanwhile.
-    fn leave(&self, budget: &str, line: Arc<Line>) {
+    fn leave(&self, budget: &Budget, line: Arc<Line>) {
         let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
         if Arc::strong_count(&line) == 2 {
             lines.remove(budget);
@@ -293,6 +345,7 @@ impl NamedLimiters {
         }
         let keys = self.keys.limiter(&config.name, None);
         let set = self.store.set_limiter(&keys, &record, mode).await?;
+        self.learn_mode(&config.name, Some(set.current.per_client));
         Ok(RateSet {
             applied: set.applied,
             state_reset: set.state_reset,
@@ -315,6 +368,7 @@ impl NamedLimiters {
             .store
             .delete_limiter(&self.keys.limiter(name, None))
             .await?;
+        self.learn_mode(name, None);
         self.store
             .registry(&self.registry, RegistryOp::Remove { name })
             .await?;
@@ -344,14 +398,31 @@ impl NamedLimiters {
         }
         let timeout = timeout.min(self.max_wait);
         let started = Instant::now();
-        let (budget, line) = self.line(name, client);
+        // Which line to join depends on the mode; when this replica does not know it yet, the
+        // first call tells it (and may already settle the request).
+        let mut first = None;
+        let per_client = match self.mode(name) {
+            Some(per_client) => per_client,
+            None => {
+                let outcome = self.attempt(name, client, permits).await?;
+                if let Some(done) = settled(outcome, started, timeout) {
+                    return Ok(done);
+                }
+                first = Some(outcome);
+                self.mode(name).unwrap_or(true)
+            }
+        };
+        let (budget, line) = self.line(name, client, per_client);
         let result = self
-            .wait_in_line(&line, name, client, permits, timeout, started)
+            .wait_in_line(&line, name, client, permits, timeout, started, first)
             .await;
         self.leave(&budget, line);
         result
     }
 
+    /// Waits in `line` for `permits`. `first`: the refusal of a call already made (to learn
+    /// the limiter's mode), which stands for the first attempt.
+    #[allow(clippy::too_many_arguments)]
     async fn wait_in_line(
         &self,
         line: &Line,
@@ -360,15 +431,12 @@ impl NamedLimiters {
         permits: u64,
         timeout: Duration,
         started: Instant,
+        first: Option<Outcome>,
     ) -> Result<Acquired, NamedError> {
-        let settled = |outcome: Outcome| {
-            let wait = Duration::from_millis(outcome.reset_ms);
-            (outcome.admitted || started.elapsed() + wait > timeout)
-                .then(|| answer(outcome, started))
-        };
+        let settled = |outcome: Outcome| settled(outcome, started, timeout);
         // Nobody ahead, or not willing to wait: ask at once.
-        let mut refused = None;
-        if timeout.is_zero() || line.head.try_lock().is_ok() {
+        let mut refused = first;
+        if refused.is_none() && (timeout.is_zero() || line.head.try_lock().is_ok()) {
             let outcome = self.attempt(name, client, permits).await?;
             if let Some(done) = settled(outcome) {
                 return Ok(done);
@@ -453,21 +521,50 @@ impl NamedLimiters {
         }
         let client = (!client.is_empty()).then_some(client);
         let keys = self.keys.limiter(name, client);
-        match self.store.acquire(&keys, permits).await? {
-            Acquisition::NoSuchLimiter => Err(NamedError::NotFound(name.to_string())),
-            Acquisition::NeedsClient => Err(NamedError::NeedsClient(name.to_string())),
+        match self
+            .store
+            .acquire(&keys, permits, self.bounds.max_clients)
+            .await?
+        {
+            Acquisition::NoSuchLimiter => {
+                self.learn_mode(name, None);
+                Err(NamedError::NotFound(name.to_string()))
+            }
+            Acquisition::NeedsClient => {
+                self.learn_mode(name, Some(true));
+                Err(NamedError::NeedsClient(name.to_string()))
+            }
+            Acquisition::TooManyClients { max } => {
+                self.learn_mode(name, Some(true));
+                Err(NamedError::TooManyClients {
+                    name: name.to_string(),
+                    max,
+                })
+            }
             // Refused by the store before it touched any state.
             Acquisition::TooManyPermits { capacity } => Err(NamedError::TooManyPermits {
                 name: name.to_string(),
                 permits,
                 capacity,
             }),
-            Acquisition::Decided { outcome, .. } => {
+            Acquisition::Decided {
+                outcome,
+                per_client,
+                ..
+            } => {
+                self.learn_mode(name, Some(per_client));
                 self.used(name).await;
                 Ok(outcome)
             }
         }
     }
+}
+
+/// The reply when `outcome` settles the request: granted, or refused for longer than the
+/// caller's `timeout` allows; `None` while waiting could still get it.
+fn settled(outcome: Outcome, started: Instant, timeout: Duration) -> Option<Acquired> {
+    let wait = Duration::from_millis(outcome.reset_ms);
+    (outcome.admitted || started.elapsed() + wait > timeout).then(|| answer(outcome, started))
 }
 
 /// The reply for a final outcome.
@@ -498,7 +595,7 @@ fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), 
     let invalid = |m: String| Err(NamedError::Invalid(m));
     check_name(&config.name)?;
     let interval = match config.interval.map(Duration::try_from) {
-        Some(Ok(d)) if d >= Duration::from_millis(1) && d <= Duration::from_secs(366 * 86_400) => d,
+        Some(Ok(d)) if d >= Duration::from_millis(1) && d <= MAX_INTERVAL => d,
         _ => return invalid("interval must be from 1ms to 366 days".into()),
     };
     let window = interval.as_micros() as u64;
@@ -520,7 +617,14 @@ fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), 
             u32::MAX
         ))
     })?;
-    let api = ApiAlgorithm::try_from(config.algorithm).unwrap_or(ApiAlgorithm::Unspecified);
+    // Unknown enum values are refused, never read as a default: a client built against a newer
+    // proto must not get a limiter that counts otherwise than it asked.
+    let Ok(api) = ApiAlgorithm::try_from(config.algorithm) else {
+        return invalid(format!("unknown algorithm {}", config.algorithm));
+    };
+    let Ok(mode) = Mode::try_from(config.mode) else {
+        return invalid(format!("unknown mode {}", config.mode));
+    };
     let algorithm = match api {
         ApiAlgorithm::Unspecified => return invalid("algorithm is required".into()),
         ApiAlgorithm::FixedWindow => {
@@ -535,8 +639,11 @@ fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), 
         ApiAlgorithm::Gcra => ConfigAlgorithm::Gcra { burst },
         ApiAlgorithm::LeakyBucket => ConfigAlgorithm::LeakyBucket { burst },
         ApiAlgorithm::WarmUp => {
-            let Some(Ok(warmup)) = config.warmup_period.map(Duration::try_from) else {
-                return invalid("warm_up needs a warmup_period of at least 1ms".into());
+            // Bounded like the interval, so that every time the algorithm derives from it
+            // stays exact on both stores.
+            let warmup = match config.warmup_period.map(Duration::try_from) {
+                Some(Ok(d)) if d <= MAX_INTERVAL => d,
+                _ => return invalid("warm_up needs a warmup_period from 1ms to 366 days".into()),
             };
             // 0 is proto3's "not set".
             let cold_factor = (config.cold_factor != 0.0).then_some(config.cold_factor);
@@ -558,7 +665,7 @@ fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), 
     let record = LimiterRecord {
         rule: rule_for(algorithm, config.rate, window),
         capacity,
-        per_client: config.mode == Mode::PerClient as i32,
+        per_client: mode == Mode::PerClient,
         description: config.encode_to_vec(),
     };
     Ok((config, record))

@@ -200,7 +200,8 @@ impl KeyBuilder {
     }
 
     /// The keys of a named limiter (native API): `<prefix>{limiter_<name>}:config`, `:state`,
-    /// `:epoch`, and `:state:<client>` / `:epoch:<client>` for a client. One hash tag for all, so
+    /// `:epoch`, `:clients` (the per-limiter cap's set of clients), and `:state:<client>` /
+    /// `:epoch:<client>` for a client. One hash tag for all, so
     /// one script can use them together. The name is escaped like a descriptor value, so its
     /// braces cannot move the tag and `limiter_<name>` has a single raw `_`, unlike any
     /// descriptor key's `<domain>_<key>_<value>`.
@@ -225,6 +226,8 @@ impl KeyBuilder {
             config: format!("{tag}:config"),
             shared: state_keys(""),
             client: client.map(state_keys),
+            clients: format!("{tag}:clients"),
+            client_id: client.unwrap_or_default().to_string(),
         }
     }
 

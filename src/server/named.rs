@@ -7,6 +7,7 @@
 //! | no such limiter | `NOT_FOUND` |
 //! | `Acquire` would wait past the server's maximum | `DEADLINE_EXCEEDED` |
 //! | creating a limiter while `LIMITER_MAX_COUNT` exist | `RESOURCE_EXHAUSTED` |
+//! | a new client of a per-client limiter holding `LIMITER_MAX_CLIENTS` client states (memory store: or `MEMORY_MAX_LIMITER_STATES` over all limiters) | `RESOURCE_EXHAUSTED` |
 //! | store failure or timeout | `UNAVAILABLE` |
 //! | `LIMITER_API_TOKEN` set and the call's bearer token missing or different | `UNAUTHENTICATED` |
 //!
@@ -78,7 +79,7 @@ impl Interceptor for BearerToken {
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(bearer_credentials)
             .map(digest);
         let matches = presented.is_some_and(|p| {
             // Every byte is compared whatever the first difference, so the time does not depend
@@ -98,6 +99,15 @@ impl Interceptor for BearerToken {
     }
 }
 
+/// The token of an `authorization` value that uses the `Bearer` scheme. RFC 7235 (section 2.1)
+/// makes the scheme case-insensitive and puts one or more spaces before the credentials, so
+/// `bearer <token>` and `BEARER  <token>` name the same token as `Bearer <token>`.
+fn bearer_credentials(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    let token = rest.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 fn to_status(error: NamedError) -> Status {
     let message = error.to_string();
     match error {
@@ -106,7 +116,9 @@ fn to_status(error: NamedError) -> Status {
         }
         NamedError::NotFound(_) => Status::not_found(message),
         NamedError::WaitTooLong(_) => Status::deadline_exceeded(message),
-        NamedError::TooManyLimiters(_) => Status::resource_exhausted(message),
+        NamedError::TooManyLimiters(_) | NamedError::TooManyClients { .. } => {
+            Status::resource_exhausted(message)
+        }
         NamedError::Store(e) => {
             static STORE_ERRORS: LogThrottle = LogThrottle::new();
             if let Some(held_back) = STORE_ERRORS.allow(SystemClock.now_secs()) {

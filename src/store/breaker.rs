@@ -184,8 +184,13 @@ impl<S: LimiterStore> LimiterStore for Breaker<S> {
         self.guarded(|| self.store.delete_limiter(keys))
     }
 
-    fn acquire<'a>(&'a self, keys: &'a LimiterKeys, permits: u64) -> StoreFuture<'a, Acquisition> {
-        self.guarded(move || self.store.acquire(keys, permits))
+    fn acquire<'a>(
+        &'a self,
+        keys: &'a LimiterKeys,
+        permits: u64,
+        max_clients: u64,
+    ) -> StoreFuture<'a, Acquisition> {
+        self.guarded(move || self.store.acquire(keys, permits, max_clients))
     }
 
     fn registry<'a>(&'a self, key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply> {

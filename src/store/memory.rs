@@ -23,6 +23,18 @@
 //! counter outranks it, each eviction in its shard takes it with probability 16/n (n counters
 //! per shard): it lasts n/16 evictions there on average, `max_counters / 16` new counters over
 //! the whole store. So size the bound above the number of keys live in one window.
+//!
+//! # Named limiters
+//!
+//! The native API's limiters keep their configs and states in a table of their own ([`Named`]),
+//! not in the shards: a flood of per-client states must not evict, reset or slow an RLS counter
+//! (issue #27: 20 000 fresh client ids on a long window used to push 640 users over their
+//! limit out of a 6 400-counter store). That table has its own bound, `max_limiter_states`
+//! client states over all limiters, and each per-client limiter at most the `max_clients` its
+//! caller passes. A new client beyond either is refused (nothing is evicted there): evicting
+//! would let fresh ids reset the budget of a client over its limit, which a refusal cannot.
+//! Expired client states are dropped when a full limiter needs room (at most once per expiry
+//! passed, see [`NamedLimiter::next_expiry`]) and by the sweep.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
@@ -47,6 +59,10 @@ const EVICTION_SAMPLE: usize = 16;
 pub struct MemoryStoreOptions {
     /// Most live counters kept at once (at least one per shard).
     pub max_counters: usize,
+    /// Most client states the named limiters keep, over all limiters
+    /// (`MEMORY_MAX_LIMITER_STATES`); a new client beyond is refused. Shared states are not
+    /// counted: there is one per limiter, and limiters are bounded by `LIMITER_MAX_COUNT`.
+    pub max_limiter_states: usize,
     /// How often expired counters are swept.
     pub sweep_interval: Duration,
 }
@@ -55,6 +71,7 @@ impl Default for MemoryStoreOptions {
     fn default() -> Self {
         Self {
             max_counters: 1_000_000,
+            max_limiter_states: 1_000_000,
             sweep_interval: Duration::from_secs(5),
         }
     }
@@ -63,12 +80,6 @@ impl Default for MemoryStoreOptions {
 #[derive(Debug)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
-    /// Named limiters' configs (native API) and their generation. Their states live in the
-    /// shards like any counter, under `<state key>#<generation>`, so a reset simply moves on to
-    /// a new key and the old state expires; they count towards the memory bound, the configs
-    /// do not (there is one per limiter an application created).
-    limiters: Mutex<HashMap<String, (LimiterRecord, u64)>>,
-    generations: AtomicU64,
     /// The registry of named limiters: name → until when it is kept while idle (ms on the
     /// store's clock). Bounded by the service's maximum count of limiters.
     registry: Mutex<HashMap<String, u64>>,
@@ -82,6 +93,60 @@ struct Inner {
     per_shard: usize,
     clock: Arc<dyn Clock>,
     evictions: AtomicU64,
+    /// The named limiters, apart from the counters (see the module doc).
+    named: Mutex<Named>,
+    max_limiter_states: usize,
+    /// New clients refused because a limiter or the table was full.
+    clients_refused: AtomicU64,
+}
+
+/// The named limiters' configs and states (native API).
+#[derive(Debug, Default)]
+struct Named {
+    /// By config key.
+    limiters: HashMap<String, NamedLimiter>,
+    /// Client states held over all limiters (expired ones not yet dropped included).
+    client_states: usize,
+}
+
+#[derive(Debug)]
+struct NamedLimiter {
+    record: LimiterRecord,
+    /// The state of an `OVERALL` limiter.
+    shared: Option<Entry>,
+    /// A `PER_CLIENT` limiter's states, by the keyed hash of the client's state key.
+    clients: HashMap<KeyId, Entry>,
+    /// No client state expires before this (microseconds; a lower bound, since a state used
+    /// again lives longer): until then a full limiter has nothing to drop, so a flood of new
+    /// clients is refused without a scan of its states each.
+    next_expiry: u64,
+}
+
+impl NamedLimiter {
+    fn new(record: LimiterRecord) -> Self {
+        Self {
+            record,
+            shared: None,
+            clients: HashMap::new(),
+            next_expiry: u64::MAX,
+        }
+    }
+
+    /// Drops the client states expired at `now`, when any can be; returns how many.
+    fn drop_expired(&mut self, now: u64) -> usize {
+        if now < self.next_expiry {
+            return 0;
+        }
+        let before = self.clients.len();
+        self.clients.retain(|_, e| e.expires_at > now);
+        self.next_expiry = self
+            .clients
+            .values()
+            .map(|e| e.expires_at)
+            .min()
+            .unwrap_or(u64::MAX);
+        before - self.clients.len()
+    }
 }
 
 /// A key's 128-bit keyed hash, from two SipHash keys drawn at start-up. Entries are stored
@@ -349,16 +414,28 @@ impl MemoryStore {
             per_shard,
             clock,
             evictions: AtomicU64::new(0),
+            named: Mutex::default(),
+            max_limiter_states: options.max_limiter_states,
+            clients_refused: AtomicU64::new(0),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(sweep(Arc::downgrade(&inner), options.sweep_interval));
         }
         Self {
             inner,
-            limiters: Mutex::new(HashMap::new()),
-            generations: AtomicU64::new(1),
             registry: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Client states the named limiters hold (expired ones not yet dropped included).
+    pub fn limiter_states(&self) -> usize {
+        lock(&self.inner.named).client_states
+    }
+
+    /// New clients of named limiters refused because a limiter (`LIMITER_MAX_CLIENTS`) or the
+    /// table (`MEMORY_MAX_LIMITER_STATES`) was full.
+    pub fn limiter_clients_refused(&self) -> u64 {
+        self.inner.clients_refused.load(Ordering::Relaxed)
     }
 
     /// Entries currently held (expired ones not yet swept included).
@@ -458,49 +535,7 @@ impl MemoryStore {
                 e.state.clone()
             }
         });
-        let step = match check.rule {
-            Rule::FixedWindow {
-                limit,
-                window_secs,
-                window_start,
-            } => {
-                algorithms::fixed_window(found, hits, take, limit, (window_secs, window_start), now)
-            }
-            Rule::SlidingWindowLog { limit, window } => algorithms::sliding_window_log(
-                found,
-                hits,
-                check.record_refused,
-                limit,
-                window,
-                now,
-            ),
-            Rule::SlidingWindowCounter { limit, window } => algorithms::sliding_window_counter(
-                found,
-                hits,
-                check.record_refused,
-                limit,
-                window,
-                now,
-            ),
-            Rule::Gcra { interval, burst } => {
-                algorithms::gcra(found, hits, check.record_refused, interval, burst, now)
-            }
-            Rule::WarmUp {
-                permits_per_window,
-                window,
-                warmup,
-                cold_factor,
-            } => algorithms::warm_up(
-                found,
-                hits,
-                check.record_refused,
-                permits_per_window,
-                window,
-                warmup,
-                cold_factor,
-                now,
-            ),
-        };
+        let step = run_rule(&check.rule, found, hits, check.record_refused, take, now);
         if dry_run {
             return step.outcome;
         }
@@ -524,6 +559,49 @@ impl MemoryStore {
             }
         }
         step.outcome
+    }
+}
+
+/// Runs `rule`'s algorithm on the state `found` (`None`: none, or expired). One place for the
+/// counters and the named limiters.
+fn run_rule(
+    rule: &Rule,
+    found: Option<State>,
+    hits: u64,
+    record_refused: bool,
+    take: bool,
+    now: u64,
+) -> algorithms::Step {
+    match *rule {
+        Rule::FixedWindow {
+            limit,
+            window_secs,
+            window_start,
+        } => algorithms::fixed_window(found, hits, take, limit, (window_secs, window_start), now),
+        Rule::SlidingWindowLog { limit, window } => {
+            algorithms::sliding_window_log(found, hits, record_refused, limit, window, now)
+        }
+        Rule::SlidingWindowCounter { limit, window } => {
+            algorithms::sliding_window_counter(found, hits, record_refused, limit, window, now)
+        }
+        Rule::Gcra { interval, burst } => {
+            algorithms::gcra(found, hits, record_refused, interval, burst, now)
+        }
+        Rule::WarmUp {
+            permits_per_window,
+            window,
+            warmup,
+            cold_factor,
+        } => algorithms::warm_up(
+            found,
+            hits,
+            record_refused,
+            permits_per_window,
+            window,
+            warmup,
+            cold_factor,
+            now,
+        ),
     }
 }
 
@@ -553,11 +631,13 @@ impl Inner {
         (u128::from(high.hash_one(key)) << 64) | u128::from(low.hash_one(key))
     }
 
-    /// The shard from the high bits; the index inside uses the low ones.
+    /// The shard of `id` (tests look into it).
+    #[cfg(test)]
     fn shard(&self, id: KeyId) -> &Shard {
         &self.shards[self.shard_index(id)]
     }
 
+    /// The shard from the high bits; the index inside uses the low ones.
     fn shard_index(&self, id: KeyId) -> usize {
         (id >> 64) as usize % self.shards.len()
     }
@@ -660,6 +740,108 @@ impl Inner {
         for shard in self.shards.iter() {
             lock(shard).retain_live(now);
         }
+        let mut named = lock(&self.named);
+        let Named {
+            limiters,
+            client_states,
+        } = &mut *named;
+        for limiter in limiters.values_mut() {
+            *client_states -= limiter.drop_expired(now);
+            if limiter.shared.as_ref().is_some_and(|e| e.expires_at <= now) {
+                limiter.shared = None;
+            }
+        }
+    }
+
+    /// A named limiter's acquisition, under the named table's lock (see the module doc).
+    fn acquire(&self, keys: &LimiterKeys, permits: u64, max_clients: u64, now: u64) -> Acquisition {
+        let mut named = lock(&self.named);
+        let Named {
+            limiters,
+            client_states,
+        } = &mut *named;
+        let Some(limiter) = limiters.get_mut(&keys.config) else {
+            return Acquisition::NoSuchLimiter;
+        };
+        let per_client = limiter.record.per_client;
+        let client = match (per_client, &keys.client) {
+            (true, None) => return Acquisition::NeedsClient,
+            (true, Some(client)) => Some(self.key_id(&client.state)),
+            (false, _) => None,
+        };
+        let capacity = limiter.record.capacity;
+        if permits > capacity {
+            return Acquisition::TooManyPermits { capacity };
+        }
+        let mut rule = limiter.record.rule.clone();
+        if let Rule::FixedWindow {
+            window_secs,
+            window_start,
+            ..
+        } = &mut rule
+        {
+            // The window is picked on the store's clock; the state expires when it ends.
+            *window_start = super::window_start(now / 1_000_000, *window_secs);
+        }
+        // The state is taken out of its place and put back below. A log is handed to the
+        // algorithm as it is (it may hold many entries), and handed back unless empty; other
+        // states are a few words, cloned so that "keep as it was" has them.
+        let held = match client {
+            Some(id) => limiter.clients.remove(&id),
+            None => limiter.shared.take(),
+        };
+        let had_place = held.is_some();
+        let (found, as_it_was) = match held.filter(|e| e.expires_at > now) {
+            Some(e) if matches!(e.state, State::Log(_)) => (Some(e.state), None),
+            Some(e) => (Some(e.state.clone()), Some(e)),
+            None => (None, None),
+        };
+        let step = run_rule(&rule, found, permits, false, true, now);
+        let next = match step.keep {
+            Some((state, ttl)) => Some(Entry {
+                state,
+                expires_at: now + ttl,
+            }),
+            None => as_it_was,
+        };
+        match (client, next) {
+            (Some(id), Some(entry)) => {
+                if !had_place {
+                    // A new client takes a place only if there is one: nothing live is pushed
+                    // out for it.
+                    let full = |l: &NamedLimiter, held: usize| {
+                        if max_clients > 0 && l.clients.len() as u64 >= max_clients {
+                            Some(max_clients)
+                        } else if held >= self.max_limiter_states {
+                            Some(self.max_limiter_states as u64)
+                        } else {
+                            None
+                        }
+                    };
+                    if full(limiter, *client_states).is_some() {
+                        *client_states -= limiter.drop_expired(now);
+                    }
+                    if let Some(max) = full(limiter, *client_states) {
+                        self.clients_refused.fetch_add(1, Ordering::Relaxed);
+                        return Acquisition::TooManyClients { max };
+                    }
+                    *client_states += 1;
+                }
+                limiter.next_expiry = limiter.next_expiry.min(entry.expires_at);
+                limiter.clients.insert(id, entry);
+            }
+            (Some(_), None) => {
+                if had_place {
+                    *client_states -= 1;
+                }
+            }
+            (None, entry) => limiter.shared = entry,
+        }
+        Acquisition::Decided {
+            outcome: step.outcome,
+            capacity,
+            per_client,
+        }
     }
 }
 
@@ -745,29 +927,32 @@ impl LimiterStore for MemoryStore {
         record: &'a LimiterRecord,
         mode: SetMode,
     ) -> StoreFuture<'a, LimiterSet> {
-        let mut limiters = lock(&self.limiters);
-        let result = match (limiters.get(&keys.config), mode) {
-            (Some((current, _)), SetMode::TrySet) => LimiterSet {
+        let mut named = lock(&self.inner.named);
+        let Named {
+            limiters,
+            client_states,
+        } = &mut *named;
+        let result = match (limiters.get_mut(&keys.config), mode) {
+            (Some(current), SetMode::TrySet) => LimiterSet {
                 applied: false,
                 state_reset: false,
-                current: current.clone(),
+                current: current.record.clone(),
             },
-            (Some((current, generation)), SetMode::UpdateKeepState)
-                if current.rule.keeps_state_of(&record.rule) =>
-            {
-                let generation = *generation;
-                limiters.insert(keys.config.clone(), (record.clone(), generation));
+            (Some(current), SetMode::UpdateKeepState) if current.record.keeps_state_of(record) => {
+                current.record = record.clone();
                 LimiterSet {
                     applied: true,
                     state_reset: false,
                     current: record.clone(),
                 }
             }
-            _ => {
-                // A new generation: the states are named with it, so the old ones are never
-                // read again and expire.
-                let generation = self.generations.fetch_add(1, Ordering::Relaxed);
-                limiters.insert(keys.config.clone(), (record.clone(), generation));
+            (current, _) => {
+                // A new, empty state: the old states (shared and every client's) go with the
+                // old entry, so none is read again, also after a switch back.
+                if let Some(old) = current {
+                    *client_states -= old.clients.len();
+                }
+                limiters.insert(keys.config.clone(), NamedLimiter::new(record.clone()));
                 LimiterSet {
                     applied: true,
                     state_reset: true,
@@ -779,68 +964,35 @@ impl LimiterStore for MemoryStore {
     }
 
     fn get_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, Option<LimiterRecord>> {
-        let found = lock(&self.limiters)
+        let found = lock(&self.inner.named)
+            .limiters
             .get(&keys.config)
-            .map(|(r, _)| r.clone());
+            .map(|l| l.record.clone());
         Box::pin(std::future::ready(Ok(found)))
     }
 
     fn delete_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
-        let removed = lock(&self.limiters).remove(&keys.config);
-        if let Some((_, generation)) = &removed {
-            let id = self
-                .inner
-                .key_id(&format!("{}#{generation}", keys.shared.state));
-            lock(self.inner.shard(id)).remove(&id);
+        let mut named = lock(&self.inner.named);
+        let removed = named.limiters.remove(&keys.config);
+        if let Some(old) = &removed {
+            named.client_states -= old.clients.len();
         }
         Box::pin(std::future::ready(Ok(removed.is_some())))
     }
 
-    fn acquire<'a>(&'a self, keys: &'a LimiterKeys, permits: u64) -> StoreFuture<'a, Acquisition> {
-        let found = lock(&self.limiters).get(&keys.config).cloned();
-        let acquisition = match found {
-            None => Acquisition::NoSuchLimiter,
-            Some((record, generation)) => {
-                let state = if record.per_client {
-                    keys.client.as_ref()
-                } else {
-                    Some(&keys.shared)
-                };
-                match state {
-                    None => Acquisition::NeedsClient,
-                    Some(_) if permits > record.capacity => Acquisition::TooManyPermits {
-                        capacity: record.capacity,
-                    },
-                    Some(state) => {
-                        let now = self.inner.clock.now_micros();
-                        let mut rule = record.rule;
-                        if let Rule::FixedWindow {
-                            window_secs,
-                            window_start,
-                            ..
-                        } = &mut rule
-                        {
-                            // The window is picked on the store's clock; the state expires when
-                            // it ends.
-                            let now_secs = now / 1_000_000;
-                            *window_start = super::window_start(now_secs, *window_secs);
-                        }
-                        let check = Check {
-                            key: format!("{}#{generation}", state.state),
-                            hits: permits,
-                            rule,
-                            record_refused: false,
-                            group: None,
-                        };
-                        Acquisition::Decided {
-                            outcome: self.decide(&check, now, true),
-                            capacity: record.capacity,
-                        }
-                    }
-                }
-            }
-        };
-        Box::pin(std::future::ready(Ok(acquisition)))
+    fn acquire<'a>(
+        &'a self,
+        keys: &'a LimiterKeys,
+        permits: u64,
+        max_clients: u64,
+    ) -> StoreFuture<'a, Acquisition> {
+        let now = self.inner.clock.now_micros();
+        Box::pin(std::future::ready(Ok(self.inner.acquire(
+            keys,
+            permits,
+            max_clients,
+            now,
+        ))))
     }
 
     /// The same operations as `lua/registry.lua`, on one map (one registry per process, so
@@ -1287,7 +1439,76 @@ mod tests {
     }
 
     async fn take(store: &MemoryStore, keys: &LimiterKeys, permits: u64) -> Acquisition {
-        store.acquire(keys, permits).await.unwrap()
+        store.acquire(keys, permits, 0).await.unwrap()
+    }
+
+    /// The named limiters' states live in a table of their own: they never take a counter's
+    /// place, a per-client limiter holds at most its cap of clients and the table at most its
+    /// bound, new clients beyond are refused without pushing anyone out, and expired states
+    /// make room again.
+    #[tokio::test]
+    async fn named_states_are_bounded_apart_from_the_counters() {
+        let clock = Arc::new(ManualClock::new(1_000 * 1_000_000));
+        let store = MemoryStore::new(
+            MemoryStoreOptions {
+                max_counters: 64,
+                max_limiter_states: 30,
+                ..Default::default()
+            },
+            clock.clone(),
+        );
+        let rule = Rule::SlidingWindowLog {
+            limit: 1,
+            window: 10_000_000,
+        };
+        let per_client = |name: &str| {
+            let keys = limiter_keys(name);
+            let record = LimiterRecord {
+                per_client: true,
+                ..limiter(rule.clone(), 1)
+            };
+            (keys, record)
+        };
+        let client =
+            |name: &str, id: &str| crate::rls::KeyBuilder::default().limiter(name, Some(id));
+        for name in ["a", "b"] {
+            let (keys, record) = per_client(name);
+            store
+                .set_limiter(&keys, &record, SetMode::TrySet)
+                .await
+                .unwrap();
+        }
+        let acquire = |keys: LimiterKeys| {
+            let store = &store;
+            async move { store.acquire(&keys, 1, 20).await.unwrap() }
+        };
+        for i in 0..20 {
+            let got = acquire(client("a", &format!("c{i}"))).await;
+            assert!(matches!(got, Acquisition::Decided { outcome, .. } if outcome.admitted));
+        }
+        // The cap of one limiter.
+        let got = acquire(client("a", "c20")).await;
+        assert_eq!(got, Acquisition::TooManyClients { max: 20 });
+        // A known client is still decided (and still over its limit: nobody was pushed out).
+        let got = acquire(client("a", "c0")).await;
+        assert!(matches!(got, Acquisition::Decided { outcome, .. } if !outcome.admitted));
+        // The table's bound over all limiters.
+        for i in 0..10 {
+            let got = acquire(client("b", &format!("c{i}"))).await;
+            assert!(matches!(got, Acquisition::Decided { .. }), "{got:?}");
+        }
+        let got = acquire(client("b", "c10")).await;
+        assert_eq!(got, Acquisition::TooManyClients { max: 30 });
+        assert_eq!(store.limiter_states(), 30);
+        assert_eq!(store.limiter_clients_refused(), 2);
+        // None of it is in the counters' shards.
+        assert_eq!(store.len(), 0);
+        // Once the states expire, there is room again.
+        clock.advance_micros(11_000_000);
+        let got = acquire(client("a", "c20")).await;
+        assert!(matches!(got, Acquisition::Decided { outcome, .. } if outcome.admitted));
+        store.sweep_expired();
+        assert_eq!(store.limiter_states(), 1);
     }
 
     fn remaining(acquisition: Acquisition) -> u64 {

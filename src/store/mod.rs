@@ -162,6 +162,11 @@ pub struct LimiterKeys {
     pub shared: StateKeys,
     /// The calling client's, used when the limiter is per client.
     pub client: Option<StateKeys>,
+    /// Which clients hold a state, for the per-limiter cap (Redis: a sorted set of client ids
+    /// by expiry).
+    pub clients: String,
+    /// The calling client's id as the cap counts it (empty without a client).
+    pub client_id: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,6 +188,17 @@ pub struct LimiterRecord {
     pub description: Vec<u8>,
 }
 
+impl LimiterRecord {
+    /// Whether `UPDATE_KEEP_STATE` from `self` to `other` keeps the states counted: the rule
+    /// must keep them ([`Rule::keeps_state_of`]) and the mode must stay, since one shared state
+    /// and one state per client are different shapes. Any other change starts a new
+    /// generation, so the states of the mode left behind are never read again (switching back
+    /// does not bring them back).
+    pub fn keeps_state_of(&self, other: &LimiterRecord) -> bool {
+        self.per_client == other.per_client && self.rule.keeps_state_of(&other.rule)
+    }
+}
+
 /// How `set_limiter` treats an existing limiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetMode {
@@ -198,7 +214,7 @@ pub struct LimiterSet {
     /// False when `TrySet` found an existing limiter.
     pub applied: bool,
     /// The limiter starts from an empty state because of this call: it was created, reset, or
-    /// kept its state across a change [`Rule::keeps_state_of`] does not allow.
+    /// kept its state across a change [`LimiterRecord::keeps_state_of`] does not allow.
     pub state_reset: bool,
     /// The record in force after the call.
     pub current: LimiterRecord,
@@ -215,10 +231,19 @@ pub enum Acquisition {
     TooManyPermits {
         capacity: u64,
     },
-    /// The outcome and the limiter's capacity at that moment.
+    /// The limiter is per client, the call's client holds no state, and `max` clients do
+    /// (`LIMITER_MAX_CLIENTS`, or on the memory store its `MEMORY_MAX_LIMITER_STATES` over all
+    /// limiters): refused before anything was written, so that no flood of fresh client ids
+    /// can grow the store or push out another client's state.
+    TooManyClients {
+        max: u64,
+    },
+    /// The outcome, the limiter's capacity and mode at that moment.
     Decided {
         outcome: Outcome,
         capacity: u64,
+        /// One budget per client: the waiting line is the client's, not the limiter's.
+        per_client: bool,
     },
 }
 
@@ -359,8 +384,15 @@ pub trait LimiterStore: Store {
 
     /// Takes `permits` (0: only looks) under the limiter's current config, atomically with
     /// reading it. Unlike [`CounterStore::check`], a refused acquisition never changes the state, for
-    /// every algorithm including the fixed window.
-    fn acquire<'a>(&'a self, keys: &'a LimiterKeys, permits: u64) -> StoreFuture<'a, Acquisition>;
+    /// every algorithm including the fixed window. A per-client limiter keeps at most
+    /// `max_clients` client states (0: no cap); a new client beyond is
+    /// [`Acquisition::TooManyClients`].
+    fn acquire<'a>(
+        &'a self,
+        keys: &'a LimiterKeys,
+        permits: u64,
+        max_clients: u64,
+    ) -> StoreFuture<'a, Acquisition>;
 
     /// Changes or reads the registry of named limiters kept under `key`.
     fn registry<'a>(&'a self, key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply>;

@@ -380,7 +380,8 @@ impl RedisStore {
     }
 
     /// One operation of `lua/limiter.lua` on a limiter's keys: the config, the shared state and
-    /// epoch, and the client's (the shared ones again when there is no client).
+    /// epoch, the client's (the shared ones again when there is no client), and the set of
+    /// clients holding a state.
     async fn limiter_op<T: redis::FromRedisValue>(
         &self,
         keys: &LimiterKeys,
@@ -390,12 +391,13 @@ impl RedisStore {
         let client = keys.client.as_ref().unwrap_or(&keys.shared);
         let slot = slot::slot(keys.config.as_bytes());
         self.eval(slot, &LIMITER, (0, 0), |cmd, pinned| {
-            cmd.arg(5)
+            cmd.arg(6)
                 .arg(&keys.config)
                 .arg(&keys.shared.state)
                 .arg(&keys.shared.epoch)
                 .arg(&client.state)
                 .arg(&client.epoch)
+                .arg(&keys.clients)
                 .arg(pinned.map_or(String::new(), |t| t.to_string()))
                 .arg(op)
                 .arg(u8::from(keys.client.is_some()));
@@ -559,11 +561,16 @@ impl LimiterStore for RedisStore {
         })
     }
 
-    fn acquire<'a>(&'a self, keys: &'a LimiterKeys, permits: u64) -> StoreFuture<'a, Acquisition> {
+    fn acquire<'a>(
+        &'a self,
+        keys: &'a LimiterKeys,
+        permits: u64,
+        max_clients: u64,
+    ) -> StoreFuture<'a, Acquisition> {
         self.bounded(async move {
             let reply: Vec<i64> = self
                 .limiter_op(keys, "acquire", |cmd| {
-                    cmd.arg(permits);
+                    cmd.arg(permits).arg(max_clients).arg(&keys.client_id);
                 })
                 .await?;
             match reply.as_slice() {
@@ -572,10 +579,14 @@ impl LimiterStore for RedisStore {
                 [-2, capacity] => Ok(Acquisition::TooManyPermits {
                     capacity: u64::try_from(*capacity).unwrap_or(0),
                 }),
-                [decision @ .., capacity] if decision.len() == REPLY_PER_CHECK => {
+                [-3, max] => Ok(Acquisition::TooManyClients {
+                    max: u64::try_from(*max).unwrap_or(0),
+                }),
+                [decision @ .., capacity, per_client] if decision.len() == REPLY_PER_CHECK => {
                     Ok(Acquisition::Decided {
                         outcome: decode(decision, 1)?[0],
                         capacity: u64::try_from(*capacity).unwrap_or(0),
+                        per_client: *per_client == 1,
                     })
                 }
                 other => Err(StoreError::Protocol(format!("acquire replied {other:?}"))),
