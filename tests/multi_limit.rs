@@ -780,3 +780,102 @@ async fn an_override_from_envoy_keeps_one_unit() {
     let configured = ask(&limiter, &[("k", "b")]).await;
     assert_eq!(reset_secs(&configured), 270);
 }
+
+/// 5 per hour and 6 per day on one descriptor: after an hour, what the day still admits shows
+/// what the first hour charged it.
+const HOUR_AND_DAY: &str = "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {name: hour, unit: hour, requests_per_unit: 5}
+      - {name: day, unit: day, requests_per_unit: 6}
+";
+
+/// The same with the hour counted by a sliding-window log.
+const LOG_HOUR_AND_DAY: &str = "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {name: hour, unit: hour, requests_per_unit: 5, algorithm: sliding_window_log}
+      - {name: day, unit: day, requests_per_unit: 6}
+";
+
+/// Issue #27 item 7: one request carrying the same `rate_limits` descriptor twice (a virtual
+/// host's and a route's action can both produce it). Each copy's trial must see what the copy
+/// before it charges, so the copy that goes over is refused as a whole and charges neither
+/// limit. Before the fix both copies were tried against the same state, both looked admitted
+/// and both were charged: the hour and day counters went to 6 and the next hour admitted 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_repeated_descriptor_is_all_or_nothing_per_copy() {
+    for yaml in [HOUR_AND_DAY, LOG_HOUR_AND_DAY] {
+        for stop in [false, true] {
+            repeated_descriptor(yaml, stop).await;
+        }
+    }
+}
+
+async fn repeated_descriptor(yaml: &'static str, stop: bool) {
+    for_each_store(|kind, redis| async move {
+        let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
+        let store = store_for(&kind, redis.as_ref(), &clock);
+        let options = RlsOptions {
+            stop_increment_when_over: stop,
+            ..Default::default()
+        };
+        let limiter = limiter(store, &clock, yaml, options);
+        let case = format!("{kind:?}, stop {stop}, {}", &yaml[40..]);
+        for i in 0..4 {
+            let one = ask(&limiter, &[("k", "a")]).await;
+            assert_eq!(one.overall_code, Code::Ok as i32, "{case}: request {i}");
+        }
+        // Four charged; the first copy takes the hour's fifth, the second copy would be the
+        // sixth: the request is refused, and only the first copy is charged.
+        let twice = limiter
+            .should_rate_limit(&request(
+                "d",
+                vec![descriptor(&[("k", "a")]), descriptor(&[("k", "a")])],
+            ))
+            .await
+            .expect("a valid request is decided");
+        assert_eq!(twice.overall_code, Code::OverLimit as i32, "{case}");
+        let codes: Vec<i32> = twice.statuses.iter().map(|s| s.code).collect();
+        assert_eq!(
+            codes,
+            vec![Code::Ok as i32, Code::OverLimit as i32],
+            "{case}: {twice:?}"
+        );
+        assert_eq!(
+            twice.statuses[1]
+                .current_limit
+                .as_ref()
+                .map(|l| l.name.as_str()),
+            Some("hour"),
+            "{case}"
+        );
+        // Charged: the first copy (the fifth hit), except under STOP_CACHE_KEY_INCREMENT_WHEN_
+        // OVERLIMIT, where a call with a refused check charges only what goes over (here
+        // nothing: a refused group charges nothing).
+        let day_used = if stop { 4 } else { 5 };
+        if let Some(server) = &redis {
+            let day_start = BOUNDARY_SECS - BOUNDARY_SECS % 86_400;
+            let day = server
+                .cli(&["GET", &format!("{{d_k_a}}:fixed_window:86400_{day_start}")])
+                .unwrap_or_default();
+            assert_eq!(day.trim(), day_used.to_string(), "{case}: the day counter");
+        }
+        // The next hour (same day) admits what the day has left.
+        clock.advance_micros(secs(3_601));
+        let mut next_hour = 0;
+        for _ in 0..4 {
+            if ask(&limiter, &[("k", "a")]).await.overall_code == Code::Ok as i32 {
+                next_hour += 1;
+            }
+        }
+        assert_eq!(
+            next_hour,
+            6 - day_used,
+            "{case}: the day's counter after the repeated descriptor"
+        );
+    })
+    .await;
+}
