@@ -179,6 +179,12 @@ pub(super) fn load_documents(
         };
         let spec = match &document {
             Document::Text(text) => checker.file(text),
+            // A file's text is held to the limit as it is read (`yaml.rs`); a tree is checked
+            // here, before anything walks it, so every source has the one limit.
+            Document::Tree(tree) if yaml::nests_too_deep(tree) => {
+                checker.error(0, format!("nesting deeper than {} levels", yaml::MAX_DEPTH));
+                None
+            }
             Document::Tree(tree) => checker.document(tree),
         };
         let Some(spec) = spec else {
