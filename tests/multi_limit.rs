@@ -575,6 +575,16 @@ fn check_config_refuses_bad_rate_limits() {
             "    rate_limits:\n      - {unit: minute, requests_per_unit: 1}\n      - {unit: hour, requests_per_unit: 9, unit_multiplier: 0}\n",
             "bad.yaml:6: unit_multiplier must be a whole number of at least 1, found: '0'",
         ),
+        // Issue #27 item 9: two limits sharing a name shared their stats, so neither could be
+        // read apart (loaded before).
+        (
+            "    rate_limits:\n      - {name: a, unit: minute, requests_per_unit: 1}\n      - {name: a, unit: hour, requests_per_unit: 9}\n",
+            "bad.yaml:6: two limits of one rate_limits list named 'a' (the first on line 5); their stats would merge",
+        ),
+        (
+            "    rate_limits:\n      - {name: limit2, unit: minute, requests_per_unit: 1}\n      - {unit: hour, requests_per_unit: 9}\n",
+            "bad.yaml:6: two limits of one rate_limits list whose stats are named 'limit2' (the first on line 5)",
+        ),
     ];
     for (body, expected) in cases {
         let yaml = format!("domain: d\ndescriptors:\n  - key: k\n{body}");
