@@ -810,6 +810,17 @@ descriptors:
       - {name: day, unit: day, requests_per_unit: 6}
 ";
 
+/// The same, with every value starting `a` sharing the counters (`share_threshold`).
+const SHARED_HOUR_AND_DAY: &str = "domain: d
+descriptors:
+  - key: k
+    value: a*
+    share_threshold: true
+    rate_limits:
+      - {name: hour, unit: hour, requests_per_unit: 5}
+      - {name: day, unit: day, requests_per_unit: 6}
+";
+
 /// Issue #27 item 7: one request carrying the same `rate_limits` descriptor twice (a virtual
 /// host's and a route's action can both produce it). Each copy's trial must see what the copy
 /// before it charges, so the copy that goes over is refused as a whole and charges neither
@@ -819,12 +830,26 @@ descriptors:
 async fn a_repeated_descriptor_is_all_or_nothing_per_copy() {
     for yaml in [HOUR_AND_DAY, LOG_HOUR_AND_DAY] {
         for stop in [false, true] {
-            repeated_descriptor(yaml, stop).await;
+            repeated_descriptor(yaml, stop, ("a", "a"), "d_k_a").await;
         }
     }
 }
 
-async fn repeated_descriptor(yaml: &'static str, stop: bool) {
+/// The same for two different descriptors of one request that share their counters: the
+/// second is judged after what the first charges.
+#[tokio::test(flavor = "multi_thread")]
+async fn descriptors_sharing_counters_are_all_or_nothing_per_descriptor() {
+    for stop in [false, true] {
+        repeated_descriptor(SHARED_HOUR_AND_DAY, stop, ("a1", "a2"), "d_k_a*").await;
+    }
+}
+
+async fn repeated_descriptor(
+    yaml: &'static str,
+    stop: bool,
+    values: (&'static str, &'static str),
+    key: &'static str,
+) {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
         let store = store_for(&kind, redis.as_ref(), &clock);
@@ -835,7 +860,7 @@ async fn repeated_descriptor(yaml: &'static str, stop: bool) {
         let limiter = limiter(store, &clock, yaml, options);
         let case = format!("{kind:?}, stop {stop}, {}", &yaml[40..]);
         for i in 0..4 {
-            let one = ask(&limiter, &[("k", "a")]).await;
+            let one = ask(&limiter, &[("k", values.0)]).await;
             assert_eq!(one.overall_code, Code::Ok as i32, "{case}: request {i}");
         }
         // Four charged; the first copy takes the hour's fifth, the second copy would be the
@@ -843,7 +868,10 @@ async fn repeated_descriptor(yaml: &'static str, stop: bool) {
         let twice = limiter
             .should_rate_limit(&request(
                 "d",
-                vec![descriptor(&[("k", "a")]), descriptor(&[("k", "a")])],
+                vec![
+                    descriptor(&[("k", values.0)]),
+                    descriptor(&[("k", values.1)]),
+                ],
             ))
             .await
             .expect("a valid request is decided");
@@ -869,7 +897,7 @@ async fn repeated_descriptor(yaml: &'static str, stop: bool) {
         if let Some(server) = &redis {
             let day_start = BOUNDARY_SECS - BOUNDARY_SECS % 86_400;
             let day = server
-                .cli(&["GET", &format!("{{d_k_a}}:fixed_window:86400_{day_start}")])
+                .cli(&["GET", &format!("{{{key}}}:fixed_window:86400_{day_start}")])
                 .unwrap_or_default();
             assert_eq!(day.trim(), day_used.to_string(), "{case}: the day counter");
         }
@@ -877,7 +905,7 @@ async fn repeated_descriptor(yaml: &'static str, stop: bool) {
         clock.advance_micros(secs(3_601));
         let mut next_hour = 0;
         for _ in 0..4 {
-            if ask(&limiter, &[("k", "a")]).await.overall_code == Code::Ok as i32 {
+            if ask(&limiter, &[("k", values.0)]).await.overall_code == Code::Ok as i32 {
                 next_hour += 1;
             }
         }
