@@ -61,16 +61,47 @@ for check = 1, #KEYS do
 end
 local over, tried = {}, {}
 if charging == 'stop' or (charging ~= 'look' and any_group) then
-  -- Try every check without writing (dry_run, common.lua): which would go over if charged?
+  -- Try every check without writing (dry_run, common.lua): which would go over if charged? As
+  -- store::trial (src/store/mod.rs) says, a unit at a time (a group, or a check on its own, in
+  -- the order of its first check), each check tried with its hits plus those the units before
+  -- it will charge to the same key, so a descriptor that comes twice in one request is judged
+  -- as the second copy, not as if it came alone.
   dry_run = true
+  local pending, done = {}, {}
   local any_over = false
   local group_over = {}
-  for check = 1, #KEYS do
-    local admitted, remaining, reset, used = run_check(check, hits[check])
-    over[check] = admitted == 0
-    tried[check] = { admitted, remaining, reset, used }
-    any_over = any_over or over[check]
-    if over[check] and group[check] then group_over[group[check]] = true end
+  for first = 1, #KEYS do
+    if not done[first] then
+      local unit = { first }
+      local g = group[first]
+      if g then
+        for check = first + 1, #KEYS do
+          if group[check] == g then unit[#unit + 1] = check end
+        end
+      end
+      for _, check in ipairs(unit) do
+        local h = hits[check]
+        local before = pending[KEYS[check]]
+        if before then h = string.format('%.0f', before + tonumber(h)) end
+        local admitted, remaining, reset, used = run_check(check, h)
+        over[check] = admitted == 0
+        tried[check] = { admitted, remaining, reset, used }
+        any_over = any_over or over[check]
+        if over[check] and g then group_over[g] = true end
+        done[check] = true
+      end
+      for _, check in ipairs(unit) do
+        local charged
+        if g and group_over[g] then
+          charged = over[check] and record[check]
+        else
+          charged = (not over[check]) or record[check]
+            or ARGV[LEADING_ARGS + 1 + (check - 1) * ARGS_PER_CHECK] == 'fixed_window'
+        end
+        local n = tonumber(hits[check])
+        if charged and n > 0 then pending[KEYS[check]] = (pending[KEYS[check]] or 0) + n end
+      end
+    end
   end
   dry_run = false
   for check = 1, #KEYS do
@@ -89,7 +120,14 @@ for check = 1, #KEYS do
     local t = tried[check]
     reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = t[1], t[2], t[3], t[4]
   else
-    reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = run_check(check, hits[check])
+    local admitted, remaining, reset, used = run_check(check, hits[check])
+    if over[check] and admitted == 1 then
+      -- Refused in the trial, which counted what the checks before it charge: it fits now only
+      -- because fewer were charged than assumed (STOP_...), and the decision stays the trial's.
+      local t = tried[check]
+      admitted, remaining, reset, used = t[1], t[2], t[3], t[4]
+    end
+    reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = admitted, remaining, reset, used
   end
 end
 return reply

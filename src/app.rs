@@ -248,6 +248,7 @@ pub async fn serve(
         tokio::spawn(crate::metrics::run_statsd(
             metrics.stats.clone(),
             options,
+            metrics.statsd_lines_dropped.clone(),
             stopped(),
         ))
     });
@@ -595,5 +596,6 @@ fn metrics(settings: &Settings) -> Result<Metrics, ServeError> {
         );
     }
     Ok(Metrics::with_stats(settings.near_limit_ratio, store)
-        .with_response_time_in_ms(stats.response_time_in_ms))
+        .with_response_time_in_ms(stats.response_time_in_ms)
+        .with_detailed_series_cap(stats.max_detailed_series))
 }

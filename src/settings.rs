@@ -89,6 +89,9 @@ pub struct StatsSettings {
     pub extra_tags: Vec<(String, String)>,
     /// `DEBUG_HOST:DEBUG_PORT`: `/`, `/rlconfig`, `/stats`.
     pub debug_addr: SocketAddr,
+    /// `MAX_DETAILED_METRIC_SERIES` (Sluice's): stat series named after request values
+    /// (`detailed_metric`, `value_to_metric`, overrides) at most; 0: no cap.
+    pub max_detailed_series: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -942,6 +945,7 @@ fn stats_settings<F: Fn(&str) -> Option<String>>(
         response_time_in_ms: env.bool("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", false)?,
         extra_tags,
         debug_addr: env.addr("DEBUG_HOST", "DEBUG_PORT", 6070)?,
+        max_detailed_series: env.number("MAX_DETAILED_METRIC_SERIES", 10_000)?,
     })
 }
 

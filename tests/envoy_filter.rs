@@ -48,6 +48,10 @@ descriptors:
     rate_limits:
       - { name: tier_second, unit: second, requests_per_unit: 2 }
       - { name: tier_day, unit: day, requests_per_unit: 3 }
+  - key: twice
+    rate_limits:
+      - { name: twice_burst, unit: second, unit_multiplier: 10, requests_per_unit: 5 }
+      - { name: twice_day, unit: day, requests_per_unit: 6 }
 ";
 
 /// Envoy's wait for Sluice in these tests (see RATELIMIT_TIMEOUT in tests/common/envoy.rs):
@@ -591,6 +595,62 @@ async fn ratelimit_headers_show_the_deciding_limit_of_a_descriptor() {
         .unwrap_or_else(|| panic!("no reset: {r:?}"));
     assert!(reset.abs_diff(seconds_to_midnight()) <= 2, "{reset}: {r:?}");
     assert_eq!(s.envoy.ratelimit_stats_of("tier"), answered(3, 1));
+}
+
+/// [twice=<x-key>] once, and the same descriptor twice: two `rate_limits` entries of one route
+/// with the same action (a virtual host's and a route's entries do the same).
+const TWICE_ROUTES: &[Route] = &[
+    Route {
+        cluster: "once",
+        rate_limits: "- actions: [{ request_headers: { header_name: x-key, descriptor_key: twice } }]",
+        per_filter: "",
+    },
+    Route {
+        cluster: "twice",
+        rate_limits: "\
+- actions: [{ request_headers: { header_name: x-key, descriptor_key: twice } }]
+- actions: [{ request_headers: { header_name: x-key, descriptor_key: twice } }]",
+        per_filter: "",
+    },
+];
+
+/// Issue #27 item 7 through Envoy, on both stores: a request that carries a `rate_limits`
+/// descriptor twice (5 per 10 s and 6 a day) when four of the five are spent. The first copy
+/// takes the fifth, the second would be the sixth and is refused, charging neither limit. So
+/// the day has 5 of its 6 spent, and once the 10 s window has passed one more request is
+/// admitted. Before, the refused copy charged both limits (the day at 6) and that request was
+/// refused.
+#[tokio::test]
+async fn a_descriptor_twice_in_one_request_charges_only_what_it_admits() {
+    let redis = RedisServer::start();
+    for redis in [None, Some(&redis)] {
+        let s = setup(redis, &[], TWICE_ROUTES);
+        stay_in_one_day().await;
+        // At least 8 s of the current 10 s window left for the first five requests.
+        avoid_window_edge(10, 8).await;
+        let once = |key: &str| s.envoy.get("/once", &[("x-key", key)]);
+        assert_eq!(
+            (0..4).map(|_| once("t1")).collect::<Vec<_>>(),
+            vec![200; 4],
+            "redis: {}",
+            redis.is_some()
+        );
+        assert_eq!(s.envoy.get("/twice", &[("x-key", "t1")]), 429);
+        // Into the next 10 s window: the burst is free again, the day has what was charged.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let into = Duration::from_millis((now.as_millis() % 10_000) as u64);
+        tokio::time::sleep(Duration::from_millis(10_100) - into).await;
+        assert_eq!(
+            vec![once("t1"), once("t1")],
+            vec![200, 429],
+            "redis: {}: the day's count after the refused copy",
+            redis.is_some()
+        );
+        assert_eq!(s.envoy.ratelimit_stats_of("once"), answered(5, 1));
+        assert_eq!(s.envoy.ratelimit_stats_of("twice"), answered(0, 1));
+    }
 }
 
 /// A descriptor's `hits_addend`, from the per-route filter config's `rate_limits`, reaches

@@ -128,3 +128,95 @@ fn alias_expansion_is_bounded() {
         "a document that expands to a million nodes loaded"
     );
 }
+
+/// Issue #27 item 9: an xDS resource is turned into a tree and validated as a file is, but the
+/// nesting limit lived only in the YAML reader, so a control plane could nest descriptors (or
+/// metadata) as deep as protobuf decoding allows (100), deeper than any file may. One limit for
+/// every source: whatever depth a file may have, a resource may have, and one level more is
+/// refused by both with the same reason.
+#[test]
+fn xds_resources_have_the_nesting_limit_of_files() {
+    use sluice::config::load_resources;
+    use sluice::proto::ratelimit::config::ratelimit::v3 as rl;
+
+    // Descriptors nested `levels` deep, the innermost limited.
+    let file = |levels: usize| {
+        let mut text = String::from("domain: d\ndescriptors:\n");
+        for level in 0..levels {
+            let pad = "    ".repeat(level);
+            text.push_str(&format!("{pad}  - key: k{level}\n"));
+            if level + 1 < levels {
+                text.push_str(&format!("{pad}    descriptors:\n"));
+            } else {
+                text.push_str(&format!(
+                    "{pad}    rate_limit: {{unit: hour, requests_per_unit: 1}}\n"
+                ));
+            }
+        }
+        text
+    };
+    let resource = |levels: usize| {
+        let mut descriptor = rl::RateLimitDescriptor {
+            key: format!("k{}", levels - 1),
+            rate_limit: Some(rl::RateLimitPolicy {
+                unit: rl::RateLimitUnit::Hour as i32,
+                requests_per_unit: 1,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        for level in (0..levels - 1).rev() {
+            descriptor = rl::RateLimitDescriptor {
+                key: format!("k{level}"),
+                descriptors: vec![descriptor],
+                ..Default::default()
+            };
+        }
+        rl::RateLimitConfig {
+            name: "deep".into(),
+            domain: "d".into(),
+            descriptors: vec![descriptor],
+        }
+    };
+    let options = LoadOptions::default();
+    let deepest = (1..100)
+        .take_while(|&levels| load(file(levels)).is_ok())
+        .last()
+        .expect("a one-level file loads");
+    let refused = load(file(deepest + 1)).unwrap_err().to_string();
+    assert!(
+        refused.contains("nesting deeper than 64 levels"),
+        "{refused}"
+    );
+    assert!(
+        load_resources(&[resource(deepest)], &options).is_ok(),
+        "{deepest} levels load from a file and must from xDS"
+    );
+    let refused = match load_resources(&[resource(deepest + 1)], &options) {
+        Ok(_) => panic!("{} levels of descriptors loaded from xDS", deepest + 1),
+        Err(errors) => errors.to_string(),
+    };
+    assert!(
+        refused.starts_with("deep: nesting deeper than 64 levels"),
+        "{refused}"
+    );
+
+    // Metadata nested 90 deep (protobuf decodes up to 100).
+    let mut metadata = prost_types::Struct::default();
+    for _ in 0..90 {
+        let mut outer = prost_types::Struct::default();
+        outer.fields.insert(
+            "m".into(),
+            prost_types::Value {
+                kind: Some(prost_types::value::Kind::StructValue(metadata)),
+            },
+        );
+        metadata = outer;
+    }
+    let mut config = resource(1);
+    config.descriptors[0].metadata = Some(metadata);
+    assert!(
+        load_resources(&[config], &options).is_err(),
+        "metadata 90 levels deep loaded from xDS"
+    );
+}

@@ -575,6 +575,16 @@ fn check_config_refuses_bad_rate_limits() {
             "    rate_limits:\n      - {unit: minute, requests_per_unit: 1}\n      - {unit: hour, requests_per_unit: 9, unit_multiplier: 0}\n",
             "bad.yaml:6: unit_multiplier must be a whole number of at least 1, found: '0'",
         ),
+        // Issue #27 item 9: two limits sharing a name shared their stats, so neither could be
+        // read apart (loaded before).
+        (
+            "    rate_limits:\n      - {name: a, unit: minute, requests_per_unit: 1}\n      - {name: a, unit: hour, requests_per_unit: 9}\n",
+            "bad.yaml:6: two limits of one rate_limits list named 'a' (the first on line 5); their stats would merge",
+        ),
+        (
+            "    rate_limits:\n      - {name: limit2, unit: minute, requests_per_unit: 1}\n      - {unit: hour, requests_per_unit: 9}\n",
+            "bad.yaml:6: two limits of one rate_limits list whose stats are named 'limit2' (the first on line 5)",
+        ),
     ];
     for (body, expected) in cases {
         let yaml = format!("domain: d\ndescriptors:\n  - key: k\n{body}");
@@ -779,4 +789,131 @@ async fn an_override_from_envoy_keeps_one_unit() {
     // The config's limit on another value: its 5-minute window.
     let configured = ask(&limiter, &[("k", "b")]).await;
     assert_eq!(reset_secs(&configured), 270);
+}
+
+/// 5 per hour and 6 per day on one descriptor: after an hour, what the day still admits shows
+/// what the first hour charged it.
+const HOUR_AND_DAY: &str = "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {name: hour, unit: hour, requests_per_unit: 5}
+      - {name: day, unit: day, requests_per_unit: 6}
+";
+
+/// The same with the hour counted by a sliding-window log.
+const LOG_HOUR_AND_DAY: &str = "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {name: hour, unit: hour, requests_per_unit: 5, algorithm: sliding_window_log}
+      - {name: day, unit: day, requests_per_unit: 6}
+";
+
+/// The same, with every value starting `a` sharing the counters (`share_threshold`).
+const SHARED_HOUR_AND_DAY: &str = "domain: d
+descriptors:
+  - key: k
+    value: a*
+    share_threshold: true
+    rate_limits:
+      - {name: hour, unit: hour, requests_per_unit: 5}
+      - {name: day, unit: day, requests_per_unit: 6}
+";
+
+/// Issue #27 item 7: one request carrying the same `rate_limits` descriptor twice (a virtual
+/// host's and a route's action can both produce it). Each copy's trial must see what the copy
+/// before it charges, so the copy that goes over is refused as a whole and charges neither
+/// limit. Before the fix both copies were tried against the same state, both looked admitted
+/// and both were charged: the hour and day counters went to 6 and the next hour admitted 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_repeated_descriptor_is_all_or_nothing_per_copy() {
+    for yaml in [HOUR_AND_DAY, LOG_HOUR_AND_DAY] {
+        for stop in [false, true] {
+            repeated_descriptor(yaml, stop, ("a", "a"), "d_k_a").await;
+        }
+    }
+}
+
+/// The same for two different descriptors of one request that share their counters: the
+/// second is judged after what the first charges.
+#[tokio::test(flavor = "multi_thread")]
+async fn descriptors_sharing_counters_are_all_or_nothing_per_descriptor() {
+    for stop in [false, true] {
+        repeated_descriptor(SHARED_HOUR_AND_DAY, stop, ("a1", "a2"), "d_k_a*").await;
+    }
+}
+
+async fn repeated_descriptor(
+    yaml: &'static str,
+    stop: bool,
+    values: (&'static str, &'static str),
+    key: &'static str,
+) {
+    for_each_store(|kind, redis| async move {
+        let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
+        let store = store_for(&kind, redis.as_ref(), &clock);
+        let options = RlsOptions {
+            stop_increment_when_over: stop,
+            ..Default::default()
+        };
+        let limiter = limiter(store, &clock, yaml, options);
+        let case = format!("{kind:?}, stop {stop}, {}", &yaml[40..]);
+        for i in 0..4 {
+            let one = ask(&limiter, &[("k", values.0)]).await;
+            assert_eq!(one.overall_code, Code::Ok as i32, "{case}: request {i}");
+        }
+        // Four charged; the first copy takes the hour's fifth, the second copy would be the
+        // sixth: the request is refused, and only the first copy is charged.
+        let twice = limiter
+            .should_rate_limit(&request(
+                "d",
+                vec![
+                    descriptor(&[("k", values.0)]),
+                    descriptor(&[("k", values.1)]),
+                ],
+            ))
+            .await
+            .expect("a valid request is decided");
+        assert_eq!(twice.overall_code, Code::OverLimit as i32, "{case}");
+        let codes: Vec<i32> = twice.statuses.iter().map(|s| s.code).collect();
+        assert_eq!(
+            codes,
+            vec![Code::Ok as i32, Code::OverLimit as i32],
+            "{case}: {twice:?}"
+        );
+        assert_eq!(
+            twice.statuses[1]
+                .current_limit
+                .as_ref()
+                .map(|l| l.name.as_str()),
+            Some("hour"),
+            "{case}"
+        );
+        // Charged: the first copy (the fifth hit), except under STOP_CACHE_KEY_INCREMENT_WHEN_
+        // OVERLIMIT, where a call with a refused check charges only what goes over (here
+        // nothing: a refused group charges nothing).
+        let day_used = if stop { 4 } else { 5 };
+        if let Some(server) = &redis {
+            let day_start = BOUNDARY_SECS - BOUNDARY_SECS % 86_400;
+            let day = server
+                .cli(&["GET", &format!("{{{key}}}:fixed_window:86400_{day_start}")])
+                .unwrap_or_default();
+            assert_eq!(day.trim(), day_used.to_string(), "{case}: the day counter");
+        }
+        // The next hour (same day) admits what the day has left.
+        clock.advance_micros(secs(3_601));
+        let mut next_hour = 0;
+        for _ in 0..4 {
+            if ask(&limiter, &[("k", values.0)]).await.overall_code == Code::Ok as i32 {
+                next_hour += 1;
+            }
+        }
+        assert_eq!(
+            next_hour,
+            6 - day_used,
+            "{case}: the day's counter after the repeated descriptor"
+        );
+    })
+    .await;
 }

@@ -336,3 +336,54 @@ async fn a_response_over_the_size_limit_is_refused_and_the_config_stays() {
     assert_eq!(code(&sluice, "k", "a").await, Code::OverLimit);
     assert!(server.requests().iter().all(|(_, r)| r.version_info != "2"));
 }
+
+/// Issue #27 item 8: a corrected snapshot pushed while Sluice paces its answers to a refused
+/// one is applied within seconds, with the default backoff (10 s doubling to 60 s). The test
+/// server, as go-control-plane, pushes only in answer to a request, so whatever Sluice waits
+/// before answering a repeat is how long a fix waits. Before: the repeats were answered at the
+/// reconnect backoff's pace, and the fix came into force 20 s after it was pushed (the issue
+/// saw 30.4 s, up to about 90 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_snapshot_is_applied_within_seconds_after_a_refused_one() {
+    let server = AdsServer::start(None);
+    server.set(limits("1", 1, false));
+    let empty = tempfile::tempdir().unwrap();
+    let url = server.addr.to_string();
+    let sluice = Sluice::start(
+        empty.path(),
+        None,
+        &[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", url.as_str()),
+            ("CONFIG_GRPC_XDS_NODE_ID", "test-node"),
+        ],
+    );
+    acked(&server, "1");
+    let bad = limited(node("k", ""), U::Unknown, 1);
+    server.set(Snapshot::new("2", &[config("broken", "d", vec![bad])]));
+    // The refusal, then its repeat answered once: Sluice is now pacing the next answer.
+    let nacks = || {
+        server
+            .requests()
+            .iter()
+            .filter(|(_, r)| r.error_detail.is_some())
+            .count()
+    };
+    wait_until("the refused snapshot's repeat is answered", || nacks() >= 2);
+    let pushed = Instant::now();
+    server.set(limits("3", 3, false));
+    acked(&server, "3");
+    let applied = pushed.elapsed();
+    eprintln!("the fixed snapshot came into force {applied:?} after it was pushed");
+    // The pace is about a second; 10 s is ten times that.
+    assert!(
+        applied < Duration::from_secs(10),
+        "the fixed snapshot came into force {applied:?} after it was pushed"
+    );
+    for _ in 0..3 {
+        assert_eq!(code(&sluice, "k", "a").await, Code::Ok);
+    }
+    assert_eq!(code(&sluice, "k", "a").await, Code::OverLimit);
+    // Refused once, however often it came back.
+    assert_eq!(sluice.metric("ratelimit_service_config_load_error"), 1.0);
+}

@@ -179,6 +179,12 @@ pub(super) fn load_documents(
         };
         let spec = match &document {
             Document::Text(text) => checker.file(text),
+            // A file's text is held to the limit as it is read (`yaml.rs`); a tree is checked
+            // here, before anything walks it, so every source has the one limit.
+            Document::Tree(tree) if yaml::nests_too_deep(tree) => {
+                checker.error(0, format!("nesting deeper than {} levels", yaml::MAX_DEPTH));
+                None
+            }
             Document::Tree(tree) => checker.document(tree),
         };
         let Some(spec) = spec else {
@@ -684,7 +690,10 @@ impl FileChecker<'_> {
     /// Reads `rate_limits` (a Sluice extension): a non-empty list of complete `rate_limit`s, all
     /// of which must admit a request. Each is counted apart, so two with the same algorithm and
     /// window would be the same counter (and its keys, `rls::key`, tell them apart by those):
-    /// refused, as is `unlimited`, which would make the others pointless.
+    /// refused, as is `unlimited`, which would make the others pointless. Each limit's stats
+    /// are named by its label (`Member::label_for`: its name, or `limit<position>`), so two
+    /// with one label would count into the same stats and neither could be read apart: refused
+    /// too.
     fn limit_list(&mut self, node: &Node) -> Vec<LimitSpec> {
         let Value::Sequence(items) = &node.value else {
             self.error(
@@ -702,6 +711,7 @@ impl FileChecker<'_> {
         }
         let mut limits: Vec<LimitSpec> = Vec::with_capacity(items.len());
         let mut seen: Vec<(&'static str, u64, usize)> = Vec::new();
+        let mut labels: Vec<(String, usize)> = Vec::new();
         for item in items {
             let Some(mut limit) = self.limit(item) else {
                 continue;
@@ -729,6 +739,23 @@ impl FileChecker<'_> {
                 );
                 continue;
             }
+            let label = Member::label_for(limits.len() + 1, &limit.name);
+            if let Some((_, first)) = labels.iter().find(|(l, _)| *l == label) {
+                let reason = if label == limit.name {
+                    format!(
+                        "two limits of one rate_limits list named '{label}' (the first on line \
+                         {first}); their stats would merge"
+                    )
+                } else {
+                    format!(
+                        "two limits of one rate_limits list whose stats are named '{label}' (the \
+                         first on line {first}); give them different names"
+                    )
+                };
+                self.error(item.line, reason);
+                continue;
+            }
+            labels.push((label, item.line));
             seen.push((algorithm.name(), window, item.line));
             limits.push(limit);
         }

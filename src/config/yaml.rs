@@ -68,6 +68,27 @@ impl Node {
 /// exhausting the stack of any recursive walk over the tree.
 pub const MAX_DEPTH: usize = 64;
 
+/// Whether `node` nests collections (sequences and mappings) more than [`MAX_DEPTH`] deep,
+/// counted as the reader counts them, so a tree built from another source (an xDS resource) is
+/// held to the same limit as a file. Walks with a stack of its own, not by recursion, so the
+/// depth it measures cannot overflow the thread's stack either.
+pub fn nests_too_deep(node: &Node) -> bool {
+    let mut pending: Vec<(&Node, usize)> = vec![(node, 0)];
+    while let Some((node, above)) = pending.pop() {
+        let children: Box<dyn Iterator<Item = &Node>> = match &node.value {
+            Value::Scalar { .. } => continue,
+            Value::Sequence(items) => Box::new(items.iter()),
+            Value::Mapping(entries) => Box::new(entries.iter().flat_map(|(k, v)| [k, v])),
+        };
+        let depth = above + 1;
+        if depth > MAX_DEPTH {
+            return true;
+        }
+        pending.extend(children.map(|child| (child, depth)));
+    }
+    false
+}
+
 /// Most nodes one document may expand to, aliases included: a few hundred bytes of nested
 /// aliases can otherwise expand to billions of nodes.
 pub const MAX_NODES: usize = 1_000_000;

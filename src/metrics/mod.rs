@@ -9,7 +9,9 @@
 //!
 //! Stat names come from the config (domains, config paths), never from request values, unless
 //! the config asks for it with `detailed_metric` or `value_to_metric`: that keeps the number of
-//! series bounded by the config (upstream's memory-growth complaint).
+//! series bounded by the config (upstream's memory-growth complaint). Where it asks, the series
+//! named after request values are capped (`MAX_DETAILED_METRIC_SERIES`, a [`SeriesCap`]), their
+//! long parts digested and control characters replaced, since a client chooses them.
 
 mod instrumented;
 mod mapper;
@@ -18,11 +20,11 @@ mod statsd;
 
 pub use instrumented::Instrumented;
 pub use mapper::{Mapper, MapperError};
-pub use stats::{Counter, Observe, Stat, StatStore};
+pub use stats::{Counter, Observe, SeriesCap, Stat, StatStore};
 pub use statsd::{StatsdOptions, run as run_statsd};
 
 use std::borrow::Cow;
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -70,6 +72,12 @@ pub struct Metrics {
     pub connections_rejected: IntCounterVec,
     descriptors_refused: IntCounterVec,
     long_parts: IntCounterVec,
+    /// The bound on stat series named after request values (`MAX_DETAILED_METRIC_SERIES`).
+    detailed_series: SeriesCap,
+    /// Hits not counted in a stat because its series would have gone past that bound.
+    series_refused: IntCounter,
+    /// statsd lines lost: a flush the server did not take, or one DogStatsD line that failed.
+    pub statsd_lines_dropped: IntCounter,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -136,6 +144,15 @@ impl Metrics {
     /// before upstream's series moved to seconds).
     pub fn with_response_time_in_ms(mut self, in_ms: bool) -> Self {
         self.response_time_scale = if in_ms { 1000.0 } else { 1.0 };
+        self
+    }
+
+    /// At most `max` stat series named after request values (`detailed_metric`,
+    /// `value_to_metric`, an override's runtime key; `MAX_DETAILED_METRIC_SERIES`, 0: no
+    /// bound). Past it, a new value's hits go uncounted in upstream's stats and are counted in
+    /// `sluice_stat_series_refused_total`; series already made keep counting.
+    pub fn with_detailed_series_cap(mut self, max: usize) -> Self {
+        self.detailed_series = SeriesCap::new(max);
         self
     }
 
@@ -256,6 +273,20 @@ impl Metrics {
                  of their text",
                 &["part"],
             ),
+            detailed_series: SeriesCap::new(DEFAULT_DETAILED_SERIES),
+            series_refused: counter(
+                &r,
+                "sluice_stat_series_refused_total",
+                "Stats not counted because their series, named after a request value \
+                 (detailed_metric, value_to_metric), would have gone past \
+                 MAX_DETAILED_METRIC_SERIES",
+            ),
+            statsd_lines_dropped: counter(
+                &r,
+                "sluice_statsd_lines_dropped_total",
+                "statsd lines lost: flushes the server could not take, DogStatsD lines that \
+                 failed to send",
+            ),
             registry: r,
         }
     }
@@ -289,10 +320,8 @@ impl Metrics {
             return;
         };
         let key = stats_key(limit, entries);
-        let per_request = RuleCounters::default();
-        let counters =
-            counters_of(counters, limit, matches!(key, Cow::Borrowed(_))).unwrap_or(&per_request);
-        let count = |which: RuleMetric, n: u64| counters.get(self, which, domain, &key).inc_by(n);
+        let counters = counters_of(counters, limit, matches!(key, Cow::Borrowed(_)));
+        let count = |which: RuleMetric, n: u64| self.count_rule(counters, which, domain, &key, n);
         count(RuleMetric::TotalHits, hits);
         // The windows count hits against requests_per_unit; the buckets against their burst.
         let capacity = u64::from(algorithm.burst().unwrap_or(requests_per_unit));
@@ -329,10 +358,36 @@ impl Metrics {
         hits: u64,
     ) {
         let key = stats_key(limit, entries);
-        counters_of(counters, limit, matches!(key, Cow::Borrowed(_)))
-            .unwrap_or(&RuleCounters::default())
-            .get(self, RuleMetric::OverLimitWithLocalCache, domain, &key)
-            .inc_by(hits);
+        let counters = counters_of(counters, limit, matches!(key, Cow::Borrowed(_)));
+        self.count_rule(
+            counters,
+            RuleMetric::OverLimitWithLocalCache,
+            domain,
+            &key,
+            hits,
+        );
+    }
+
+    /// Adds `n` to one of upstream's per-rule stats: through the limit's resolved handles
+    /// (`counters`) when its stats key is the config's, else looked up by name within the
+    /// bound on series named after request values.
+    fn count_rule(
+        &self,
+        counters: Option<&RuleCounters>,
+        which: RuleMetric,
+        domain: &str,
+        key: &str,
+        n: u64,
+    ) {
+        if let Some(counters) = counters {
+            counters.get(self, which, domain, key).inc_by(n);
+            return;
+        }
+        let name = self.rule_stat_name(which, domain, key);
+        match self.stats.counter_within(&name, &self.detailed_series) {
+            Some(counter) => counter.inc_by(n),
+            None => self.series_refused.inc(),
+        }
     }
 
     /// Upstream's stats of one Redis pool (`pool`: `redis_pool`, or `redis_per_second_pool` for
@@ -393,6 +448,11 @@ impl Metrics {
 
     /// The counter of one of upstream's per-rule stats of `domain` and stats `key`.
     fn rule_stat(&self, which: RuleMetric, domain: &str, key: &str) -> Counter {
+        self.stats.counter(&self.rule_stat_name(which, domain, key))
+    }
+
+    /// The statsd name of one of upstream's per-rule stats of `domain` and stats `key`.
+    fn rule_stat_name(&self, which: RuleMetric, domain: &str, key: &str) -> String {
         let suffix = match which {
             RuleMetric::TotalHits => "total_hits",
             RuleMetric::WithinLimit => "within_limit",
@@ -402,8 +462,7 @@ impl Metrics {
             RuleMetric::OverLimitWithLocalCache => "over_limit_with_local_cache",
         };
         let name = stats::sanitize(&format!("{domain}.{key}"));
-        self.stats
-            .counter(&format!("ratelimit.service.rate_limit.{name}.{suffix}"))
+        format!("ratelimit.service.rate_limit.{name}.{suffix}")
     }
 
     /// The text exposition of every metric: Sluice's own, then upstream's stats as mapped.
@@ -572,14 +631,43 @@ pub fn split(hits: u64, after: u64, limit: u64, ratio: f64) -> (u64, u64, u64) {
     }
 }
 
+/// The default of `MAX_DETAILED_METRIC_SERIES`: about 1.5 KiB each (the stat, its name twice,
+/// its Prometheus series), so some 15 MiB at most, and a `/metrics` page of a few MB.
+pub const DEFAULT_DETAILED_SERIES: usize = 10_000;
+
+/// From how many bytes on a request's key or value is written into a stat name as its digest.
+/// A stat name is a line of every statsd flush and a series of `/metrics`: a 70 KB value made
+/// a DogStatsD line too long for a datagram (issue #27). Shorter than the counter keys' bound
+/// (`MAX_DESCRIPTOR_VALUE_BYTES`, 4 096) for that reason.
+pub const STAT_PART_MAX_BYTES: usize = 256;
+
+/// A key or value as it goes into a stat name: as it is, or, past [`STAT_PART_MAX_BYTES`], as
+/// `%%` and the 64 hex digits of its SHA-256, the form `rls::key` gives long parts of counter
+/// keys (so one value has the same digest in both).
+fn stat_part(text: &str) -> Cow<'_, str> {
+    if text.len() <= STAT_PART_MAX_BYTES {
+        return Cow::Borrowed(text);
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    let mut out = String::with_capacity(66);
+    out.push_str("%%");
+    for byte in digest.as_ref() {
+        let _ = write!(out, "{byte:02x}");
+    }
+    Cow::Owned(out)
+}
+
 /// Upstream's stats key (without the domain): the config path, `<key>_<runtime value>` at
 /// `value_to_metric` levels or everywhere with `detailed_metric`, runtime values for an override;
 /// a limit of a `rate_limits` list adds `_<label>` to the last segment (`Stats::suffix`).
 pub fn stats_key<'l>(limit: &'l Limit, entries: &[DescriptorEntry]) -> Cow<'l, str> {
-    let runtime = |i: usize, e: &DescriptorEntry| match limit.shared_value(i) {
-        Some(pattern) => format!("{}_{pattern}", e.key),
-        None if e.value.is_empty() => e.key.clone(),
-        None => format!("{}_{}", e.key, e.value),
+    let runtime = |i: usize, e: &DescriptorEntry| {
+        let key = stat_part(&e.key);
+        match limit.shared_value(i) {
+            Some(pattern) => format!("{key}_{pattern}"),
+            None if e.value.is_empty() => key.into_owned(),
+            None => format!("{key}_{}", stat_part(&e.value)),
+        }
     };
     let stats = &limit.stats;
     if limit.origin.is_none() || stats.detailed {

@@ -11,10 +11,37 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::mapper::{Mapped, Mapper, StatKind, escape_metric_name};
+
+/// A bound on the stat series a family may create (the series named after request values),
+/// counted over the process's life: stats are never removed, so a series once made stays.
+#[derive(Debug)]
+pub struct SeriesCap {
+    /// At most this many; 0: no bound.
+    max: usize,
+    made: AtomicUsize,
+}
+
+impl SeriesCap {
+    pub fn new(max: usize) -> Self {
+        Self {
+            max,
+            made: AtomicUsize::new(0),
+        }
+    }
+
+    /// Takes room for one more series; false when there is none.
+    fn take(&self) -> bool {
+        self.made
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |made| {
+                (self.max == 0 || made < self.max).then_some(made + 1)
+            })
+            .is_ok()
+    }
+}
 
 /// One counter, named as upstream's statsd stat.
 #[derive(Debug)]
@@ -175,6 +202,26 @@ impl StatStore {
             .entry(name.into())
             .or_insert_with(|| Arc::new(Stat::new(name, mapped)))
             .clone()
+    }
+
+    /// The counter named `name` when it exists, or when `cap` has room for one more series
+    /// (taken under the same lock as the insertion, so concurrent callers cannot overshoot it).
+    /// `None`: the cap is reached and the series would be new.
+    pub fn counter_within(&self, name: &str, cap: &SeriesCap) -> Option<Counter> {
+        if let Some(c) = read(&self.counters).get(name) {
+            return Some(c.clone());
+        }
+        let mapped = self.mapper.map(name, StatKind::Counter);
+        let mut counters = write(&self.counters);
+        if let Some(c) = counters.get(name) {
+            return Some(c.clone());
+        }
+        if !cap.take() {
+            return None;
+        }
+        let stat = Arc::new(Stat::new(name, mapped));
+        counters.insert(name.into(), stat.clone());
+        Some(stat)
     }
 
     /// Shows the stat `name`, kept elsewhere, by reading it with `read` whenever a sink shows or
@@ -345,9 +392,11 @@ fn escape_label_value(v: &str) -> String {
 }
 
 /// Upstream's `SanitizeStatName`: `:` and `|` (statsd's separators) become `_`, and so do the
-/// dots of anything shaped like an IPv4 address.
+/// dots of anything shaped like an IPv4 address. Control characters become `_` too (Sluice's
+/// addition): a newline in a `detailed_metric` value would otherwise end the statsd line and
+/// start one of the client's making (issue #27), and no sink wants the others.
 pub(super) fn sanitize(name: &str) -> String {
-    let replaced = name.replace([':', '|'], "_");
+    let replaced = name.replace(|c: char| c == ':' || c == '|' || c.is_control(), "_");
     let bytes = replaced.as_bytes();
     let mut out = replaced.clone().into_bytes();
     let mut i = 0;

@@ -8,7 +8,10 @@
 //! (`|#key:value`) on the DogStatsD sink.
 //!
 //! A sink that cannot reach its server logs (at most once a minute) and drops that flush; it
-//! never touches a decision. It connects before it formats: a flush holds a line per timer
+//! never touches a decision. On DogStatsD each line is a datagram of its own, and one that fails
+//! (too long for a datagram, a full buffer) is skipped, not the rest of the flush (issue #27:
+//! one 70 KB line lost every line after it). Lost lines are counted in
+//! `sluice_statsd_lines_dropped_total`. It connects before it formats: a flush holds a line per timer
 //! sample, one per request, and formatting them cost more instructions per request than the
 //! memory store's decision (docs/BENCHMARKS.md), for lines that would be lost anyway.
 
@@ -18,6 +21,7 @@ use std::time::Duration;
 
 use cadence::prelude::*;
 use cadence::{MetricSink, StatsdClient};
+use prometheus::IntCounter;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UdpSocket};
 
@@ -150,9 +154,10 @@ fn tag_suffix(tags: &[(String, String)]) -> String {
 pub async fn run(
     stats: Arc<StatStore>,
     options: StatsdOptions,
+    dropped: IntCounter,
     stopped: impl std::future::Future<Output = ()>,
 ) {
-    let mut sender = Sender::new(options.clone());
+    let mut sender = Sender::new(options.clone(), dropped);
     let mut tick = tokio::time::interval(options.flush_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(stopped);
@@ -178,16 +183,19 @@ struct Sender {
     /// When the sink last logged a failure, and the failures since.
     logged: Option<std::time::Instant>,
     held_back: u64,
+    /// Lines lost (`sluice_statsd_lines_dropped_total`).
+    dropped: IntCounter,
 }
 
 impl Sender {
-    fn new(options: StatsdOptions) -> Self {
+    fn new(options: StatsdOptions, dropped: IntCounter) -> Self {
         Self {
             options,
             tcp: None,
             udp: None,
             logged: None,
             held_back: 0,
+            dropped,
         }
     }
 
@@ -208,15 +216,16 @@ impl Sender {
         let result = if self.options.dog {
             self.send_udp(&lines).await
         } else {
-            self.send_tcp(&lines).await
+            self.send_tcp(&lines).await.map_err(|e| (e, lines.len()))
         };
-        if let Err(error) = result {
-            self.failed(&error, lines.len());
+        if let Err((error, lost)) = result {
+            self.failed(&error, lost);
         }
     }
 
-    /// Logs a failed flush of `lost` lines, at most once a minute.
+    /// Counts `lost` lines and logs the failure, at most once a minute.
     fn failed(&mut self, error: &io::Error, lost: usize) {
+        self.dropped.inc_by(lost as u64);
         if self.logged.is_some_and(|at| at.elapsed() < LOG_EVERY) {
             self.held_back += 1;
             return;
@@ -269,14 +278,24 @@ impl Sender {
         written
     }
 
-    async fn send_udp(&mut self, lines: &[String]) -> io::Result<()> {
+    /// Sends each line as a datagram; a line that fails is skipped and the others still go.
+    /// The error is the first failure's, with how many lines failed.
+    async fn send_udp(&mut self, lines: &[String]) -> Result<(), (io::Error, usize)> {
         let Some(socket) = &self.udp else {
             return Ok(());
         };
+        let mut first_error = None;
+        let mut failed = 0;
         for line in lines {
-            socket.send(line.as_bytes()).await?;
+            if let Err(error) = socket.send(line.as_bytes()).await {
+                failed += 1;
+                first_error.get_or_insert(error);
+            }
         }
-        Ok(())
+        match first_error {
+            None => Ok(()),
+            Some(error) => Err((error, failed)),
+        }
     }
 }
 
@@ -340,5 +359,39 @@ mod tests {
             "{text}"
         );
         assert_eq!(stats.render_text(), "p.cx_active: 1\np.cx_total: 7\n");
+    }
+
+    /// A line too long for a datagram is skipped and counted; the lines after it still reach a
+    /// real UDP server (issue #27: a send error ended the flush there).
+    #[tokio::test]
+    async fn a_failed_datagram_skips_its_line_not_the_flush() {
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        server
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let dropped = IntCounter::new("dropped", "test").unwrap();
+        let mut sender = Sender::new(
+            StatsdOptions {
+                addr: server.local_addr().unwrap().to_string(),
+                dog: true,
+                flush_interval: Duration::from_secs(1),
+            },
+            dropped.clone(),
+        );
+        sender.connect().await.unwrap();
+        let stats = StatStore::new(true, Mapper::upstream_default(), Vec::new(), true);
+        stats.counter("a.before").inc();
+        stats.counter(&format!("b.{}", "x".repeat(70_000))).inc();
+        stats.counter("c.after").inc();
+        sender.flush(&stats).await;
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 65_536];
+        while got.len() < 2 {
+            let n = server.recv(&mut buf).unwrap();
+            got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        got.sort();
+        assert_eq!(got, ["a.before:1|c", "c.after:1|c"]);
+        assert_eq!(dropped.get(), 1);
     }
 }

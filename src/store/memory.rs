@@ -469,7 +469,8 @@ impl MemoryStore {
     /// Decides `checks` when a trial comes first ([`super::needs_trial`]: under
     /// [`Charging::StopWhenOver`], or with a group): the shards of all their keys are locked at
     /// once (in index order, so two such calls never wait on each other in a cycle), each
-    /// check is first tried without writing, and then each is charged what
+    /// check is first tried without writing ([`super::trial`], which lets each see what the
+    /// checks before it charge), and then each is charged what
     /// [`super::charged_hits`] says. A check that would go over and is charged nothing keeps
     /// its trial outcome (decided with 0 hits it could look admitted).
     fn decide_together(&self, checks: &[&Check], now: u64, charging: Charging) -> Vec<Outcome> {
@@ -484,14 +485,10 @@ impl MemoryStore {
             .into_iter()
             .map(|i| (i, self.inner.lock_with_room(i, &ids)))
             .collect();
-        let tried: Vec<Outcome> = checks
-            .iter()
-            .zip(&ids)
-            .map(|(check, &id)| {
-                let table = held_table(&mut held, self.inner.shard_index(id));
-                self.decide_in(table, id, check, Hits::Try(check.hits), now, false)
-            })
-            .collect();
+        let tried: Vec<Outcome> = super::trial(checks, |i, hits| {
+            let table = held_table(&mut held, self.inner.shard_index(ids[i]));
+            self.decide_in(table, ids[i], checks[i], Hits::Try(hits), now, false)
+        });
         let over: Vec<bool> = tried.iter().map(|t| !t.admitted).collect();
         let charged = super::charged_hits(checks, charging, &over);
         checks
@@ -504,7 +501,15 @@ impl MemoryStore {
                     return tried;
                 }
                 let table = held_table(&mut held, self.inner.shard_index(id));
-                self.decide_in(table, id, check, Hits::Charge(hits), now, false)
+                let charged = self.decide_in(table, id, check, Hits::Charge(hits), now, false);
+                // Refused in the trial, which counted what the checks before it charge: a
+                // charge that now fits only fits because fewer were charged than assumed
+                // (`StopWhenOver`), and the call's decision stays the trial's.
+                if !tried.admitted && charged.admitted {
+                    tried
+                } else {
+                    charged
+                }
             })
             .collect()
     }

@@ -309,6 +309,66 @@ pub fn needs_trial(checks: &[&Check], charging: Charging) -> bool {
     }
 }
 
+/// The trial pass of a call that needs one ([`needs_trial`]): every check tried without
+/// writing (`try_hits(index, hits)`), each seeing what the checks before it in the same call
+/// will charge to its key. One request can name a counter twice (the same descriptor from a
+/// virtual host's and a route's action, or two values sharing a `share_threshold` counter);
+/// tried against the stored state alone, both copies would look admitted, both would be
+/// charged, and the second copy's refusal would have charged its whole group (issue #27).
+///
+/// The checks are taken a unit at a time, in the order of each unit's first check: a group (its
+/// checks have distinct keys, the loader sees to that) or a check on its own. A unit is tried
+/// with each check's hits plus those pending on its key, then adds to the pending hits what
+/// [`charged_hits`] would charge it under [`Charging::Each`]: a group all of its hits, or only
+/// those of its refused checks with `record_refused` when one goes over; a check on its own
+/// its hits when admitted, or when refused hits count (the fixed window, `record_refused`).
+/// Under [`Charging::StopWhenOver`] fewer hits may be charged than assumed, never more, so a
+/// trial errs only toward refusing; the stores answer a check the trial refused as refused
+/// whatever its charge then gives. `lua/decide.lua` mirrors this.
+pub fn trial(checks: &[&Check], mut try_hits: impl FnMut(usize, u64) -> Outcome) -> Vec<Outcome> {
+    let mut pending: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    let mut tried: Vec<Option<Outcome>> = vec![None; checks.len()];
+    for first in 0..checks.len() {
+        if tried[first].is_some() {
+            continue;
+        }
+        let group = checks[first].group;
+        let unit: Vec<usize> = match group {
+            None => vec![first],
+            Some(g) => (first..checks.len())
+                .filter(|&i| checks[i].group == Some(g))
+                .collect(),
+        };
+        let outcomes: Vec<Outcome> = unit
+            .iter()
+            .map(|&i| {
+                let before = pending.get(checks[i].key.as_str()).copied().unwrap_or(0);
+                try_hits(i, before.saturating_add(checks[i].hits))
+            })
+            .collect();
+        let unit_over = group.is_some() && outcomes.iter().any(|o| !o.admitted);
+        for (&i, outcome) in unit.iter().zip(&outcomes) {
+            let check = checks[i];
+            let refused_counts =
+                check.record_refused || matches!(check.rule, Rule::FixedWindow { .. });
+            let charged = if unit_over {
+                !outcome.admitted && check.record_refused
+            } else {
+                outcome.admitted || refused_counts
+            };
+            if charged && check.hits > 0 {
+                let held = pending.entry(check.key.as_str()).or_insert(0);
+                *held = held.saturating_add(check.hits);
+            }
+            tried[i] = Some(*outcome);
+        }
+    }
+    tried
+        .into_iter()
+        .map(|o| o.expect("every check belongs to one unit"))
+        .collect()
+}
+
 /// The hits each check of one call is charged, given which checks would go over if charged
 /// (`over`, from a trial without writing; all false when no trial was needed). The one
 /// statement of the rule in Rust; `lua/decide.lua` mirrors it and the conformance tests hold

@@ -12,8 +12,12 @@
 //! Any stream error closes the stream; the client waits for the backoff and reconnects, asking
 //! for the last version it accepted, while the last good configuration keeps serving. A server
 //! that answers a NACK by pushing the same snapshot again (go-control-plane does, and Envoy
-//! Gateway uses it) is answered again only after a backoff wait, so a bad snapshot costs one
-//! exchange per wait, never a hot loop, and is validated and counted once.
+//! Gateway uses it) is answered again only after a short wait (the backoff, capped at
+//! [`REPEAT_PACE_MAX`], 1 s), so a bad snapshot costs one exchange per wait, never a hot loop,
+//! and is validated and counted once. The wait is short because such a server sends nothing new
+//! until it has the answer: a corrected snapshot is applied at most that long after it was
+//! pushed (with the reconnect backoff's pace it waited 10 to 90 s, issue #27). A server that
+//! pushes something new during the wait is answered at once.
 
 mod options;
 
@@ -26,7 +30,7 @@ use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use options::Backoff;
-pub use options::{BackoffOptions, XdsOptions, XdsTls};
+pub use options::{BackoffOptions, REPEAT_PACE_MAX, XdsOptions, XdsTls};
 
 use crate::config::{self, RateLimitConfig};
 use crate::metrics::Metrics;
@@ -206,17 +210,33 @@ impl XdsClient {
         };
         tracing::info!(server = %self.options.server_url, "xDS stream open");
         // Repeats of a refused snapshot are answered at this pace.
-        let mut repeat_pace = Backoff::new(self.options.backoff);
+        let mut repeat_pace = Backoff::new(self.options.backoff.for_repeats());
+        let mut pushed = None;
         loop {
-            let response = match responses.message().await {
-                Ok(Some(response)) => response,
-                Ok(None) => return XdsError::Closed,
-                Err(status) => return status.into(),
+            let response = match pushed.take() {
+                Some(response) => response,
+                None => match responses.message().await {
+                    Ok(Some(response)) => response,
+                    Ok(None) => return XdsError::Closed,
+                    Err(status) => return status.into(),
+                },
             };
             backoff.reset();
             let (reply, wait) = self.answer(response, state, &mut repeat_pace, metrics, publish);
             if let Some(wait) = wait {
-                tokio::time::sleep(wait).await;
+                // A response that arrives meanwhile supersedes the repeat, whose answer is then
+                // never sent: the server wants an answer to its latest nonce only.
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    message = responses.message() => match message {
+                        Ok(Some(response)) => {
+                            pushed = Some(response);
+                            continue;
+                        }
+                        Ok(None) => return XdsError::Closed,
+                        Err(status) => return status.into(),
+                    },
+                }
             }
             if requests.send(reply).await.is_err() {
                 return XdsError::Closed;

@@ -78,6 +78,25 @@ impl Default for BackoffOptions {
     }
 }
 
+/// The longest wait before answering a repeat of a refused snapshot. A server such as
+/// go-control-plane sends nothing new until it has that answer, so this is also how long a
+/// corrected snapshot can wait before it is applied; one exchange a second (a comparison, no
+/// validation) is what a bad snapshot costs meanwhile.
+pub const REPEAT_PACE_MAX: Duration = Duration::from_secs(1);
+
+impl BackoffOptions {
+    /// The pace at which repeats of a refused snapshot are answered: this backoff, capped at
+    /// [`REPEAT_PACE_MAX`] and without jitter (the bound is exact).
+    pub(super) fn for_repeats(self) -> Self {
+        Self {
+            initial: self.initial.min(REPEAT_PACE_MAX),
+            max: self.max.min(REPEAT_PACE_MAX),
+            jitter: false,
+            ..self
+        }
+    }
+}
+
 /// Exponential backoff: `initial`, doubling up to `max`, randomised when asked.
 #[derive(Debug)]
 pub(super) struct Backoff {
