@@ -116,6 +116,10 @@ local function sliding_window_log(key, now, hits, limit, window, record)
       -- Entries logged just now (a new one, or the newest grown) end above base + index, and
       -- the one holding that hit keeps its time: searching every entry finds it.
       local lo, hi = 0, call('ZCARD', key) - 1
+      -- Most refusals wait for the oldest entry (a full log asked for a few more hits): it is
+      -- looked at first. (Its name may be stale if it was also the newest and just grew; the
+      -- entry at rank 0 is still the one.)
+      if log_entry(oldest[1]) > base + index then hi = 0 end
       while lo < hi do
         local mid = floor((lo + hi) / 2)
         local total = log_entry(call('ZRANGE', key, mid, mid)[1])

@@ -434,7 +434,7 @@ async fn measure_redis_time_per_decision() {
             },
         ),
     ];
-    let samples = 20;
+    let samples = 50;
     let mut table = String::from("| algorithm | hits 1 | hits 1 000 | hits 100 000 |\n|---|---|---|---|\n");
     let run = async |checks: Vec<Check>| {
         server.cli(&["CONFIG", "RESETSTAT"]).unwrap();
