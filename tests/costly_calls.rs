@@ -21,6 +21,7 @@ use std::time::Duration;
 use common::envoy::{Envoy, Upstream};
 use common::load::Load;
 use common::*;
+use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::proto::sluice::v1::limiter_client::LimiterClient;
 use sluice::proto::sluice::v1::{
     Algorithm, LimiterConfig, Mode, SetMode, SetRateRequest, TryAcquireRequest,
@@ -133,8 +134,11 @@ static_resources:
 }
 
 /// The bystander's request: an unrelated descriptor, far below its limit.
-fn bystander(_: u64) -> (usize, sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest) {
-    (0, request("costly", vec![descriptor(&[("user", "bystander")])]))
+fn bystander(_: u64) -> (usize, RateLimitRequest) {
+    (
+        0,
+        request("costly", vec![descriptor(&[("user", "bystander")])]),
+    )
 }
 
 /// Polls the circuit breaker gauges of `sluice` until stopped; true when one was ever open.
@@ -301,7 +305,8 @@ async fn costly_native_acquisitions_do_not_stall_a_bystander_or_fill_redis() {
         let calls = load.finish().await;
         let failed: Vec<_> = calls.failed().collect();
         // Every figure is printed before any is judged.
-        let grown = memory_before.map(|before| used_memory(redis.as_ref().unwrap()).saturating_sub(before));
+        let grown =
+            memory_before.map(|before| used_memory(redis.as_ref().unwrap()).saturating_sub(before));
         eprintln!(
             "{ctx}: bystander {} calls, {} failed; costly answers {answers:?}; used_memory grew by \
              {grown:?} bytes",
@@ -317,7 +322,11 @@ async fn costly_native_acquisitions_do_not_stall_a_bystander_or_fill_redis() {
             failed.first()
         );
         assert!(!breaker_opened, "{ctx}: a circuit breaker opened");
-        assert_eq!(answers, vec![Ok(true); 9], "{ctx}: each fits in a fresh budget");
+        assert_eq!(
+            answers,
+            vec![Ok(true); 9],
+            "{ctx}: each fits in a fresh budget"
+        );
         for i in [0, 8] {
             let r = api
                 .try_acquire(acquire(&format!("client{i}"), 1))
@@ -337,7 +346,10 @@ async fn costly_native_acquisitions_do_not_stall_a_bystander_or_fill_redis() {
         if let (Some(redis), Some(grown)) = (redis.as_ref(), grown) {
             // A few small keys per client (state, epoch); 1 MB is far above that and far below
             // the 12 MB one client's 100 000 members took.
-            assert!(grown < 1_000_000, "{ctx}: used_memory grew by {grown} bytes");
+            assert!(
+                grown < 1_000_000,
+                "{ctx}: used_memory grew by {grown} bytes"
+            );
             let keys = redis.cli(&["--scan", "--pattern", "*state*"]).unwrap();
             let window_ms = 366 * 86_400 * 1000u64;
             for key in keys.lines().filter(|k| !k.is_empty()) {
@@ -435,7 +447,8 @@ async fn measure_redis_time_per_decision() {
         ),
     ];
     let samples = 50;
-    let mut table = String::from("| algorithm | hits 1 | hits 1 000 | hits 100 000 |\n|---|---|---|---|\n");
+    let mut table =
+        String::from("| algorithm | hits 1 | hits 1 000 | hits 100 000 |\n|---|---|---|---|\n");
     let run = async |checks: Vec<Check>| {
         server.cli(&["CONFIG", "RESETSTAT"]).unwrap();
         for check in &checks {
@@ -486,7 +499,10 @@ async fn measure_redis_time_per_decision() {
     };
     for i in 0..100_000 {
         clock.set_micros(T0 + i);
-        let out = store.check_with(&[&check(1)], Charging::Each).await.unwrap();
+        let out = store
+            .check_with(&[&check(1)], Charging::Each)
+            .await
+            .unwrap();
         assert!(out[0].admitted, "{i}");
     }
     clock.set_micros(T0 + 200_000);
@@ -498,5 +514,8 @@ async fn measure_redis_time_per_decision() {
     table.push_str(&row);
     table.push('\n');
     let full_log_bytes = server.cli(&["MEMORY", "USAGE", "full"]).unwrap();
-    println!("{table}\nthe full log's MEMORY USAGE: {} bytes", full_log_bytes.trim());
+    println!(
+        "{table}\nthe full log's MEMORY USAGE: {} bytes",
+        full_log_bytes.trim()
+    );
 }

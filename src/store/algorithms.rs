@@ -196,7 +196,9 @@ impl Log {
 
     /// The time of the hit `index` (0 the oldest) counted from the running total `base`.
     fn time_of_hit(&self, base: u64, index: u64) -> u64 {
-        let i = self.entries.partition_point(|&(_, end)| end <= base + index);
+        let i = self
+            .entries
+            .partition_point(|&(_, end)| end <= base + index);
         self.entries[i].0
     }
 
