@@ -20,7 +20,7 @@
 //!
 //! `record_refused` (the per-limit `record_refused_hits: true`) makes a refused request with a
 //! cost still charge it, as upstream's fixed window does, bounded so that one refusal never costs
-//! more than the whole limit: the log is filled up to `limit` entries, the counter's current
+//! more than the whole limit: the log is filled up to `limit` hits, the counter's current
 //! window up to `limit`, a bucket is drained to empty (never below), and a warm-up's next free
 //! time moves by the hits' stable cost, at most to one window from now. The outcome is then
 //! computed on the charged state. Zero-cost checks are never recorded.
