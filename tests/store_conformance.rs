@@ -383,6 +383,156 @@ async fn fixed_window_admits_twice_the_limit_across_a_boundary_and_the_log_does_
     );
 }
 
+/// Every algorithm at the largest limits a config allows a log, with costs from 0 to above the
+/// limit (issue #27: a cost is the client's to choose, and a decision must cost the store the
+/// same whatever it is): both stores agree, refusals recorded or not, and the log holds one
+/// entry per call that logged hits.
+#[tokio::test(flavor = "multi_thread")]
+async fn large_costs_agree() {
+    let p = pair().await;
+    let rules = [
+        (
+            "log",
+            Rule::SlidingWindowLog {
+                limit: 100_000,
+                window: 10_000_000,
+            },
+        ),
+        (
+            "counter",
+            Rule::SlidingWindowCounter {
+                limit: 100_000,
+                window: 10_000_000,
+            },
+        ),
+        (
+            "gcra",
+            Rule::Gcra {
+                interval: 100,
+                burst: 100_000,
+            },
+        ),
+        (
+            "warm_up",
+            Rule::WarmUp {
+                permits_per_window: 100_000,
+                window: 10_000_000,
+                warmup: 20_000_000,
+                cold_factor: 3.0,
+            },
+        ),
+    ];
+    // (ms after T0, hits)
+    let steps: &[(u64, u64)] = &[
+        (0, 100_000),
+        (0, 1),
+        (0, 0),
+        (1_000, 100_001),
+        (2_000, 60_000),
+        (9_999, 99_999),
+        (10_000, 1),
+        (10_001, 40_000),
+        (10_002, 60_000),
+        (12_000, 1_000),
+        (12_000, 1_000),
+        (12_001, 99_000),
+        (19_999, 100_000),
+        (20_001, 100_000),
+        (20_002, 3),
+        (40_000, 100_000),
+    ];
+    for record_refused in [false, true] {
+        for (name, rule) in &rules {
+            let key = format!("large:{name}:{record_refused}");
+            for &(at_ms, hits) in steps {
+                p.clock.set_micros(T0 + at_ms * 1000);
+                let check = Check {
+                    key: key.clone(),
+                    hits,
+                    rule: rule.clone(),
+                    record_refused,
+                    group: None,
+                };
+                p.both(std::slice::from_ref(&check)).await;
+            }
+        }
+    }
+    let mut conn = p._server.connection();
+    let entries: u64 = redis::cmd("ZCARD")
+        .arg("large:log:false")
+        .query(&mut conn)
+        .unwrap();
+    assert!(entries <= steps.len() as u64, "{entries} entries");
+}
+
+/// A log written by an earlier version (one sorted-set member per hit, named
+/// `<time>:<position>`) is read as it was written: Redis, holding that layout, answers as the
+/// memory store that logged the same hits, from the first call on, and rewrites it as entries.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_log_of_the_old_layout_is_read_as_written() {
+    let p = pair().await;
+    let rule = Rule::SlidingWindowLog {
+        limit: 10,
+        window: 10_000_000,
+    };
+    let check = |hits| Check {
+        key: "old_layout".into(),
+        hits,
+        rule: rule.clone(),
+        record_refused: false,
+        group: None,
+    };
+    // The history: 3 hits at 0 s, 1 at 1 s, 2 at 2 s; the memory store logs them by deciding,
+    // Redis gets them written as the old script wrote them.
+    let history: &[(u64, u64)] = &[(0, 3), (1, 1), (2, 2)];
+    let mut conn = p._server.connection();
+    let mut position = 0;
+    for &(at_s, hits) in history {
+        let at = T0 + at_s * 1_000_000;
+        p.clock.set_micros(at);
+        let checks = [check(hits)];
+        let refs: Vec<&Check> = checks.iter().collect();
+        assert!(p.memory.check_with(&refs, Charging::Each).await.unwrap()[0].admitted);
+        for _ in 0..hits {
+            position += 1;
+            redis::cmd("ZADD")
+                .arg("old_layout")
+                .arg(at)
+                .arg(format!("{at}:{position}"))
+                .exec(&mut conn)
+                .unwrap();
+        }
+    }
+    redis::cmd("PEXPIRE")
+        .arg("old_layout")
+        .arg(10_000)
+        .exec(&mut conn)
+        .unwrap();
+    // Refused first (6 + 5 > 10: the oldest hit must go, 7 s away), then 4 fit; later the 3
+    // hits of 0 s leave.
+    for (at_ms, hits) in [
+        (3_000, 5),
+        (3_000, 4),
+        (4_000, 1),
+        (10_000, 0),
+        (10_000, 3),
+        (10_500, 1),
+    ] {
+        p.clock.set_micros(T0 + at_ms * 1000);
+        p.both(&[check(hits)]).await;
+    }
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg("old_layout")
+        .arg(0)
+        .arg(-1)
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        members.iter().all(|m| m.contains('+')),
+        "rewritten as entries: {members:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_counter_reports_no_reset_beyond_its_window() {
     // Limit 3 per 10 s, taken 1 s into a window: its hits weigh until the end of the next window,

@@ -20,7 +20,7 @@
 //!
 //! `record_refused` (the per-limit `record_refused_hits: true`) makes a refused request with a
 //! cost still charge it, as upstream's fixed window does, bounded so that one refusal never costs
-//! more than the whole limit: the log is filled up to `limit` entries, the counter's current
+//! more than the whole limit: the log is filled up to `limit` hits, the counter's current
 //! window up to `limit`, a bucket is drained to empty (never below), and a warm-up's next free
 //! time moves by the hits' stable cost, at most to one window from now. The outcome is then
 //! computed on the charged state. Zero-cost checks are never recorded.
@@ -33,9 +33,9 @@ use super::Outcome;
 #[derive(Debug, Clone, PartialEq)]
 pub enum State {
     Count(u64),
-    /// Admission times, oldest first. Boxed: the other states are two words at most, and every
-    /// entry of the memory store is as large as the largest variant.
-    Log(Box<VecDeque<u64>>),
+    /// (time, running total) entries, oldest first. Boxed: the other states are two words at
+    /// most, and every entry of the memory store is as large as the largest variant.
+    Log(Box<Log>),
     /// Counts never exceed the limit, a u32: two words, like the other states.
     Windows {
         start: u64,
@@ -150,9 +150,133 @@ fn fixed_window_take(
     }
 }
 
+/// A sliding-window log as (time, running total) entries: each call that logs hits adds one
+/// entry, or adds to the newest when it has the same time, whatever its hits; so a call costs the
+/// same at 1 hit and at 100 000 (issue #27: one entry per hit let a single costly call hold a
+/// store for hundreds of milliseconds and leave that many entries behind). It holds at most
+/// min(hits logged, calls that logged) entries, so never more than the limit it was logged
+/// under. The running total makes "the time of the n-th hit in the window" a binary search.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Log {
+    /// The running total before the first entry: the hits the log dropped.
+    base: u64,
+    /// (time, running total after this entry's hits), oldest first; both strictly increasing.
+    entries: VecDeque<(u64, u64)>,
+}
+
+impl Log {
+    /// The hits the log holds.
+    pub fn hits(&self) -> u64 {
+        self.entries.back().map_or(self.base, |&(_, end)| end) - self.base
+    }
+
+    /// How many entries it holds.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn newest(&self) -> Option<u64> {
+        self.entries.back().map(|&(t, _)| t)
+    }
+
+    /// Where the window `(now - window, now]` starts: the index of its first entry and the
+    /// running total before it. A binary search, so a look never walks the log.
+    fn window_start(&self, window: u64, now: u64) -> (usize, u64) {
+        let first = self.entries.partition_point(|&(t, _)| t + window <= now);
+        let base = match first {
+            0 => self.base,
+            i => self.entries[i - 1].1,
+        };
+        (first, base)
+    }
+
+    /// The time of the hit `index` (0 the oldest) counted from the running total `base`.
+    fn time_of_hit(&self, base: u64, index: u64) -> u64 {
+        let i = self
+            .entries
+            .partition_point(|&(_, end)| end <= base + index);
+        self.entries[i].0
+    }
+
+    /// Logs `n` hits at `now` (never before the newest entry).
+    fn push(&mut self, now: u64, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let end = self.entries.back().map_or(self.base, |&(_, end)| end) + n;
+        match self.entries.back_mut() {
+            Some(newest) if newest.0 == now => newest.1 = end,
+            _ => self.entries.push_back((now, end)),
+        }
+    }
+}
+
+/// What the log decides at `now` (already no earlier than its newest entry) for `hits`, given
+/// the window's running-total `base` and the `count` of hits in it, when `record` more hits
+/// are logged for a refusal. Returns the outcome and the hits to log.
+fn log_decision(
+    log: &Log,
+    (base, count): (u64, u64),
+    hits: u64,
+    record_refused: bool,
+    (limit, window): (u64, u64),
+    now: u64,
+) -> (Outcome, u64) {
+    // Until the newest hit leaves the window, with `logged` hits added at `now`.
+    let until_empty = |logged: u64| match (logged > 0, log.newest()) {
+        (true, _) => window,
+        (false, Some(newest)) if count > 0 => newest + window - now,
+        _ => 0,
+    };
+    // A zero-cost check is decided as a one-hit request and counts nothing.
+    let probe = hits.max(1);
+    if probe <= limit && count + probe <= limit {
+        let outcome = Outcome {
+            admitted: true,
+            remaining: limit - count - hits,
+            reset_ms: micros_to_ms(until_empty(hits)),
+            used: count + hits,
+        };
+        return (outcome, hits);
+    }
+    // Refused, still charged: up to what fills the log to the limit.
+    let logged = if record_refused {
+        hits.min(limit.saturating_sub(count))
+    } else {
+        0
+    };
+    let count = count + logged;
+    let wait = if probe > limit {
+        until_empty(logged)
+    } else {
+        // The (count + probe - limit)-th oldest hit must leave the window first. (The log may
+        // hold more than the limit after UPDATE_KEEP_STATE lowered it.)
+        let index = count + probe - limit - 1;
+        let at = if index < count - logged {
+            log.time_of_hit(base, index)
+        } else {
+            now
+        };
+        at + window - now
+    };
+    let outcome = Outcome {
+        admitted: false,
+        remaining: limit.saturating_sub(count),
+        reset_ms: micros_to_ms(wait),
+        used: count,
+    };
+    (outcome, logged)
+}
+
 /// Sliding-window log: admitted iff fewer than `limit` admissions (counting this one's hits)
-/// lie in the window `(now - window, now]`. Only admitted hits are logged, so the log never holds
-/// more than `limit` entries.
+/// lie in the window `(now - window, now]`. Only admitted hits are logged (and refused ones
+/// under `record_refused`, up to the limit), as [`Log`] entries: a call costs O(log entries)
+/// whatever its hits, and the log never holds more than `limit` hits. Twin of
+/// `lua/sliding_window_log.lua`.
 pub fn sliding_window_log(
     state: Option<State>,
     hits: u64,
@@ -163,56 +287,51 @@ pub fn sliding_window_log(
 ) -> Step {
     let mut log = match state {
         Some(State::Log(log)) => *log,
-        _ => VecDeque::new(),
+        _ => Log::default(),
     };
     // A clock that steps back must not reorder the log.
-    let now = log.back().map_or(now, |&newest| now.max(newest));
-    while log.front().is_some_and(|&t| t + window <= now) {
-        log.pop_front();
-    }
-    let mut count = log.len() as u64;
-    let until_empty = |log: &VecDeque<u64>| log.back().map_or(0, |&newest| newest + window - now);
-    // A zero-cost check is decided as a one-hit request and counts nothing.
-    let probe = hits.max(1);
-    if probe <= limit && count + probe <= limit {
-        for _ in 0..hits {
-            log.push_back(now);
-        }
-        let ttl = until_empty(&log);
-        return Step {
-            outcome: Outcome {
-                admitted: true,
-                remaining: limit - count - hits,
-                reset_ms: micros_to_ms(ttl),
-                used: count + hits,
-            },
-            keep: (!log.is_empty()).then(|| (State::Log(Box::new(log)), ttl)),
-        };
-    }
-    if record_refused {
-        // Refused, still charged: up to what fills the log to the limit.
-        for _ in 0..hits.min(limit.saturating_sub(count)) {
-            log.push_back(now);
-        }
-        count = log.len() as u64;
-    }
-    let wait = if probe > limit {
-        until_empty(&log)
-    } else {
-        // The (count + probe - limit)-th oldest entry must leave the window first. (The log
-        // may hold more than the limit after UPDATE_KEEP_STATE lowered it.)
-        log[(count + probe - limit - 1) as usize] + window - now
-    };
-    let ttl = until_empty(&log);
+    let now = log.newest().map_or(now, |newest| now.max(newest));
+    // Entries that left the window go: each was added by one call, so this is O(1) amortised.
+    let (first, base) = log.window_start(window, now);
+    log.entries.drain(..first);
+    log.base = base;
+    let (outcome, logged) = log_decision(
+        &log,
+        (base, log.hits()),
+        hits,
+        record_refused,
+        (limit, window),
+        now,
+    );
+    log.push(now, logged);
+    let ttl = log.newest().map_or(0, |newest| newest + window - now);
     Step {
-        outcome: Outcome {
-            admitted: false,
-            remaining: limit.saturating_sub(count),
-            reset_ms: micros_to_ms(wait),
-            used: count,
-        },
+        outcome,
         keep: (!log.is_empty()).then(|| (State::Log(Box::new(log)), ttl)),
     }
+}
+
+/// [`sliding_window_log`]'s outcome for a trial (a dry run), read from the log in place: nothing
+/// is logged (a trial's refusals are never recorded, as in the Lua twin's dry run) and nothing
+/// copied, so a trial costs O(log entries) too.
+pub fn sliding_window_log_trial(
+    state: Option<&State>,
+    hits: u64,
+    limit: u64,
+    window: u64,
+    now: u64,
+) -> Outcome {
+    let empty = Log::default();
+    let log = match state {
+        Some(State::Log(log)) => log,
+        _ => &empty,
+    };
+    let now = log.newest().map_or(now, |newest| now.max(newest));
+    // Entries that left the window stay (nothing is written); they end at or below `base`, so
+    // neither the count nor "the time of hit n" sees them.
+    let (_, base) = log.window_start(window, now);
+    let count = log.entries.back().map_or(base, |&(_, end)| end) - base;
+    log_decision(log, (base, count), hits, false, (limit, window), now).0
 }
 
 /// Sliding-window counter: the current window's count plus the previous window's, weighted by the
@@ -759,7 +878,7 @@ mod tests {
         let step = sliding_window_log(state, 5, true, 3, 10 * S, now);
         assert!(!step.outcome.admitted);
         assert_eq!((step.outcome.used, step.outcome.remaining), (3, 0));
-        assert!(matches!(step.keep, Some((State::Log(ref log), _)) if log.len() == 3));
+        assert!(matches!(step.keep, Some((State::Log(ref log), _)) if log.hits() == 3));
 
         // Counter, limit 3: the current window's count grows to 3 at most.
         let (_, state) = after(
@@ -803,6 +922,111 @@ mod tests {
             step.keep,
             Some((State::WarmUp { next_free: n, .. }, _)) if n == next_free.max(now + S)
         ));
+    }
+
+    /// The log as it was before issue #27: one entry per hit. The (time, total) log must give
+    /// exactly its answers.
+    fn per_hit_log(
+        log: &mut VecDeque<u64>,
+        hits: u64,
+        record_refused: bool,
+        (limit, window): (u64, u64),
+        now: u64,
+    ) -> Outcome {
+        let now = log.back().map_or(now, |&newest| now.max(newest));
+        while log.front().is_some_and(|&t| t + window <= now) {
+            log.pop_front();
+        }
+        let count = log.len() as u64;
+        let until_empty = |log: &VecDeque<u64>| log.back().map_or(0, |&n| n + window - now);
+        let probe = hits.max(1);
+        if probe <= limit && count + probe <= limit {
+            log.extend(std::iter::repeat_n(now, hits as usize));
+            return Outcome {
+                admitted: true,
+                remaining: limit - count - hits,
+                reset_ms: micros_to_ms(until_empty(log)),
+                used: count + hits,
+            };
+        }
+        if record_refused {
+            let n = hits.min(limit.saturating_sub(count));
+            log.extend(std::iter::repeat_n(now, n as usize));
+        }
+        let count = log.len() as u64;
+        let wait = if probe > limit {
+            until_empty(log)
+        } else {
+            log[(count + probe - limit - 1) as usize] + window - now
+        };
+        Outcome {
+            admitted: false,
+            remaining: limit.saturating_sub(count),
+            reset_ms: micros_to_ms(wait),
+            used: count,
+        }
+    }
+
+    proptest::proptest! {
+        /// Random sequences (gaps, clock steps back, costs from 0 to above the limit, the limit
+        /// lowered and raised as UPDATE_KEEP_STATE does, refusals recorded or not): the log of
+        /// (time, total) entries answers as the log of one entry per hit, holds as many hits,
+        /// never more entries than calls that logged, and a trial answers as the charge would
+        /// without recording.
+        #[test]
+        fn the_entry_log_answers_as_the_per_hit_log(
+            steps in proptest::collection::vec(
+                (0u64..4_000_000, proptest::bool::weighted(0.1), 0u64..12, proptest::bool::ANY,
+                 1u64..10),
+                1..80,
+            ),
+        ) {
+            let window = 10 * S;
+            let mut reference = VecDeque::new();
+            let mut state: Option<State> = None;
+            let mut now = 1_000 * S;
+            for (gap, back, hits, record, limit) in steps {
+                if back { now -= gap / 4 } else { now += gap }
+                let trial = sliding_window_log_trial(state.as_ref(), hits, limit, window, now);
+                let mut looked = reference.clone();
+                let want_trial = per_hit_log(&mut looked, hits, false, (limit, window), now);
+                proptest::prop_assert_eq!(trial, want_trial);
+                let want = per_hit_log(&mut reference, hits, record, (limit, window), now);
+                let step = sliding_window_log(state.take(), hits, record, limit, window, now);
+                proptest::prop_assert_eq!(step.outcome, want);
+                state = step.keep.map(|(s, _)| s);
+                let held = match &state {
+                    Some(State::Log(log)) => {
+                        proptest::prop_assert!(log.len() as u64 <= log.hits());
+                        log.hits()
+                    }
+                    _ => 0,
+                };
+                let newest = reference.back().copied().unwrap_or(0);
+                let live = reference.iter().filter(|&&t| t + window > now.max(newest)).count();
+                proptest::prop_assert_eq!(held, live as u64);
+            }
+        }
+    }
+
+    #[test]
+    fn a_costly_call_is_one_entry() {
+        // 100 000 hits in one call: one entry; 1 000 calls at one instant: one entry.
+        let step = sliding_window_log(None, 100_000, false, 100_000, 10 * S, S);
+        let Some((State::Log(log), _)) = step.keep else {
+            panic!("{:?}", step.keep)
+        };
+        assert_eq!((log.len(), log.hits()), (1, 100_000));
+        let mut state = None;
+        for _ in 0..1_000 {
+            state = sliding_window_log(state, 3, false, 100_000, 10 * S, S)
+                .keep
+                .map(|(s, _)| s);
+        }
+        let Some(State::Log(log)) = state else {
+            panic!("{state:?}")
+        };
+        assert_eq!((log.len(), log.hits()), (1, 3_000));
     }
 
     #[test]

@@ -320,7 +320,6 @@ impl Table {
         self.slots.len
     }
 
-    #[cfg(test)]
     fn get(&self, id: &KeyId) -> Option<&Entry> {
         let at = *self.index.get(&IndexKey::of(*id))?;
         self.slots.get(at).map(|slot| &slot.entry)
@@ -528,9 +527,17 @@ impl MemoryStore {
             Hits::Charge(hits) => (hits, false),
             Hits::Try(hits) => (hits, true),
         };
-        // A log is moved out of its entry rather than cloned (it may hold `limit` entries, and
-        // this runs on every check); the algorithm hands back the log to keep. The other states
-        // are a few words. A dry run clones, since it keeps nothing.
+        // A log is never copied (it may hold up to `limit` entries, and this runs on every
+        // check): a trial reads it in place, a charge moves it out of its entry and the
+        // algorithm hands back the log to keep. The other states are a few words, and a dry run
+        // clones them, since it keeps nothing.
+        if let (true, Rule::SlidingWindowLog { limit, window }) = (dry_run, &check.rule) {
+            let state = shard
+                .get(&id)
+                .filter(|e| e.expires_at > now)
+                .map(|e| &e.state);
+            return algorithms::sliding_window_log_trial(state, hits, *limit, *window, now);
+        }
         let mut moved_log = false;
         let found = shard.get_mut(&id).filter(|e| e.expires_at > now).map(|e| {
             if matches!(e.state, State::Log(_)) && !dry_run {
@@ -857,7 +864,7 @@ impl Inner {
 fn hits_held(state: &State, now: u64) -> u64 {
     match state {
         State::Count(count) => *count,
-        State::Log(log) => log.len() as u64,
+        State::Log(log) => log.hits(),
         State::Windows {
             current, previous, ..
         } => u64::from(*current) + u64::from(*previous),
