@@ -987,6 +987,31 @@ mod tests {
     }
 
     #[test]
+    fn connection_timeouts_and_the_per_peer_cap_have_safe_defaults() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s.max_connections_per_peer, 5_000);
+        assert_eq!(s.grpc_handshake_timeout, Duration::from_secs(10));
+        assert_eq!(s.grpc_max_connection_idle, Duration::from_secs(600));
+        assert_eq!(s.http_read_header_timeout, Duration::from_secs(10));
+        // The per-peer default follows MAX_CONNECTIONS; an explicit value wins, 0 included.
+        let s = settings(&[("MAX_CONNECTIONS", "301")]).unwrap();
+        assert_eq!(s.max_connections_per_peer, 151);
+        let s = settings(&[
+            ("MAX_CONNECTIONS", "301"),
+            ("MAX_CONNECTIONS_PER_PEER", "0"),
+        ]);
+        assert_eq!(s.unwrap().max_connections_per_peer, 0);
+        let s = settings(&[
+            ("GRPC_MAX_CONNECTION_IDLE", "0"),
+            ("HTTP_READ_HEADER_TIMEOUT", "2s"),
+        ]);
+        let s = s.unwrap();
+        assert!(s.grpc_max_connection_idle.is_zero());
+        assert_eq!(s.http_read_header_timeout, Duration::from_secs(2));
+        assert!(settings(&[("GRPC_HANDSHAKE_TIMEOUT", "soon")]).is_err());
+    }
+
+    #[test]
     fn the_native_api_is_off_unless_enabled_and_its_token_is_never_shown() {
         assert!(settings(&[]).unwrap().limiter_api.is_none());
         let api = settings(&[

@@ -488,6 +488,48 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn each_peer_gets_its_share_and_gets_it_back_on_close() {
+        let metrics = Metrics::new(0.8);
+        let caps = Caps {
+            max: 5,
+            per_peer: 2,
+        };
+        let limit = ConnectionLimit::new(caps, "test", &metrics);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let first = limit.admit((), Some(a)).expect("a's first");
+        let _second = limit.admit((), Some(a)).expect("a's second");
+        assert!(limit.admit((), Some(a)).is_none(), "a over its share");
+        // The same host over IPv4-mapped IPv6 is the same peer.
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert!(limit.admit((), Some(mapped)).is_none());
+        let _b = limit.admit((), Some(b)).expect("another peer");
+        // A Unix socket's peers have no address: only the total cap applies.
+        let _unix = limit.admit((), None).expect("no address");
+        drop(first);
+        let _again = limit.admit((), Some(a)).expect("a's share is back");
+        let _b2 = limit.admit((), Some(b)).expect("b's second");
+        // Five open: the total cap now.
+        assert!(limit.admit((), None).is_none());
+        let rejected = |reason| {
+            metrics
+                .connections_rejected
+                .with_label_values(&["test", reason])
+                .get()
+        };
+        assert_eq!(rejected("max_connections_per_peer"), 2);
+        assert_eq!(rejected("max_connections"), 1);
+    }
+
+    #[test]
+    fn an_ipv6_peer_is_counted_by_its_64() {
+        let key = |s: &str| peer_key(s.parse().unwrap());
+        assert_eq!(key("2001:db8:1:2:aaaa::1"), key("2001:db8:1:2:bbbb::2"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+        assert_eq!(key("::ffff:192.0.2.7"), key("192.0.2.7"));
+    }
+
     #[tokio::test]
     async fn an_expiring_connection_works_until_its_lifetime_and_then_fails_even_when_idle() {
         let lifetime = Duration::from_millis(200);
