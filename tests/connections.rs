@@ -294,7 +294,7 @@ async fn flood(
 
 /// Whether the server has closed `stream` (EOF or reset), waiting at most `wait`. Anything
 /// the server sent before closing (an error page, a GOAWAY) is read past.
-async fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {
+async fn closed_within<S: tokio::io::AsyncRead + Unpin>(stream: &mut S, wait: Duration) -> bool {
     use tokio::io::AsyncReadExt;
     let deadline = tokio::time::Instant::now() + wait;
     let mut buf = [0u8; 1024];
@@ -581,4 +581,70 @@ async fn an_idle_grpc_connection_gets_a_goaway_and_its_client_carries_on() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(code(&mut client, &req).await, Code::Ok);
     assert!(labelled(&sluice, "sluice_connections_closed_total", "grpc", "idle") >= 2);
+}
+
+/// `GRPC_HANDSHAKE_TIMEOUT` on the TLS listener: one budget from the accept for the TLS
+/// handshake and the HTTP/2 preface after it. Connections that never start the handshake, and
+/// connections that finish it but never send the preface, are closed. Before, the second kind
+/// was held for as long as the client liked (only the handshake had a deadline, 10 s fixed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_connections_stalled_in_the_handshake_or_before_the_preface_are_closed() {
+    use std::sync::Arc;
+    let pki = Pki::new("ca");
+    pki.issue("server", &["localhost"]);
+    let (cert, key) = (pki.path("server.pem"), pki.path("server.key"));
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(
+        dir.path(),
+        None,
+        &[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", &cert),
+            ("GRPC_SERVER_TLS_KEY", &key),
+            ("GRPC_HANDSHAKE_TIMEOUT", "1s"),
+        ],
+    );
+    const EACH: usize = 20;
+    let mut silent = flood(VICTIM, sluice.grpc, EACH, b"").await;
+
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls_pki_types::CertificateDer::from_pem_file(pki.path("ca.pem")).unwrap())
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let mut after_tls = Vec::new();
+    for _ in 0..EACH {
+        let tcp = TcpStream::connect(sluice.grpc).await.unwrap();
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        after_tls.push(connector.connect(name, tcp).await.expect("TLS handshake"));
+    }
+
+    let patience = Duration::from_secs(30);
+    let silent_closed = count_closed(&mut silent, patience).await;
+    let checks = after_tls.iter_mut().map(|s| closed_within(s, patience));
+    let tls_closed = futures::future::join_all(checks)
+        .await
+        .into_iter()
+        .filter(|closed| *closed)
+        .count();
+    eprintln!(
+        "closed by the server: {silent_closed} of {EACH} without a handshake, {tls_closed} of \
+         {EACH} without a preface after it"
+    );
+    assert_eq!((silent_closed, tls_closed), (EACH, EACH));
+    let counted = labelled(
+        &sluice,
+        "sluice_connections_closed_total",
+        "grpc",
+        "handshake_timeout",
+    );
+    assert_eq!(counted, 2 * EACH as u64);
 }
