@@ -183,7 +183,7 @@ pub(crate) fn serve_named_api(
 /// Connection age: at the age the server sends GOAWAY (hyper's graceful shutdown) and lets the
 /// calls in flight finish; at age + grace the listener closes the connection
 /// (`connections::Expiring`, see [`lifetime`]). Zero turns either off, as upstream (grpc-go
-/// reads 0 as "never"); so does it `GRPC_MAX_CONNECTION_IDLE`.
+/// reads 0 as "never"), and so does `GRPC_MAX_CONNECTION_IDLE`.
 fn http2_options(options: &GrpcOptions) -> Http2Options {
     let nonzero = |d: Duration| (!d.is_zero()).then_some(d);
     Http2Options {
