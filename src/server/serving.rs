@@ -15,6 +15,8 @@
 //!   lets a call racing with it finish), as at `GRPC_MAX_CONNECTION_AGE`. Envoy reconnects on
 //!   its next call. The h2 keep-alive ping closes connections whose peer stopped answering.
 //!
+//! A gRPC call's `grpc-timeout` is enforced as tonic's server loop did ([`grpc_timeout`]).
+//!
 //! On shutdown every connection gets a graceful shutdown (GOAWAY, or `Connection: close` after
 //! the request in progress) and the loop returns once all have closed; `app` bounds that wait
 //! with `SHUTDOWN_GRACE_PERIOD`.
@@ -246,9 +248,17 @@ impl Http2Connection {
                 // tonic's routes are always ready, so they can be called without `poll_ready`.
                 let mut routes = routes.clone();
                 let call = calls.start();
+                let deadline = grpc_timeout(request.headers());
                 let response = routes.call(request.map(tonic::body::Body::new));
                 async move {
-                    let response: Result<_, Infallible> = response.await;
+                    let response: Result<_, Infallible> = match deadline {
+                        None => response.await,
+                        Some(deadline) => match tokio::time::timeout(deadline, response).await {
+                            Ok(response) => response,
+                            // The answer tonic's own server loop gave.
+                            Err(_) => Ok(tonic::Status::cancelled("Timeout expired").into_http()),
+                        },
+                    };
                     drop(call);
                     response
                 }
@@ -283,6 +293,28 @@ impl Http2Connection {
             }
         }
     }
+}
+
+/// The deadline a gRPC call carries in its `grpc-timeout` header (at most 8 digits and a unit:
+/// `H`, `M`, `S`, `m`, `u`, `n`), enforced as tonic's own server loop did: a handler still
+/// running when it passes is dropped (the client has given up on it). A malformed value is
+/// ignored, as there.
+fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    let digits = value.get(..value.len().checked_sub(1)?)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match &value[digits.len()..] {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// Completes after `duration`; never when `None`.
@@ -498,6 +530,30 @@ mod tests {
         let mut late = [0u8; 4];
         conn.read_exact(&mut late).await.unwrap();
         assert_eq!(&late, b"late");
+    }
+
+    #[test]
+    fn grpc_timeout_is_read_as_grpc_specifies_it() {
+        let parse = |value: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert("grpc-timeout", value.parse().unwrap());
+            grpc_timeout(&headers)
+        };
+        assert_eq!(parse("20m"), Some(Duration::from_millis(20)));
+        assert_eq!(
+            parse("99999999H"),
+            Some(Duration::from_secs(99_999_999 * 3600))
+        );
+        assert_eq!(parse("3S"), Some(Duration::from_secs(3)));
+        assert_eq!(parse("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "m", "123456789m", "1x", "-1S", "1.5S", "ñS"] {
+            let mut headers = http::HeaderMap::new();
+            if let Ok(value) = bad.parse() {
+                headers.insert("grpc-timeout", value);
+            }
+            assert_eq!(grpc_timeout(&headers), None, "{bad:?}");
+        }
+        assert_eq!(grpc_timeout(&http::HeaderMap::new()), None);
     }
 
     #[tokio::test]
