@@ -376,26 +376,35 @@ async fn connections_that_never_finish_their_headers_or_preface_are_closed() {
             ("MAX_CONNECTIONS_PER_PEER", "0"),
             ("GRPC_HANDSHAKE_TIMEOUT", "1s"),
             ("HTTP_READ_HEADER_TIMEOUT", "1s"),
+            // The native API's own port and the debug listener are held to the same timeouts.
+            ("LIMITER_GRPC_PORT", "0"),
         ],
     );
     let started = std::time::Instant::now();
     let mut grpc_flood = flood(VICTIM, sluice.grpc, SLOTS, HALF_PREFACE).await;
     let mut http_flood = flood(VICTIM, sluice.http, SLOTS, UNFINISHED_REQUEST).await;
+    const OTHERS: usize = 20;
+    let api_port = sluice.limiter_api.expect("the native API's own port");
+    let mut api_flood = flood(VICTIM, api_port, OTHERS, HALF_PREFACE).await;
+    let mut debug_flood = flood(VICTIM, sluice.debug, OTHERS, UNFINISHED_REQUEST).await;
 
     // 30 s: thirty times the timeouts, and far more than a busy machine needs.
     let patience = Duration::from_secs(30);
-    let (grpc_closed, http_closed) = tokio::join!(
+    let (grpc_closed, http_closed, api_closed, debug_closed) = tokio::join!(
         count_closed(&mut grpc_flood, patience),
         count_closed(&mut http_flood, patience),
+        count_closed(&mut api_flood, patience),
+        count_closed(&mut debug_flood, patience),
     );
     eprintln!(
         "after {:?}: {grpc_closed} of {SLOTS} stalled gRPC and {http_closed} of {SLOTS} stalled \
-         HTTP connections closed by the server",
+         HTTP connections closed by the server; {api_closed} and {debug_closed} of {OTHERS} on \
+         the native API's port and the debug listener",
         started.elapsed()
     );
     assert_eq!(
-        (grpc_closed, http_closed),
-        (SLOTS, SLOTS),
+        (grpc_closed, http_closed, api_closed, debug_closed),
+        (SLOTS, SLOTS, OTHERS, OTHERS),
         "stalled connections still hold their slots"
     );
 
@@ -415,7 +424,7 @@ async fn connections_that_never_finish_their_headers_or_preface_are_closed() {
         "header_timeout",
     );
     assert_eq!((handshakes, headers), (SLOTS as u64, SLOTS as u64));
-    drop((grpc_flood, http_flood));
+    drop((grpc_flood, http_flood, api_flood, debug_flood));
 }
 
 /// One peer opening every slot of a listener (from 127.0.0.2) must leave room for another peer
