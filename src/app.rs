@@ -23,8 +23,10 @@ use crate::metrics::{Instrumented, Mapper, Metrics, StatStore, StatsdOptions};
 use crate::named::NamedLimiters;
 use crate::rls::{KeyBuilder, RateLimiter};
 use crate::server::connections::{ConnectionLimit, LimitedListener};
+use crate::server::serving::{Closed, Http1Options};
 use crate::server::{
-    GrpcListener, GrpcOptions, Health, ServeError, bind, bind_unix, debug, http, named, reload, rls,
+    Caps, GrpcListener, GrpcOptions, Health, ServeError, bind, bind_unix, debug, http, named,
+    reload, rls,
 };
 use crate::settings::{Backend, ConfigSource, Settings};
 use crate::store::breaker::Breaker;
@@ -208,10 +210,20 @@ pub async fn serve(
         ));
     }
 
+    let caps = Caps {
+        max: settings.max_connections,
+        per_peer: settings.max_connections_per_peer,
+    };
+    let http1 = Http1Options {
+        header_timeout: (!settings.http_read_header_timeout.is_zero())
+            .then_some(settings.http_read_header_timeout),
+    };
     let grpc_options = GrpcOptions {
         max_connection_age: settings.grpc_max_connection_age,
         max_connection_age_grace: settings.grpc_max_connection_age_grace,
-        max_connections: settings.max_connections,
+        max_connection_idle: settings.grpc_max_connection_idle,
+        handshake_timeout: settings.grpc_handshake_timeout,
+        caps,
         tls: settings.grpc_tls.clone(),
         reload_interval: settings.reload_interval,
     };
@@ -263,8 +275,10 @@ pub async fn serve(
     let debug = debug::serve(
         LimitedListener {
             listener: debug_listener,
-            limit: ConnectionLimit::new(settings.max_connections, "debug", &metrics),
+            limit: ConnectionLimit::new(caps, "debug", &metrics),
         },
+        http1,
+        Closed::new("debug", &metrics),
         limiter.clone(),
         metrics.clone(),
         stopped(),
@@ -284,19 +298,27 @@ pub async fn serve(
             tracing::info!(%addr, path = %listen.path, "prometheus metrics listener");
             let listener = LimitedListener {
                 listener,
-                limit: ConnectionLimit::new(settings.max_connections, "metrics", &metrics),
+                limit: ConnectionLimit::new(caps, "metrics", &metrics),
             };
-            let serving =
-                http::serve_metrics(listener, &listen.path, observability.clone(), stopped());
+            let serving = http::serve_metrics(
+                listener,
+                http1,
+                Closed::new("metrics", &metrics),
+                &listen.path,
+                observability.clone(),
+                stopped(),
+            );
             Some(serving)
         }
     };
     let http_listener = LimitedListener {
         listener: http_listener,
-        limit: ConnectionLimit::new(settings.max_connections, "http", &metrics),
+        limit: ConnectionLimit::new(caps, "http", &metrics),
     };
     let http = http::serve(
         http_listener,
+        http1,
+        Closed::new("http", &metrics),
         limiter.clone(),
         health.clone(),
         observability,

@@ -55,6 +55,20 @@ pub struct Settings {
     /// `MAX_CONNECTIONS`: open connections allowed on each listener (gRPC, HTTP, metrics);
     /// 0 turns the cap off.
     pub max_connections: usize,
+    /// `MAX_CONNECTIONS_PER_PEER`: open connections one peer address (an IPv6 /64) may hold on
+    /// each listener, so that one peer's flood leaves room for the others; 0 turns it off.
+    /// By default half of `MAX_CONNECTIONS`.
+    pub max_connections_per_peer: usize,
+    /// `GRPC_HANDSHAKE_TIMEOUT`: a gRPC connection's TLS handshake and HTTP/2 preface must be
+    /// done this long after the accept; zero: no deadline.
+    pub grpc_handshake_timeout: Duration,
+    /// `GRPC_MAX_CONNECTION_IDLE`: GOAWAY to a gRPC connection after this long without a call
+    /// in flight; zero: never.
+    pub grpc_max_connection_idle: Duration,
+    /// `HTTP_READ_HEADER_TIMEOUT`: on the HTTP/1 listeners (HTTP, debug, metrics), a request's
+    /// headers must arrive within this of the server starting to wait for them, which also
+    /// bounds the idle time of a keep-alive connection; zero: no deadline.
+    pub http_read_header_timeout: Duration,
     /// Longest wait of the native API's `Acquire`/`TryAcquire`.
     pub limiter_max_wait: Duration,
     /// The native API (`sluice.v1.Limiter`); `None` unless `LIMITER_API_ENABLED=true`.
@@ -371,6 +385,25 @@ impl Settings {
             // Envoy opens a few connections per worker thread; thousands from one client are
             // a leak or an attack. 10 000 is about 140 MiB of connection state.
             max_connections: env.number("MAX_CONNECTIONS", 10_000)?,
+            // Half of MAX_CONNECTIONS: one peer can never take every slot, and where every
+            // client shares one address (an Istio sidecar's 127.0.0.6) half is still far more
+            // than Envoys need. An explicit value wins, 0 included.
+            max_connections_per_peer: env.number(
+                "MAX_CONNECTIONS_PER_PEER",
+                env.number("MAX_CONNECTIONS", 10_000usize)?.div_ceil(2),
+            )?,
+            // Ten seconds is hundreds of round trips, even across regions; Envoy finishes its
+            // handshake and preface in one or two.
+            grpc_handshake_timeout: env
+                .duration("GRPC_HANDSHAKE_TIMEOUT", Duration::from_secs(10))?,
+            // Envoy keeps its connections to the RLS open while idle; a GOAWAY after ten quiet
+            // minutes costs it one reconnect, and gives the slots of clients that went quiet back.
+            grpc_max_connection_idle: env
+                .duration("GRPC_MAX_CONNECTION_IDLE", Duration::from_secs(600))?,
+            // Probes and scrapers send their whole request at once; a keep-alive scraper that
+            // waits longer between scrapes reconnects.
+            http_read_header_timeout: env
+                .duration("HTTP_READ_HEADER_TIMEOUT", Duration::from_secs(10))?,
             limiter_max_wait: env.duration("LIMITER_MAX_WAIT", Duration::from_secs(30))?,
             limiter_api: limiter_api(env)?,
             reload_interval: env.duration("CONFIG_RELOAD_INTERVAL", Duration::from_secs(1))?,
@@ -961,6 +994,31 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Settings::from_vars(&Env(move |name| map.get(name).cloned()))
+    }
+
+    #[test]
+    fn connection_timeouts_and_the_per_peer_cap_have_safe_defaults() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s.max_connections_per_peer, 5_000);
+        assert_eq!(s.grpc_handshake_timeout, Duration::from_secs(10));
+        assert_eq!(s.grpc_max_connection_idle, Duration::from_secs(600));
+        assert_eq!(s.http_read_header_timeout, Duration::from_secs(10));
+        // The per-peer default follows MAX_CONNECTIONS; an explicit value wins, 0 included.
+        let s = settings(&[("MAX_CONNECTIONS", "301")]).unwrap();
+        assert_eq!(s.max_connections_per_peer, 151);
+        let s = settings(&[
+            ("MAX_CONNECTIONS", "301"),
+            ("MAX_CONNECTIONS_PER_PEER", "0"),
+        ]);
+        assert_eq!(s.unwrap().max_connections_per_peer, 0);
+        let s = settings(&[
+            ("GRPC_MAX_CONNECTION_IDLE", "0"),
+            ("HTTP_READ_HEADER_TIMEOUT", "2s"),
+        ]);
+        let s = s.unwrap();
+        assert!(s.grpc_max_connection_idle.is_zero());
+        assert_eq!(s.http_read_header_timeout, Duration::from_secs(2));
+        assert!(settings(&[("GRPC_HANDSHAKE_TIMEOUT", "soon")]).is_err());
     }
 
     #[test]

@@ -85,7 +85,18 @@ async fn open(addr: std::net::SocketAddr, count: usize, preface_bytes: usize) ->
 async fn idle_and_stalled_connections_do_not_block_other_clients() {
     let dir = config_dir(CONFIG);
     // Above the 10 000 this test holds: here the point is that they cost nothing but memory.
-    let sluice = Sluice::start(dir.path(), None, &[("MAX_CONNECTIONS", "20000")]);
+    // The handshake and header timeouts and the per-peer cap are off: here the point is what
+    // held connections cost, not how they are let go (see the tests below for that).
+    let sluice = Sluice::start(
+        dir.path(),
+        None,
+        &[
+            ("MAX_CONNECTIONS", "20000"),
+            ("MAX_CONNECTIONS_PER_PEER", "0"),
+            ("GRPC_HANDSHAKE_TIMEOUT", "0"),
+            ("HTTP_READ_HEADER_TIMEOUT", "0"),
+        ],
+    );
     let mut client = sluice.client().await;
     let req = request("conn", vec![descriptor(&[("user", "a")])]);
     assert_eq!(code(&mut client, &req).await, Code::Ok);
@@ -151,13 +162,26 @@ async fn idle_and_stalled_connections_do_not_block_other_clients() {
     assert!(sluice.terminate().success());
 }
 
-/// `sluice_connections_*` series of one listener: (open, rejected).
+/// `sluice_connections_*` series of one listener: (open, rejected at `MAX_CONNECTIONS`).
 fn connection_metrics(sluice: &Sluice, listener: &str) -> (u64, u64) {
-    let value = |name: &str| sluice.metric(&format!("{name}{{listener=\"{listener}\"}}")) as u64;
     (
-        value("sluice_connections_open"),
-        value("sluice_connections_rejected_total"),
+        sluice.metric(&format!(
+            "sluice_connections_open{{listener=\"{listener}\"}}"
+        )) as u64,
+        labelled(
+            sluice,
+            "sluice_connections_rejected_total",
+            listener,
+            "max_connections",
+        ),
     )
+}
+
+/// One `{listener, reason}` series of `name`.
+fn labelled(sluice: &Sluice, name: &str, listener: &str, reason: &str) -> u64 {
+    sluice.metric(&format!(
+        "{name}{{listener=\"{listener}\",reason=\"{reason}\"}}"
+    )) as u64
 }
 
 /// Whether the server closes `stream` within 2 s without it sending anything.
@@ -175,7 +199,11 @@ async fn closed_by_server(stream: &mut TcpStream) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_max_connections_are_closed_at_once_and_counted() {
     let dir = config_dir(CONFIG);
-    let sluice = Sluice::start(dir.path(), None, &[("MAX_CONNECTIONS", "20")]);
+    let sluice = Sluice::start(
+        dir.path(),
+        None,
+        &[("MAX_CONNECTIONS", "20"), ("MAX_CONNECTIONS_PER_PEER", "0")],
+    );
     let mut held = open(sluice.grpc, 20, 0).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while connection_metrics(&sluice, "grpc").0 < 20 {
@@ -223,4 +251,410 @@ async fn connections_beyond_max_connections_are_closed_at_once_and_counted() {
     let req = request("conn", vec![descriptor(&[("user", "a")])]);
     assert_eq!(code(&mut client, &req).await, Code::Ok);
     drop(held);
+}
+
+// --- Issue #27 item 4: slots are for clients that speak. -----------------------------------
+
+/// The flooding peer's address; the victim connects from 127.0.0.1. Both are loopback, so
+/// the test needs no network, but the server sees two peers.
+const FLOODER: [u8; 4] = [127, 0, 0, 2];
+const VICTIM: [u8; 4] = [127, 0, 0, 1];
+
+/// An HTTP/1 request whose headers never end.
+const UNFINISHED_REQUEST: &[u8] = b"GET /healthcheck HTTP/1.1\r\nHost: test\r\nX-Slow: ";
+/// The first 10 bytes of the 24-byte HTTP/2 preface.
+const HALF_PREFACE: &[u8] = b"PRI * HTTP";
+
+/// A TCP connection to `addr` from the local address `source`.
+async fn connect_from(source: [u8; 4], addr: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind((std::net::Ipv4Addr::from(source), 0).into())?;
+    socket.connect(addr).await
+}
+
+/// `count` connections from `source` to `addr`, each having sent `bytes` and nothing more.
+async fn flood(
+    source: [u8; 4],
+    addr: std::net::SocketAddr,
+    count: usize,
+    bytes: &[u8],
+) -> Vec<TcpStream> {
+    let mut held = Vec::with_capacity(count);
+    for batch in (0..count).collect::<Vec<_>>().chunks(50) {
+        let connects = batch.iter().map(|_| async {
+            let mut stream = connect_from(source, addr).await.unwrap();
+            // A connection the server already closed may refuse the bytes: that is fine.
+            let _ = stream.write_all(bytes).await;
+            stream
+        });
+        held.extend(futures::future::join_all(connects).await);
+    }
+    held
+}
+
+/// Whether the server has closed `stream` (EOF or reset), waiting at most `wait`. Anything
+/// the server sent before closing (an error page, a GOAWAY) is read past.
+async fn closed_within<S: tokio::io::AsyncRead + Unpin>(stream: &mut S, wait: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// How many of `held` the server closes within `wait` (all waited for together).
+async fn count_closed(held: &mut [TcpStream], wait: Duration) -> usize {
+    let checks = held.iter_mut().map(|s| closed_within(s, wait));
+    futures::future::join_all(checks)
+        .await
+        .into_iter()
+        .filter(|closed| *closed)
+        .count()
+}
+
+/// `GET /healthcheck` from `source`: the status, or `None` when the connection is refused,
+/// closed or not answered within 5 s.
+async fn healthcheck_from(source: [u8; 4], addr: std::net::SocketAddr) -> Option<u16> {
+    use tokio::io::AsyncReadExt;
+    let attempt = async {
+        let mut stream = connect_from(source, addr).await.ok()?;
+        stream
+            .write_all(b"GET /healthcheck HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.ok()?;
+        std::str::from_utf8(raw.get(9..12)?).ok()?.parse().ok()
+    };
+    tokio::time::timeout(Duration::from_secs(5), attempt)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// One `ShouldRateLimit` from a new gRPC client on a new connection from `source`: whether it
+/// was answered (within 5 s).
+async fn grpc_served_from(source: [u8; 4], addr: std::net::SocketAddr) -> bool {
+    let attempt = async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .local_address(Some(std::net::Ipv4Addr::from(source).into()))
+            .connect()
+            .await
+            .ok()?;
+        let mut client = RateLimitServiceClient::new(channel);
+        let req = request("conn", vec![descriptor(&[("user", "victim")])]);
+        client.should_rate_limit(req).await.ok()
+    };
+    tokio::time::timeout(Duration::from_secs(5), attempt)
+        .await
+        .ok()
+        .flatten()
+        .is_some()
+}
+
+/// The attack of issue #27 (item 4): one client fills every slot of the HTTP and gRPC
+/// listeners with connections that never finish their request headers or their HTTP/2
+/// preface. The handshake and header timeouts (1 s here) must give every slot back, after
+/// which `/healthcheck` and a new gRPC client are answered. Without them the slots were held
+/// for as long as the client kept the sockets open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_finish_their_headers_or_preface_are_closed() {
+    let dir = config_dir(CONFIG);
+    const SLOTS: usize = 150;
+    let sluice = Sluice::start(
+        dir.path(),
+        None,
+        &[
+            ("MAX_CONNECTIONS", "150"),
+            // Only the timeouts are at work here: the flood comes from the victim's address.
+            ("MAX_CONNECTIONS_PER_PEER", "0"),
+            ("GRPC_HANDSHAKE_TIMEOUT", "1s"),
+            ("HTTP_READ_HEADER_TIMEOUT", "1s"),
+            // The native API's own port and the debug listener are held to the same timeouts.
+            ("LIMITER_GRPC_PORT", "0"),
+        ],
+    );
+    let started = std::time::Instant::now();
+    let mut grpc_flood = flood(VICTIM, sluice.grpc, SLOTS, HALF_PREFACE).await;
+    let mut http_flood = flood(VICTIM, sluice.http, SLOTS, UNFINISHED_REQUEST).await;
+    const OTHERS: usize = 20;
+    let api_port = sluice.limiter_api.expect("the native API's own port");
+    let mut api_flood = flood(VICTIM, api_port, OTHERS, HALF_PREFACE).await;
+    let mut debug_flood = flood(VICTIM, sluice.debug, OTHERS, UNFINISHED_REQUEST).await;
+
+    // 30 s: thirty times the timeouts, and far more than a busy machine needs.
+    let patience = Duration::from_secs(30);
+    let (grpc_closed, http_closed, api_closed, debug_closed) = tokio::join!(
+        count_closed(&mut grpc_flood, patience),
+        count_closed(&mut http_flood, patience),
+        count_closed(&mut api_flood, patience),
+        count_closed(&mut debug_flood, patience),
+    );
+    eprintln!(
+        "after {:?}: {grpc_closed} of {SLOTS} stalled gRPC and {http_closed} of {SLOTS} stalled \
+         HTTP connections closed by the server; {api_closed} and {debug_closed} of {OTHERS} on \
+         the native API's port and the debug listener",
+        started.elapsed()
+    );
+    assert_eq!(
+        (grpc_closed, http_closed, api_closed, debug_closed),
+        (SLOTS, SLOTS, OTHERS, OTHERS),
+        "stalled connections still hold their slots"
+    );
+
+    // The slots are back: probes and a new Envoy get in.
+    assert_eq!(healthcheck_from(VICTIM, sluice.http).await, Some(200));
+    assert!(grpc_served_from(VICTIM, sluice.grpc).await);
+    let handshakes = labelled(
+        &sluice,
+        "sluice_connections_closed_total",
+        "grpc",
+        "handshake_timeout",
+    );
+    let headers = labelled(
+        &sluice,
+        "sluice_connections_closed_total",
+        "http",
+        "header_timeout",
+    );
+    assert_eq!((handshakes, headers), (SLOTS as u64, SLOTS as u64));
+    drop((grpc_flood, http_flood, api_flood, debug_flood));
+}
+
+/// One peer opening every slot of a listener (from 127.0.0.2) must leave room for another peer
+/// (127.0.0.1): the health probe and a new gRPC client. The timeouts are off here, so only the
+/// per-peer cap (by default half of `MAX_CONNECTIONS`) is at work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_cannot_take_every_slot() {
+    let dir = config_dir(CONFIG);
+    const SLOTS: usize = 200;
+    let sluice = Sluice::start(
+        dir.path(),
+        None,
+        &[
+            ("MAX_CONNECTIONS", "200"),
+            ("GRPC_HANDSHAKE_TIMEOUT", "0"),
+            ("HTTP_READ_HEADER_TIMEOUT", "0"),
+        ],
+    );
+    let mut grpc_flood = flood(FLOODER, sluice.grpc, SLOTS, b"").await;
+    let mut http_flood = flood(FLOODER, sluice.http, SLOTS, UNFINISHED_REQUEST).await;
+    // The server closes those over the peer's share at once (milliseconds on a quiet
+    // machine); the others it keeps, so this waits the whole 10 s for them.
+    let wait = Duration::from_secs(10);
+    let (grpc_refused, http_refused) = tokio::join!(
+        count_closed(&mut grpc_flood, wait),
+        count_closed(&mut http_flood, wait),
+    );
+    eprintln!(
+        "flooding peer: {grpc_refused} of {SLOTS} gRPC and {http_refused} of {SLOTS} HTTP \
+         connections refused"
+    );
+
+    let health = healthcheck_from(VICTIM, sluice.http).await;
+    let served = grpc_served_from(VICTIM, sluice.grpc).await;
+    eprintln!("the other peer: /healthcheck {health:?}, gRPC served: {served}");
+    assert_eq!(health, Some(200), "the health probe was kept out");
+    assert!(served, "a new gRPC client was kept out");
+    assert_eq!((grpc_refused, http_refused), (SLOTS / 2, SLOTS / 2));
+    for listener in ["grpc", "http"] {
+        let per_peer = labelled(
+            &sluice,
+            "sluice_connections_rejected_total",
+            listener,
+            "max_connections_per_peer",
+        );
+        assert_eq!(per_peer, (SLOTS / 2) as u64, "{listener}");
+    }
+    drop((grpc_flood, http_flood));
+}
+
+/// The type of the next frame on a raw HTTP/2 connection; `None` when the server closed the
+/// connection. SETTINGS and PING are acknowledged as a live client would (a graceful GOAWAY
+/// waits for a PING's answer).
+async fn next_frame_kind(stream: &mut TcpStream) -> Option<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut head = [0u8; 9];
+    stream.read_exact(&mut head).await.ok()?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0u8; len];
+    stream.read_exact(&mut payload).await.ok()?;
+    let (kind, flags) = (head[3], head[4]);
+    if (kind == 0x4 || kind == 0x6) && flags & 0x1 == 0 {
+        // A SETTINGS acknowledgement is empty; a PING's carries the PING's 8 bytes.
+        let body = if kind == 0x6 { payload } else { Vec::new() };
+        let len = (body.len() as u32).to_be_bytes();
+        let mut ack = vec![len[1], len[2], len[3], kind, 0x1, 0, 0, 0, 0];
+        ack.extend(body);
+        // The server may have closed already; the next read says so.
+        let _ = stream.write_all(&ack).await;
+    }
+    Some(kind)
+}
+
+const GOAWAY: u8 = 0x7;
+
+/// A raw HTTP/2 client (preface and empty SETTINGS sent) on the gRPC port.
+async fn h2_connection(addr: std::net::SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend([0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+    stream.write_all(&hello).await.unwrap();
+    stream
+}
+
+/// `GRPC_MAX_CONNECTION_IDLE`: a gRPC connection with no call in flight for that long gets a
+/// GOAWAY and is closed; a connection with a call in flight is not; a gRPC client whose
+/// connection went away that way is served again on its next call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_grpc_connection_gets_a_goaway_and_its_client_carries_on() {
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(dir.path(), None, &[("GRPC_MAX_CONNECTION_IDLE", "1s")]);
+    let started = std::time::Instant::now();
+    let mut idle = h2_connection(sluice.grpc).await;
+    let mut busy = h2_connection(sluice.grpc).await;
+    // A call whose request never ends: in flight for as long as the connection lives.
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let mut headers = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "localhost"),
+        ("content-type", "application/grpc"),
+    ] {
+        headers.push(0u8);
+        headers.push(name.len() as u8);
+        headers.extend(name.as_bytes());
+        headers.push(value.len() as u8);
+        headers.extend(value.as_bytes());
+    }
+    let len = (headers.len() as u32).to_be_bytes();
+    let mut frame = vec![len[1], len[2], len[3], 0x1, 0x4, 0, 0, 0, 1];
+    frame.extend(headers);
+    busy.write_all(&frame).await.unwrap();
+
+    // 30 s: thirty times the idle timeout.
+    let goaway = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match next_frame_kind(&mut idle).await {
+                Some(GOAWAY) => return true,
+                Some(_) => continue,
+                None => return false,
+            }
+        }
+    })
+    .await;
+    let after = started.elapsed();
+    assert_eq!(
+        goaway,
+        Ok(true),
+        "no GOAWAY on an idle connection ({after:?})"
+    );
+    assert!(after >= Duration::from_secs(1), "GOAWAY after {after:?}");
+    // Closed once the GOAWAY's PING is answered (the graceful shutdown's second step).
+    let closed = tokio::time::timeout(Duration::from_secs(30), async {
+        while next_frame_kind(&mut idle).await.is_some() {}
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the idle connection is still open after its GOAWAY"
+    );
+
+    // The connection with a call in flight is still open after four idle periods.
+    let cut = tokio::time::timeout(Duration::from_secs(4), async {
+        loop {
+            match next_frame_kind(&mut busy).await {
+                Some(GOAWAY) | None => return,
+                Some(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(
+        cut.is_err(),
+        "a connection with a call in flight was closed"
+    );
+    drop(busy);
+
+    // A gRPC client that sat idle past the timeout is served on its next call.
+    let mut client = sluice.client().await;
+    let req = request("conn", vec![descriptor(&[("user", "idle")])]);
+    assert_eq!(code(&mut client, &req).await, Code::Ok);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(code(&mut client, &req).await, Code::Ok);
+    assert!(labelled(&sluice, "sluice_connections_closed_total", "grpc", "idle") >= 2);
+}
+
+/// `GRPC_HANDSHAKE_TIMEOUT` on the TLS listener: one budget from the accept for the TLS
+/// handshake and the HTTP/2 preface after it. Connections that never start the handshake, and
+/// connections that finish it but never send the preface, are closed. Before, the second kind
+/// was held for as long as the client liked (only the handshake had a deadline, 10 s fixed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_connections_stalled_in_the_handshake_or_before_the_preface_are_closed() {
+    use std::sync::Arc;
+    let pki = Pki::new("ca");
+    pki.issue("server", &["localhost"]);
+    let (cert, key) = (pki.path("server.pem"), pki.path("server.key"));
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(
+        dir.path(),
+        None,
+        &[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", &cert),
+            ("GRPC_SERVER_TLS_KEY", &key),
+            ("GRPC_HANDSHAKE_TIMEOUT", "1s"),
+        ],
+    );
+    const EACH: usize = 20;
+    let mut silent = flood(VICTIM, sluice.grpc, EACH, b"").await;
+
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls_pki_types::CertificateDer::from_pem_file(pki.path("ca.pem")).unwrap())
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let mut after_tls = Vec::new();
+    for _ in 0..EACH {
+        let tcp = TcpStream::connect(sluice.grpc).await.unwrap();
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        after_tls.push(connector.connect(name, tcp).await.expect("TLS handshake"));
+    }
+
+    let patience = Duration::from_secs(30);
+    let silent_closed = count_closed(&mut silent, patience).await;
+    let checks = after_tls.iter_mut().map(|s| closed_within(s, patience));
+    let tls_closed = futures::future::join_all(checks)
+        .await
+        .into_iter()
+        .filter(|closed| *closed)
+        .count();
+    eprintln!(
+        "closed by the server: {silent_closed} of {EACH} without a handshake, {tls_closed} of \
+         {EACH} without a preface after it"
+    );
+    assert_eq!((silent_closed, tls_closed), (EACH, EACH));
+    let counted = labelled(
+        &sluice,
+        "sluice_connections_closed_total",
+        "grpc",
+        "handshake_timeout",
+    );
+    assert_eq!(counted, 2 * EACH as u64);
 }

@@ -153,6 +153,7 @@ const SERIES: &[&str] = &[
     "sluice_store_errors_total",
     "sluice_connections_open",
     "sluice_connections_rejected_total",
+    "sluice_connections_closed_total",
     "sluice_descriptors_refused_total",
     "sluice_long_descriptor_parts_total",
     "sluice_script_errors_total",

@@ -213,6 +213,52 @@ async fn connection_age_through_envoy_loses_no_decision() {
     );
 }
 
+/// `GRPC_MAX_CONNECTION_IDLE` (1 s here) under a real Envoy: its connections to Sluice that sit
+/// idle get a GOAWAY and close, and Envoy's next calls go over a new connection without a
+/// single decision lost (issue #27, item 4: the idle timeout must not break a healthy Envoy).
+#[tokio::test]
+async fn idle_timeout_through_envoy_loses_no_decision() {
+    const LIMIT: usize = 5;
+    let config = config_dir(&format!(
+        "domain: example\n\
+         descriptors:\n\
+         \x20 - key: user\n\
+         \x20   rate_limit: {{ unit: day, requests_per_unit: {LIMIT} }}\n"
+    ));
+    let sluice = Sluice::start(config.path(), None, &[("GRPC_MAX_CONNECTION_IDLE", "1s")]);
+    let app = Upstream::start();
+    let envoy = Envoy::start(sluice.grpc, app.addr, &[]);
+    avoid_window_edge(24 * 3600, 60).await;
+    let user = [("x-user-id", "idle")];
+
+    let first = envoy.send(3, 1, Duration::ZERO, "/", &user);
+    // Three idle periods: the connection gets its GOAWAY and closes.
+    std::thread::sleep(Duration::from_secs(3));
+    let idle_closed =
+        sluice.metric("sluice_connections_closed_total{listener=\"grpc\",reason=\"idle\"}");
+    let second = envoy.send(4, 1, Duration::ZERO, "/", &user);
+    let stats = envoy.ratelimit_stats();
+    eprintln!("{first:?} then {second:?}; {idle_closed} idle connections closed; {stats:?}");
+    assert_eq!(first, StatusCounts([(200, 3)].into()));
+    assert_eq!(second, StatusCounts([(200, 2), (429, 2)].into()));
+    assert_eq!(
+        stats,
+        RatelimitStats {
+            ok: LIMIT as u64,
+            over_limit: 2,
+            error: 0,
+            failure_mode_allowed: 0,
+        },
+        "Envoy's ratelimit stats"
+    );
+    assert!(idle_closed >= 1.0, "no connection was closed for idleness");
+    assert_eq!(
+        envoy.stat("cluster.sluice.upstream_cx_destroy_with_active_rq"),
+        0,
+        "connections to Sluice closed under calls"
+    );
+}
+
 /// Under Istio the rate limit cluster is named `outbound|8081||<host>`, and Envoy sends that
 /// name as the `:authority` of its calls (and of its gRPC health checks). Sluice answers them
 /// (it used to reset every one, and Envoy, failing open, admitted everything).

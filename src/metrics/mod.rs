@@ -70,6 +70,7 @@ pub struct Metrics {
     pub limiter_clients_refused: IntCounter,
     pub connections_open: IntGaugeVec,
     pub connections_rejected: IntCounterVec,
+    pub connections_closed: IntCounterVec,
     descriptors_refused: IntCounterVec,
     long_parts: IntCounterVec,
     /// The bound on stat series named after request values (`MAX_DETAILED_METRIC_SERIES`).
@@ -256,8 +257,17 @@ impl Metrics {
             connections_rejected: counter_vec(
                 &r,
                 "sluice_connections_rejected_total",
-                "Connections closed at accept because MAX_CONNECTIONS were open, by listener",
-                &["listener"],
+                "Connections closed at accept, by listener and reason: max_connections (the \
+                 listener was full) or max_connections_per_peer (the peer had its share)",
+                &["listener", "reason"],
+            ),
+            connections_closed: counter_vec(
+                &r,
+                "sluice_connections_closed_total",
+                "Connections closed by the server because the client was silent, by listener \
+                 and reason: handshake_timeout (TLS handshake or HTTP/2 preface), \
+                 header_timeout (HTTP/1 request headers) or idle (gRPC, after a GOAWAY)",
+                &["listener", "reason"],
             ),
             descriptors_refused: counter_vec(
                 &r,

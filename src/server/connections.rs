@@ -1,4 +1,5 @@
-//! The cap on open connections per listener (`MAX_CONNECTIONS`).
+//! The caps on open connections per listener: `MAX_CONNECTIONS` in all, and
+//! `MAX_CONNECTIONS_PER_PEER` from one peer address.
 //!
 //! Each listener holds a semaphore with one permit per allowed connection. An accepted
 //! connection takes a permit and carries it until it is closed; when none is left, the new
@@ -7,19 +8,25 @@
 //! another replica) instead of a connect that hangs until its timeout, and keeps the file
 //! descriptors and memory of a connection flood bounded (about 14 KiB each, SECURITY.md).
 //!
-//! `sluice_connections_open{listener}` and `sluice_connections_rejected_total{listener}` show the
-//! cap at work.
+//! The per-peer cap is there so that one peer cannot take every permit: a flood from one
+//! address (issue #27: 10 000 sockets each holding an unfinished request) leaves the rest of
+//! the listener to the health probes and the other Envoys. Peers are told apart by IP address,
+//! IPv6 ones by their /64 (one host usually holds a whole /64, so counting its addresses one by
+//! one would give it millions of shares).
 //!
-//! It also owns the hard end of a gRPC connection's life ([`Expiring`]): tonic sends GOAWAY at
-//! `GRPC_MAX_CONNECTION_AGE` and lets the calls in flight finish, but it has no way to give up
-//! on them after `GRPC_MAX_CONNECTION_AGE_GRACE` without skipping the GOAWAY, so the connection
-//! itself stops working at age + grace.
+//! `sluice_connections_open{listener}` and `sluice_connections_rejected_total{listener,reason}`
+//! show the caps at work.
+//!
+//! It also owns the hard end of a gRPC connection's life ([`Expiring`]): the server sends GOAWAY
+//! at `GRPC_MAX_CONNECTION_AGE` and lets the calls in flight finish, and the connection itself
+//! stops working at age + `GRPC_MAX_CONNECTION_AGE_GRACE`, whatever it still carries.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -32,33 +39,68 @@ use tokio::time::Sleep;
 
 use crate::metrics::Metrics;
 
-/// The cap of one listener.
+/// The caps of one listener.
 #[derive(Clone)]
-pub struct ConnectionLimit {
+pub(crate) struct ConnectionLimit {
     /// `None`: no cap.
     permits: Option<Arc<Semaphore>>,
+    /// `None`: no per-peer cap.
+    peers: Option<Arc<PeerCounts>>,
     open: IntGauge,
-    rejected: IntCounter,
+    rejected_full: IntCounter,
+    rejected_peer: IntCounter,
+}
+
+/// The caps each listener enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// `MAX_CONNECTIONS`; zero: no cap.
+    pub max: usize,
+    /// `MAX_CONNECTIONS_PER_PEER`; zero: no cap.
+    pub per_peer: usize,
 }
 
 impl ConnectionLimit {
-    /// `max == 0` means no cap (the connections are still counted).
-    pub fn new(max: usize, listener: &str, metrics: &Metrics) -> ConnectionLimit {
+    /// A zero cap means no cap (the connections are still counted).
+    pub(crate) fn new(caps: Caps, listener: &str, metrics: &Metrics) -> ConnectionLimit {
+        let rejected = |reason| {
+            metrics
+                .connections_rejected
+                .with_label_values(&[listener, reason])
+        };
         ConnectionLimit {
-            permits: (max > 0).then(|| Arc::new(Semaphore::new(max))),
+            permits: (caps.max > 0).then(|| Arc::new(Semaphore::new(caps.max))),
+            peers: (caps.per_peer > 0).then(|| {
+                Arc::new(PeerCounts {
+                    max: caps.per_peer,
+                    held: Mutex::new(HashMap::new()),
+                })
+            }),
             open: metrics.connections_open.with_label_values(&[listener]),
-            rejected: metrics.connections_rejected.with_label_values(&[listener]),
+            rejected_full: rejected("max_connections"),
+            rejected_peer: rejected("max_connections_per_peer"),
         }
     }
 
-    /// Wraps `io` with a permit, or drops it (closing the connection) when the cap is reached.
-    pub fn admit<IO>(&self, io: IO) -> Option<Admitted<IO>> {
+    /// Wraps `io` with its permits, or drops it (closing the connection) when a cap is reached.
+    /// `peer` is the client's address (`None` on a Unix socket: no per-peer cap there).
+    pub(crate) fn admit<IO>(&self, io: IO, peer: Option<IpAddr>) -> Option<Admitted<IO>> {
+        let peer_slot = match (&self.peers, peer) {
+            (Some(peers), Some(peer)) => match peers.take(peer) {
+                Some(slot) => Some(slot),
+                None => {
+                    self.rejected_peer.inc();
+                    return None;
+                }
+            },
+            _ => None,
+        };
         let permit = match &self.permits {
             None => None,
             Some(permits) => match permits.clone().try_acquire_owned() {
                 Ok(permit) => Some(permit),
                 Err(_) => {
-                    self.rejected.inc();
+                    self.rejected_full.inc();
                     return None;
                 }
             },
@@ -67,13 +109,14 @@ impl ConnectionLimit {
         Some(Admitted {
             io,
             _permit: permit,
+            _peer: peer_slot,
             open: self.open.clone(),
         })
     }
 
     /// Accepts until a connection is admitted. Accept errors (out of file descriptors, say) are
     /// logged and retried after a pause rather than ending the listener.
-    pub async fn accept(&self, listener: &TcpListener) -> (Admitted<TcpStream>, SocketAddr) {
+    pub(crate) async fn accept(&self, listener: &TcpListener) -> (Admitted<TcpStream>, SocketAddr) {
         self.accept_from(|| async {
             let (stream, peer) = listener.accept().await?;
             // Rate limit answers are small and latency-bound.
@@ -84,7 +127,7 @@ impl ConnectionLimit {
     }
 
     /// [`Self::accept`] for any kind of listener, given as its accept call.
-    async fn accept_from<IO, Peer, Accepted>(
+    async fn accept_from<IO, Peer: PeerAddr, Accepted>(
         &self,
         mut accept: impl FnMut() -> Accepted,
     ) -> (Admitted<IO>, Peer)
@@ -94,7 +137,7 @@ impl ConnectionLimit {
         loop {
             match accept().await {
                 Ok((io, peer)) => {
-                    if let Some(admitted) = self.admit(io) {
+                    if let Some(admitted) = self.admit(io, peer.ip()) {
                         return (admitted, peer);
                     }
                 }
@@ -107,29 +150,101 @@ impl ConnectionLimit {
     }
 }
 
+/// A peer's address as the per-peer cap counts it.
+trait PeerAddr {
+    fn ip(&self) -> Option<IpAddr>;
+}
+
+impl PeerAddr for SocketAddr {
+    fn ip(&self) -> Option<IpAddr> {
+        Some(SocketAddr::ip(self))
+    }
+}
+
+impl PeerAddr for Option<IpAddr> {
+    fn ip(&self) -> Option<IpAddr> {
+        *self
+    }
+}
+
+/// Open connections per peer, for the per-peer cap. Only peers with a connection open are
+/// held, so the map is bounded by the listener's `MAX_CONNECTIONS`.
+struct PeerCounts {
+    max: usize,
+    held: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl PeerCounts {
+    /// One more connection for `peer`, unless it holds its share already.
+    fn take(self: &Arc<Self>, peer: IpAddr) -> Option<PeerSlot> {
+        let peer = peer_key(peer);
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let count = held.entry(peer).or_insert(0);
+        if *count >= self.max {
+            return None;
+        }
+        *count += 1;
+        Some(PeerSlot {
+            counts: self.clone(),
+            peer,
+        })
+    }
+}
+
+/// The address a peer is counted under: IPv4 as it is (IPv4-mapped IPv6 included), IPv6 by
+/// its /64.
+fn peer_key(peer: IpAddr) -> IpAddr {
+    match peer {
+        IpAddr::V4(_) => peer,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(v6.to_bits() & !u128::from(u64::MAX))),
+        },
+    }
+}
+
+/// One connection of a peer; dropping it gives the share back.
+struct PeerSlot {
+    counts: Arc<PeerCounts>,
+    peer: IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut held = self.counts.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = held.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.peer);
+            }
+        }
+    }
+}
+
 /// A listener the gRPC server accepts from: TCP, or a Unix socket (`GRPC_UDS`).
 pub(crate) trait Acceptor: Send + Sync + 'static {
     type Io: Send + 'static;
 
-    fn accept_io(&self) -> impl Future<Output = io::Result<(Self::Io, ())>> + Send;
+    fn accept_io(&self) -> impl Future<Output = io::Result<(Self::Io, Option<IpAddr>)>> + Send;
 }
 
 impl Acceptor for TcpListener {
     type Io = TcpStream;
 
-    async fn accept_io(&self) -> io::Result<(TcpStream, ())> {
-        let (stream, _) = self.accept().await?;
+    async fn accept_io(&self) -> io::Result<(TcpStream, Option<IpAddr>)> {
+        let (stream, peer) = self.accept().await?;
         // Rate limit answers are small and latency-bound.
         let _ = stream.set_nodelay(true);
-        Ok((stream, ()))
+        Ok((stream, Some(peer.ip())))
     }
 }
 
 impl Acceptor for UnixListener {
     type Io = UnixStream;
 
-    async fn accept_io(&self) -> io::Result<(UnixStream, ())> {
-        Ok((self.accept().await?.0, ()))
+    /// A Unix socket's peers are local processes, with no address to tell them apart.
+    async fn accept_io(&self) -> io::Result<(UnixStream, Option<IpAddr>)> {
+        Ok((self.accept().await?.0, None))
     }
 }
 
@@ -141,34 +256,32 @@ pub(crate) fn incoming<L: Acceptor>(
     lifetime: Option<Duration>,
 ) -> impl Stream<Item = io::Result<Expiring<Admitted<L::Io>>>> + Send + 'static {
     futures::stream::unfold((listener, limit), move |(listener, limit)| async move {
-        let (admitted, ()) = limit.accept_from(|| listener.accept_io()).await;
+        let (admitted, _) = limit.accept_from(|| listener.accept_io()).await;
         Some((Ok(Expiring::new(admitted, lifetime)), (listener, limit)))
     })
 }
 
-/// A listener for axum that admits connections under `limit`.
+/// A TCP listener that admits connections under `limit` (the HTTP/1 listeners).
 pub(crate) struct LimitedListener {
     pub listener: TcpListener,
     pub limit: ConnectionLimit,
 }
 
-impl axum::serve::Listener for LimitedListener {
-    type Io = Admitted<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        self.limit.accept(&self.listener).await
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
+impl LimitedListener {
+    /// The admitted connections, as the HTTP/1 server serves them.
+    pub(crate) fn incoming(self) -> impl Stream<Item = io::Result<Admitted<TcpStream>>> + Send {
+        futures::stream::unfold(self, |this| async move {
+            let (admitted, _) = this.limit.accept(&this.listener).await;
+            Some((Ok(admitted), this))
+        })
     }
 }
 
 /// A connection holding its permit: closing (dropping) it gives the permit back.
-pub struct Admitted<IO> {
+pub(crate) struct Admitted<IO> {
     io: IO,
     _permit: Option<OwnedSemaphorePermit>,
+    _peer: Option<PeerSlot>,
     open: IntGauge,
 }
 
@@ -241,7 +354,7 @@ pub(crate) struct Expired;
 /// the deadline: an idle connection waits in a read, so the deadline still ends it. Polling the
 /// timer on every operation, as this did before, registered the task's waker with it about six
 /// times per request.
-pub struct Expiring<IO> {
+pub(crate) struct Expiring<IO> {
     io: IO,
     /// `None`: no deadline.
     deadline: Option<Pin<Box<Sleep>>>,
@@ -252,7 +365,7 @@ pub struct Expiring<IO> {
 
 impl<IO> Expiring<IO> {
     /// `io`, closed `lifetime` from now (`None`: never).
-    pub fn new(io: IO, lifetime: Option<Duration>) -> Expiring<IO> {
+    pub(crate) fn new(io: IO, lifetime: Option<Duration>) -> Expiring<IO> {
         Expiring {
             io,
             // `sleep` saturates a deadline too far away to represent, so any lifetime is fine.
@@ -374,6 +487,48 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+
+    #[test]
+    fn each_peer_gets_its_share_and_gets_it_back_on_close() {
+        let metrics = Metrics::new(0.8);
+        let caps = Caps {
+            max: 5,
+            per_peer: 2,
+        };
+        let limit = ConnectionLimit::new(caps, "test", &metrics);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let first = limit.admit((), Some(a)).expect("a's first");
+        let _second = limit.admit((), Some(a)).expect("a's second");
+        assert!(limit.admit((), Some(a)).is_none(), "a over its share");
+        // The same host over IPv4-mapped IPv6 is the same peer.
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert!(limit.admit((), Some(mapped)).is_none());
+        let _b = limit.admit((), Some(b)).expect("another peer");
+        // A Unix socket's peers have no address: only the total cap applies.
+        let _unix = limit.admit((), None).expect("no address");
+        drop(first);
+        let _again = limit.admit((), Some(a)).expect("a's share is back");
+        let _b2 = limit.admit((), Some(b)).expect("b's second");
+        // Five open: the total cap now.
+        assert!(limit.admit((), None).is_none());
+        let rejected = |reason| {
+            metrics
+                .connections_rejected
+                .with_label_values(&["test", reason])
+                .get()
+        };
+        assert_eq!(rejected("max_connections_per_peer"), 2);
+        assert_eq!(rejected("max_connections"), 1);
+    }
+
+    #[test]
+    fn an_ipv6_peer_is_counted_by_its_64() {
+        let key = |s: &str| peer_key(s.parse().unwrap());
+        assert_eq!(key("2001:db8:1:2:aaaa::1"), key("2001:db8:1:2:bbbb::2"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+        assert_eq!(key("::ffff:192.0.2.7"), key("192.0.2.7"));
+    }
 
     #[tokio::test]
     async fn an_expiring_connection_works_until_its_lifetime_and_then_fails_even_when_idle() {

@@ -14,6 +14,7 @@ use axum::routing::get;
 
 use super::ServeError;
 use super::connections::LimitedListener;
+use super::serving::{Closed, Http1Options};
 use crate::config::UpstreamDumpLine;
 use crate::metrics::Metrics;
 use crate::rls::RateLimiter;
@@ -36,6 +37,8 @@ struct DebugState {
 /// Serves the debug endpoints on `listener` until `stopped`.
 pub(crate) fn serve(
     listener: LimitedListener,
+    options: Http1Options,
+    closed: Closed,
     limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
     stopped: impl Future<Output = ()> + Send + 'static,
@@ -45,12 +48,7 @@ pub(crate) fn serve(
         .route("/rlconfig", get(rlconfig))
         .route("/stats", get(stats))
         .with_state(DebugState { limiter, metrics });
-    async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stopped)
-            .await
-            .map_err(ServeError::Http)
-    }
+    super::http::run(listener, options, closed, app, stopped)
 }
 
 fn text(body: String) -> Response {

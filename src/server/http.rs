@@ -9,7 +9,6 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use super::connections::LimitedListener;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -18,7 +17,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 
+use super::connections::LimitedListener;
 use super::rls::error_type;
+use super::serving::{self, Closed, Http1Options};
 use super::{Health, ServeError};
 use crate::metrics::Metrics;
 use crate::proto::{self, Code, RateLimitRequest};
@@ -81,8 +82,11 @@ impl JsonMapping {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn serve(
     listener: LimitedListener,
+    options: Http1Options,
+    closed: Closed,
     limiter: Arc<RateLimiter>,
     health: Health,
     observability: Observability,
@@ -100,13 +104,15 @@ pub(crate) fn serve(
         .route("/rlconfig", get(rlconfig))
         .route("/json", post(json))
         .with_state(state);
-    run(listener, app, stopped)
+    run(listener, options, closed, app, stopped)
 }
 
 /// Upstream's separate metrics listener (`USE_PROMETHEUS`): only `path`, the same text as
 /// `/metrics` on the HTTP port.
 pub(crate) fn serve_metrics(
     listener: LimitedListener,
+    options: Http1Options,
+    closed: Closed,
     path: &str,
     observability: Observability,
     stopped: impl Future<Output = ()> + Send + 'static,
@@ -117,18 +123,19 @@ pub(crate) fn serve_metrics(
             get(|State(o): State<Observability>| async move { render_metrics(&o) }),
         )
         .with_state(observability);
-    run(listener, app, stopped)
+    run(listener, options, closed, app, stopped)
 }
 
-async fn run(
+/// Serves `app` on `listener` until `stopped` (see `serving` for the timeouts).
+pub(crate) async fn run(
     listener: LimitedListener,
+    options: Http1Options,
+    closed: Closed,
     app: Router,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(stopped)
-        .await
-        .map_err(ServeError::Http)
+    serving::serve_http1(listener.incoming(), app, options, closed, stopped).await;
+    Ok(())
 }
 
 async fn healthcheck(State(state): State<AppState>) -> Response {

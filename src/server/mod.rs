@@ -1,6 +1,6 @@
 //! The listeners: gRPC (Envoy's RLS, health, reflection, and the native API there or on its
-//! own port), HTTP (`/healthcheck`, `/json`, `/metrics`, `/rlconfig`), their TLS, connection cap
-//! and connection age, live config reload, and the health status. Each takes the options it
+//! own port), HTTP (`/healthcheck`, `/json`, `/metrics`, `/rlconfig`), their TLS, connection caps,
+//! timeouts and connection age, live config reload, and the health status. Each takes the options it
 //! needs; `app` builds them from the settings, wires them to the limiters and runs them.
 
 pub(crate) mod connections;
@@ -10,6 +10,7 @@ pub(crate) mod http;
 pub(crate) mod named;
 pub mod reload;
 pub(crate) mod rls;
+pub(crate) mod serving;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -18,6 +19,7 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, UnixListener};
 
+pub use connections::Caps;
 pub use health::Health;
 
 use crate::config::ConfigErrors;
@@ -88,7 +90,7 @@ pub(crate) fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
     UnixListener::bind(path).map_err(error)
 }
 
-/// What every gRPC listener needs to know (from `GRPC_*`, `MAX_CONNECTIONS` and the reload
+/// What every gRPC listener needs to know (from `GRPC_*`, `MAX_CONNECTIONS*` and the reload
 /// interval, which also paces certificate reloads).
 #[derive(Debug, Clone)]
 pub struct GrpcOptions {
@@ -96,8 +98,13 @@ pub struct GrpcOptions {
     pub max_connection_age: Duration,
     /// `GRPC_MAX_CONNECTION_AGE_GRACE`: closed this long after the GOAWAY; zero never.
     pub max_connection_age_grace: Duration,
-    /// `MAX_CONNECTIONS` per listener; zero: no cap.
-    pub max_connections: usize,
+    /// `GRPC_MAX_CONNECTION_IDLE`: GOAWAY after this long without a call in flight; zero never.
+    pub max_connection_idle: Duration,
+    /// `GRPC_HANDSHAKE_TIMEOUT`: TLS handshake and HTTP/2 preface done this long after the
+    /// accept, or the connection is closed; zero: no deadline.
+    pub handshake_timeout: Duration,
+    /// `MAX_CONNECTIONS` and `MAX_CONNECTIONS_PER_PEER`, per listener.
+    pub caps: Caps,
     pub tls: Option<tls::ServerTls>,
     pub reload_interval: Duration,
 }

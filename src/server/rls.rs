@@ -15,6 +15,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tokio::net::TcpListener;
@@ -25,6 +26,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::connections::{self, ConnectionLimit};
 use super::named::NamedApiService;
+use super::serving::{self, Closed, Http2Options, Preface};
 use super::{GrpcListener, GrpcOptions, ServeError, tls};
 use crate::metrics::{ApiMetrics, Metrics};
 use crate::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
@@ -132,13 +134,13 @@ where
         + 'static,
     H::Future: Send + 'static,
 {
-    let limit = ConnectionLimit::new(options.max_connections, "grpc", &metrics);
+    let limit = ConnectionLimit::new(options.caps, "grpc", &metrics);
+    let closed = Closed::new("grpc", &metrics);
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    let router = builder(options)
-        .add_service(health)
+    let mut routes = tonic::service::Routes::new(health)
         .add_service(reflection)
         .add_service(
             RateLimitServiceServer::new(RateLimitService {
@@ -147,9 +149,11 @@ where
                 metrics,
             })
             .max_decoding_message_size(MAX_REQUEST_BYTES),
-        )
-        .add_optional_service(limiter_api);
-    listen(router, listener, limit, options, stopped)
+        );
+    if let Some(api) = limiter_api {
+        routes = routes.add_service(api);
+    }
+    listen(routes, listener, limit, closed, options, stopped)
 }
 
 /// Serves only the native API on a listener of its own (`LIMITER_GRPC_PORT`), with the gRPC
@@ -161,28 +165,35 @@ pub(crate) fn serve_named_api(
     metrics: &Metrics,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError> {
-    let limit = ConnectionLimit::new(options.max_connections, "limiter_api", metrics);
-    let router = builder(options).add_service(service);
-    listen(router, GrpcListener::Tcp(listener), limit, options, stopped)
+    let limit = ConnectionLimit::new(options.caps, "limiter_api", metrics);
+    let closed = Closed::new("limiter_api", metrics);
+    let routes = tonic::service::Routes::new(service);
+    listen(
+        routes,
+        GrpcListener::Tcp(listener),
+        limit,
+        closed,
+        options,
+        stopped,
+    )
 }
 
 /// The HTTP/2 settings every gRPC listener shares.
 ///
-/// Connection age: at the age tonic sends GOAWAY (hyper's graceful shutdown) and lets the calls
-/// in flight finish; at age + grace the listener closes the connection
-/// (`connections::Expiring`, see [`lifetime`]). tonic is not given the grace: with one it would
-/// drop the connection at age + grace without ever sending GOAWAY. Zero turns either off, as
-/// upstream (grpc-go reads 0 as "never").
-fn builder(options: &GrpcOptions) -> tonic::transport::Server {
-    let mut builder = tonic::transport::Server::builder();
-    if !options.max_connection_age.is_zero() {
-        builder = builder.max_connection_age(options.max_connection_age);
-    }
-    builder
+/// Connection age: at the age the server sends GOAWAY (hyper's graceful shutdown) and lets the
+/// calls in flight finish; at age + grace the listener closes the connection
+/// (`connections::Expiring`, see [`lifetime`]). Zero turns either off, as upstream (grpc-go
+/// reads 0 as "never"), and so does `GRPC_MAX_CONNECTION_IDLE`.
+fn http2_options(options: &GrpcOptions) -> Http2Options {
+    let nonzero = |d: Duration| (!d.is_zero()).then_some(d);
+    Http2Options {
         // Bounds per connection, so one client cannot hold unbounded server state.
-        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        max_streams: MAX_STREAMS_PER_CONNECTION,
+        keepalive_interval: Duration::from_secs(30),
+        keepalive_timeout: Duration::from_secs(10),
+        max_age: nonzero(options.max_connection_age),
+        max_idle: nonzero(options.max_connection_idle),
+    }
 }
 
 /// How long a connection may live in all: age + grace, when both are set.
@@ -192,47 +203,72 @@ fn lifetime(options: &GrpcOptions) -> Option<Duration> {
     (!age.is_zero() && !grace.is_zero()).then(|| age.saturating_add(grace))
 }
 
+/// Wraps each accepted connection in a [`Preface`] whose deadline is `handshake` from now: the
+/// accept has just happened when the server takes the connection from the stream.
+fn with_preface<IO>(
+    handshake: Option<Duration>,
+    closed: Closed,
+) -> impl FnMut(std::io::Result<IO>) -> std::io::Result<Preface<IO>> {
+    move |io| {
+        let deadline = handshake.map(|t| tokio::time::Instant::now() + t);
+        io.map(|io| Preface::new(io, deadline, &closed))
+    }
+}
+
 /// A gRPC listener at work, until it stops or fails.
 type Serving = Pin<Box<dyn Future<Output = Result<(), ServeError>> + Send>>;
 
-/// Accepts on `listener` (with TLS when configured) until `stopped`.
+/// Accepts on `listener` (with TLS when configured) until `stopped`. Every connection must
+/// send its HTTP/2 preface (after its TLS handshake) within `GRPC_HANDSHAKE_TIMEOUT` of the
+/// accept ([`Preface`]).
 fn listen(
-    router: tonic::transport::server::Router,
+    routes: tonic::service::Routes,
     listener: GrpcListener,
     limit: ConnectionLimit,
+    closed: Closed,
     options: &GrpcOptions,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Serving, ServeError> {
     let lifetime = lifetime(options);
+    let http2 = http2_options(options);
+    let handshake = (!options.handshake_timeout.is_zero()).then_some(options.handshake_timeout);
     let listener = match listener {
         GrpcListener::Tcp(listener) => listener,
         GrpcListener::Unix(_) if options.tls.is_some() => return Err(ServeError::TlsOnUnixSocket),
         GrpcListener::Unix(listener) => {
-            let incoming = connections::incoming(listener, limit, lifetime);
-            let serving = router.serve_with_incoming_shutdown(incoming, stopped);
-            return Ok(Box::pin(
-                async move { serving.await.map_err(ServeError::from) },
-            ));
+            let incoming = connections::incoming(listener, limit, lifetime)
+                .map(with_preface(handshake, closed.clone()));
+            return Ok(Box::pin(async move {
+                serving::serve_http2(incoming, routes, http2, closed, stopped).await;
+                Ok(())
+            }));
         }
     };
-    let serving: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
-        match &options.tls {
-            None => {
-                let incoming = connections::incoming(listener, limit, lifetime);
-                Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
-            }
-            Some(tls) => {
-                let incoming = tls::incoming(
-                    listener,
-                    limit,
-                    tls.clone(),
-                    options.reload_interval,
-                    lifetime,
-                )?;
-                Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
-            }
-        };
-    Ok(Box::pin(
-        async move { serving.await.map_err(ServeError::from) },
-    ))
+    match &options.tls {
+        None => {
+            let incoming = connections::incoming(listener, limit, lifetime)
+                .map(with_preface(handshake, closed.clone()));
+            Ok(Box::pin(async move {
+                serving::serve_http2(incoming, routes, http2, closed, stopped).await;
+                Ok(())
+            }))
+        }
+        Some(tls) => {
+            let incoming = tls::incoming(
+                listener,
+                limit,
+                tls::Handshake {
+                    tls: tls.clone(),
+                    reload_interval: options.reload_interval,
+                    timeout: handshake,
+                    closed: closed.clone(),
+                },
+                lifetime,
+            )?;
+            Ok(Box::pin(async move {
+                serving::serve_http2(incoming, routes, http2, closed, stopped).await;
+                Ok(())
+            }))
+        }
+    }
 }

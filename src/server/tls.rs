@@ -4,7 +4,8 @@
 //! The certificate, key and client CA files are read again whenever they change (checked every
 //! `reload_interval`), so rotated certificates apply to new connections without a restart; a set
 //! of files that does not load keeps the previous one. Handshakes run in their own tasks with a
-//! deadline, so a slow or silent client cannot hold up the accept loop.
+//! deadline (`GRPC_HANDSHAKE_TIMEOUT`, shared with the HTTP/2 preface that follows), so a slow
+//! or silent client can neither hold up the accept loop nor keep its connection slot.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,9 +22,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use crate::server::connections::{Admitted, ConnectionLimit, Expiring};
-
-/// Longest a TLS handshake may take.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::server::serving::{Closed, Preface};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerTls {
@@ -117,20 +116,37 @@ impl ServerTls {
     }
 }
 
-/// A TLS connection as tonic serves it.
-pub type Connection = Expiring<TlsStream<Admitted<TcpStream>>>;
+/// A TLS connection as the gRPC server serves it.
+pub(crate) type Connection = Expiring<Preface<TlsStream<Admitted<TcpStream>>>>;
+
+/// How a listener's TLS handshakes are done.
+pub(crate) struct Handshake {
+    pub tls: ServerTls,
+    /// How often the files are looked at for a rotation; zero: never.
+    pub reload_interval: Duration,
+    /// `GRPC_HANDSHAKE_TIMEOUT`: the handshake and then the HTTP/2 preface must be done this
+    /// long after the accept; `None`: no deadline.
+    pub timeout: Option<Duration>,
+    /// Counts the connections closed at that deadline.
+    pub closed: Closed,
+}
 
 /// Accepts TCP connections on `listener` and yields the ones whose TLS handshake succeeds.
 /// Connections count against `limit` from the TCP accept on, so handshakes in progress are
 /// capped too. Each is closed `lifetime` after its handshake (`None`: never); the wrapper sits
 /// outside TLS so that the server sees the failure directly.
-pub fn incoming(
+pub(crate) fn incoming(
     listener: TcpListener,
     limit: ConnectionLimit,
-    tls: ServerTls,
-    reload_interval: Duration,
+    handshake: Handshake,
     lifetime: Option<Duration>,
 ) -> Result<tokio_stream::wrappers::ReceiverStream<std::io::Result<Connection>>, TlsError> {
+    let Handshake {
+        tls,
+        reload_interval,
+        timeout,
+        closed,
+    } = handshake;
     let config = Arc::new(ArcSwap::new(tls.load()?));
     let tls = Arc::new(tls);
     if !reload_interval.is_zero() {
@@ -140,21 +156,31 @@ pub fn incoming(
     tokio::spawn(async move {
         loop {
             let (tcp, peer) = limit.accept(&listener).await;
+            let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
             let acceptor = TlsAcceptor::from(config.load_full());
             if tx.is_closed() {
                 return;
             }
-            let (tx, tls) = (tx.clone(), tls.clone());
+            let (tx, tls, closed) = (tx.clone(), tls.clone(), closed.clone());
             tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                let handshake = acceptor.accept(tcp);
+                let done = match deadline {
+                    Some(deadline) => tokio::time::timeout_at(deadline, handshake).await,
+                    None => Ok(handshake.await),
+                };
+                match done {
                     Ok(Ok(stream)) if tls.client_allowed(&stream) => {
+                        let stream = Preface::new(stream, deadline, &closed);
                         let _ = tx.send(Ok(Expiring::new(stream, lifetime))).await;
                     }
                     Ok(Ok(_)) => {
                         tracing::debug!(%peer, "client certificate lacks the required name")
                     }
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    Err(_) => {
+                        closed.handshake_timeout();
+                        tracing::debug!(%peer, "TLS handshake timed out (GRPC_HANDSHAKE_TIMEOUT)")
+                    }
                 }
             });
         }
