@@ -33,6 +33,7 @@ use prometheus::{
 
 use crate::config::{Algorithm, Limit, Quota};
 use crate::proto::DescriptorEntry;
+use crate::util::shown;
 use crate::store::{ConnectionCounts, Outcome};
 
 #[derive(Debug)]
@@ -559,10 +560,11 @@ pub fn split(hits: u64, after: u64, limit: u64, ratio: f64) -> (u64, u64, u64) {
 /// `value_to_metric` levels or everywhere with `detailed_metric`, runtime values for an override;
 /// a limit of a `rate_limits` list adds `_<label>` to the last segment (`Stats::suffix`).
 pub fn stats_key<'l>(limit: &'l Limit, entries: &[DescriptorEntry]) -> Cow<'l, str> {
+    // Keys and values are the client's bytes: shown as text, invalid UTF-8 escaped (`util::shown`).
     let runtime = |i: usize, e: &DescriptorEntry| match limit.shared_value(i) {
-        Some(pattern) => format!("{}_{pattern}", e.key),
-        None if e.value.is_empty() => e.key.clone(),
-        None => format!("{}_{}", e.key, e.value),
+        Some(pattern) => format!("{}_{pattern}", shown(&e.key)),
+        None if e.value.is_empty() => shown(&e.key).into_owned(),
+        None => format!("{}_{}", shown(&e.key), shown(&e.value)),
     };
     let stats = &limit.stats;
     if limit.origin.is_none() || stats.detailed {
