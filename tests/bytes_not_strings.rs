@@ -224,3 +224,79 @@ fn json_takes_strings_for_byte_fields() {
     let statuses: Vec<u16> = (0..3).map(|_| sluice.http("POST", "/json", body).0).collect();
     assert_eq!(statuses, [200, 200, 429]);
 }
+
+/// A route that copies `x-big` into 20 descriptors (`big0` … `big19`): a 55 KB header, within
+/// Envoy's 60 KiB default, makes a call of about 1.1 MB, over Sluice's 1 MiB.
+fn envoy_with_twenty_copies(sluice: SocketAddr, app: SocketAddr) -> Envoy {
+    let user_action = concat!(
+        "                              - actions:\n",
+        "                                  - request_headers:\n",
+        "                                      header_name: x-user-id\n",
+        "                                      descriptor_key: user\n",
+    );
+    let make = move |listener, admin| {
+        let yaml = common::envoy::shipped_config(listener, admin, sluice, app);
+        // The last occurrence is the `/` route's.
+        let at = yaml.rfind(user_action).expect("the shipped `/` route has a user action");
+        let copies: String = (0..20)
+            .map(|i| user_action.replace("x-user-id", "x-big").replace("user\n", &format!("big{i}\n")))
+            .collect();
+        format!("{}{copies}{}", &yaml[..at], &yaml[at + user_action.len()..])
+    };
+    Envoy::start_bootstrap(make, "sluice", sluice, app)
+}
+
+/// Issue #27 item 9: a call over the 1 MiB message limit was refused (`OUT_OF_RANGE`) and
+/// Envoy failed open. It is answered `OVER_LIMIT` (429 through Envoy, no error), uncounted;
+/// a large call within the limit is decoded and judged as before.
+#[tokio::test]
+async fn request_over_the_size_limit_is_refused_not_an_error() {
+    let config = config_dir(
+        "domain: example\ndescriptors:\n  - key: big0\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n",
+    );
+    let sluice = Sluice::start(config.path(), None, &[]);
+    let app = Upstream::start();
+    let envoy = envoy_with_twenty_copies(sluice.grpc, app.addr);
+    avoid_window_edge(3600, 30).await;
+    let get = |size: usize| {
+        let value = "a".repeat(size);
+        common::envoy::http_status(envoy.listener, "/", &[("x-big", value.as_str())])
+    };
+    // 20 × 20 KB: 400 KB, decoded and judged (big0: 1 an hour).
+    assert_eq!((get(20_000), get(20_000)), (200, 429), "within the size limit");
+    // 20 × 55 KB: 1.1 MB. A new value, so it would be admitted if it were judged or failed.
+    assert_eq!(get(55_000), 429, "over the size limit; Envoy's log:\n{}", envoy.log());
+    assert_eq!(
+        envoy.ratelimit_stats(),
+        RatelimitStats {
+            ok: 1,
+            over_limit: 2,
+            error: 0,
+            failure_mode_allowed: 0,
+        }
+    );
+    assert_eq!(
+        sluice.metric("sluice_descriptors_refused_total{reason=\"request_too_large\"}"),
+        1.0
+    );
+
+    // Straight over gRPC: OVER_LIMIT with no statuses, never an error.
+    let mut client = sluice
+        .client()
+        .await
+        .max_encoding_message_size(4 << 20)
+        .max_decoding_message_size(4 << 20);
+    let huge = raw_request(b"example", b"big1", &vec![b'x'; 2 << 20]);
+    let reply = client.should_rate_limit(huge).await.unwrap().into_inner();
+    assert_eq!(
+        (Code::try_from(reply.overall_code).unwrap(), reply.statuses.len()),
+        (Code::OverLimit, 0)
+    );
+    // The connection still serves ordinary calls.
+    let reply = client
+        .should_rate_limit(raw_request(b"example", b"big1", b"v"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(Code::try_from(reply.overall_code).unwrap(), Code::Ok);
+}

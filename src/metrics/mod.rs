@@ -594,6 +594,27 @@ pub fn stats_key<'l>(limit: &'l Limit, entries: &[DescriptorEntry]) -> Cow<'l, s
 mod tests {
     use super::{Metrics, split};
 
+    /// Values that are not UTF-8 show in stat names with the invalid bytes as `\xNN`; valid
+    /// ones exactly as before.
+    #[test]
+    fn stats_keys_show_bytes_that_are_not_utf8_escaped() {
+        use crate::config::{Limit, Unit};
+        use crate::proto::DescriptorEntry;
+        let limit = Limit::from_override(5, Unit::Hour);
+        let entry = |value: &[u8]| DescriptorEntry {
+            key: b"user".to_vec(),
+            value: value.to_vec(),
+        };
+        assert_eq!(
+            super::stats_key(&limit, &[entry(b"userC\xff")]),
+            "user_userC\\xFF"
+        );
+        assert_eq!(
+            super::stats_key(&limit, &[entry("caf\u{e9}".as_bytes())]),
+            "user_caf\u{e9}"
+        );
+    }
+
     #[test]
     fn response_times_in_milliseconds_when_asked_as_upstreams_legacy_series() {
         // 20 ms of waiting: at least 20 in milliseconds, well under 1 in seconds.
