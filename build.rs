@@ -30,7 +30,11 @@ const PROTOS: &[&str] = &[
 
 /// The client-controlled `string` fields decoded as bytes: (package, message path, field).
 const AS_BYTES: &[(&str, &[&str], &str)] = &[
-    ("envoy.service.ratelimit.v3", &["RateLimitRequest"], "domain"),
+    (
+        "envoy.service.ratelimit.v3",
+        &["RateLimitRequest"],
+        "domain",
+    ),
     (
         "envoy.extensions.common.ratelimit.v3",
         &["RateLimitDescriptor", "Entry"],

@@ -50,7 +50,10 @@ fn get_as_user(envoy: SocketAddr, user: &[u8]) -> u16 {
 fn statuses(envoy: &Envoy, user: &[u8], n: usize) -> StatusCounts {
     let mut counts = StatusCounts::default();
     for _ in 0..n {
-        *counts.0.entry(get_as_user(envoy.listener, user)).or_default() += 1;
+        *counts
+            .0
+            .entry(get_as_user(envoy.listener, user))
+            .or_default() += 1;
     }
     counts
 }
@@ -170,7 +173,10 @@ async fn raw_bytes_over_grpc_are_judged_never_refused() {
             [O, O, X]
         );
         // Not the configured `café`: no limit at all (no default under `e`).
-        assert_eq!(codes(raw_request(b"d", b"e", b"caf\xe9"), 3).await, [O, O, O]);
+        assert_eq!(
+            codes(raw_request(b"d", b"e", b"caf\xe9"), 3).await,
+            [O, O, O]
+        );
         assert_eq!(
             codes(raw_request(b"d", b"e", "caf\u{e9}".as_bytes()), 3).await,
             [O, O, X]
@@ -221,7 +227,9 @@ fn json_takes_strings_for_byte_fields() {
     let config = config_dir(BYTE_LIMITS);
     let sluice = Sluice::start(config.path(), None, &[]);
     let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"e","value":"caf\u00e9"}]}]}"#;
-    let statuses: Vec<u16> = (0..3).map(|_| sluice.http("POST", "/json", body).0).collect();
+    let statuses: Vec<u16> = (0..3)
+        .map(|_| sluice.http("POST", "/json", body).0)
+        .collect();
     assert_eq!(statuses, [200, 200, 429]);
 }
 
@@ -237,9 +245,15 @@ fn envoy_with_twenty_copies(sluice: SocketAddr, app: SocketAddr) -> Envoy {
     let make = move |listener, admin| {
         let yaml = common::envoy::shipped_config(listener, admin, sluice, app);
         // The last occurrence is the `/` route's.
-        let at = yaml.rfind(user_action).expect("the shipped `/` route has a user action");
+        let at = yaml
+            .rfind(user_action)
+            .expect("the shipped `/` route has a user action");
         let copies: String = (0..20)
-            .map(|i| user_action.replace("x-user-id", "x-big").replace("user\n", &format!("big{i}\n")))
+            .map(|i| {
+                user_action
+                    .replace("x-user-id", "x-big")
+                    .replace("user\n", &format!("big{i}\n"))
+            })
             .collect();
         format!("{}{copies}{}", &yaml[..at], &yaml[at + user_action.len()..])
     };
@@ -263,9 +277,18 @@ async fn request_over_the_size_limit_is_refused_not_an_error() {
         common::envoy::http_status(envoy.listener, "/", &[("x-big", value.as_str())])
     };
     // 20 × 20 KB: 400 KB, decoded and judged (big0: 1 an hour).
-    assert_eq!((get(20_000), get(20_000)), (200, 429), "within the size limit");
+    assert_eq!(
+        (get(20_000), get(20_000)),
+        (200, 429),
+        "within the size limit"
+    );
     // 20 × 55 KB: 1.1 MB. A new value, so it would be admitted if it were judged or failed.
-    assert_eq!(get(55_000), 429, "over the size limit; Envoy's log:\n{}", envoy.log());
+    assert_eq!(
+        get(55_000),
+        429,
+        "over the size limit; Envoy's log:\n{}",
+        envoy.log()
+    );
     assert_eq!(
         envoy.ratelimit_stats(),
         RatelimitStats {
@@ -289,7 +312,10 @@ async fn request_over_the_size_limit_is_refused_not_an_error() {
     let huge = raw_request(b"example", b"big1", &vec![b'x'; 2 << 20]);
     let reply = client.should_rate_limit(huge).await.unwrap().into_inner();
     assert_eq!(
-        (Code::try_from(reply.overall_code).unwrap(), reply.statuses.len()),
+        (
+            Code::try_from(reply.overall_code).unwrap(),
+            reply.statuses.len()
+        ),
         (Code::OverLimit, 0)
     );
     // The connection still serves ordinary calls.

@@ -99,7 +99,11 @@ mod tests {
     fn bytes_that_are_not_utf8_match_by_bytes() {
         let w = Wildcard::new("user*").unwrap();
         assert!(w.matches(b"userC\xff"));
-        assert!(Wildcard::new("*\u{e9}").unwrap().matches("caf\u{e9}".as_bytes()));
+        assert!(
+            Wildcard::new("*\u{e9}")
+                .unwrap()
+                .matches("caf\u{e9}".as_bytes())
+        );
         assert!(!Wildcard::new("*x").unwrap().matches(b"\xffy"));
         assert!(Wildcard::new("a*b*c").unwrap().matches(b"a\xc3b\x80c"));
     }

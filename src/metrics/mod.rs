@@ -33,8 +33,8 @@ use prometheus::{
 
 use crate::config::{Algorithm, Limit, Quota};
 use crate::proto::DescriptorEntry;
-use crate::util::shown;
 use crate::store::{ConnectionCounts, Outcome};
+use crate::util::shown;
 
 #[derive(Debug)]
 pub struct Metrics {
