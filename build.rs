@@ -4,8 +4,22 @@
 //! without a `protoc` binary and the build does not depend on whichever `protoc` happens to be
 //! installed. The encoded descriptor set is also written to OUT_DIR: the server uses it for gRPC
 //! reflection and for the proto3-JSON mapping of the HTTP `/json` endpoint.
+//!
+//! # Bytes, not strings, for what a client can put in a request
+//!
+//! `RateLimitRequest.domain` and `RateLimitDescriptor.Entry.key`/`value` are proto3 `string`s,
+//! but Envoy copies HTTP/1 header bytes (obs-text, 0x80–0xFF) into them unchanged. A generated
+//! `String` field makes prost refuse the whole message on invalid UTF-8, tonic answers
+//! `INTERNAL`, and Envoy fails open: one byte would switch every limit off (issue #27). So the
+//! Rust types are generated from a copy of the descriptors where those three fields are `bytes`
+//! (the same wire format: length-delimited), and the service judges whatever bytes arrive. The
+//! encoded set written to OUT_DIR keeps the original `string` types, so reflection and the JSON
+//! mapping show the protocol as Envoy defines it.
 
 use std::path::PathBuf;
+
+use prost_types::field_descriptor_proto::Type;
+use prost_types::{DescriptorProto, FileDescriptorSet};
 
 const PROTOS: &[&str] = &[
     "envoy/service/ratelimit/v3/rls.proto",
@@ -14,12 +28,31 @@ const PROTOS: &[&str] = &[
     "sluice/v1/limiter.proto",
 ];
 
+/// The client-controlled `string` fields decoded as bytes: (package, message path, field).
+const AS_BYTES: &[(&str, &[&str], &str)] = &[
+    (
+        "envoy.service.ratelimit.v3",
+        &["RateLimitRequest"],
+        "domain",
+    ),
+    (
+        "envoy.extensions.common.ratelimit.v3",
+        &["RateLimitDescriptor", "Entry"],
+        "key",
+    ),
+    (
+        "envoy.extensions.common.ratelimit.v3",
+        &["RateLimitDescriptor", "Entry"],
+        "value",
+    ),
+];
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     let mut compiler = protox::Compiler::new(["proto"])?;
     compiler.include_imports(true).include_source_info(false);
     compiler.open_files(PROTOS)?;
-    let descriptors = compiler.file_descriptor_set();
+    let mut descriptors = compiler.file_descriptor_set();
 
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(
@@ -27,9 +60,53 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         compiler.encode_file_descriptor_set(),
     )?;
 
+    for (package, path, field) in AS_BYTES {
+        as_bytes(&mut descriptors, package, path, field)?;
+    }
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
         .compile_fds(descriptors)?;
     Ok(())
+}
+
+/// Turns one `string` field into `bytes`; fails the build when the field is not found or not a
+/// string, so a renamed field cannot silently bring the decode error back.
+fn as_bytes(
+    set: &mut FileDescriptorSet,
+    package: &str,
+    path: &[&str],
+    field: &str,
+) -> Result<(), String> {
+    let missing = || format!("{package}.{}.{field} is not in proto/", path.join("."));
+    let file = set
+        .file
+        .iter_mut()
+        .find(|f| f.package() == package && f.message_type.iter().any(|m| m.name() == path[0]))
+        .ok_or_else(missing)?;
+    let message = find_message(&mut file.message_type, path).ok_or_else(missing)?;
+    let field = message
+        .field
+        .iter_mut()
+        .find(|f| f.name() == field)
+        .ok_or_else(missing)?;
+    if field.r#type() != Type::String {
+        return Err(format!("{} is not a string field", field.name()));
+    }
+    field.set_type(Type::Bytes);
+    Ok(())
+}
+
+/// The message at `path` (outer message first, then nested ones).
+fn find_message<'a>(
+    messages: &'a mut [DescriptorProto],
+    path: &[&str],
+) -> Option<&'a mut DescriptorProto> {
+    let (first, rest) = path.split_first()?;
+    let found = messages.iter_mut().find(|m| m.name() == *first)?;
+    if rest.is_empty() {
+        Some(found)
+    } else {
+        find_message(&mut found.nested_type, rest)
+    }
 }

@@ -33,7 +33,7 @@ async fn main() -> anyhow::Result<()> {
     let mut client = RateLimitServiceClient::connect(addr).await?;
     let response = client
         .should_rate_limit(RateLimitRequest {
-            domain,
+            domain: domain.into_bytes(),
             descriptors: vec![RateLimitDescriptor {
                 entries,
                 ..Default::default()

@@ -74,11 +74,42 @@ pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(total).map_err(|_| bad())
 }
 
+/// Client bytes shown as text in logs, stats and Envoy's dynamic metadata: valid UTF-8 as it
+/// is (borrowed, so valid input costs nothing and reads exactly as before), each byte of an
+/// invalid sequence as `\xNN`. Descriptor fields are bytes because Envoy forwards obs-text header
+/// bytes unchanged (see `build.rs`); what is shown must still be text, and the escape keeps two
+/// different invalid values apart where a lossy U+FFFD would merge them.
+pub fn shown(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    use std::fmt::Write;
+
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(bytes.len() + 8);
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for byte in chunk.invalid() {
+            let _ = write!(out, "\\x{byte:02X}");
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn shown_keeps_valid_text_and_escapes_invalid_bytes() {
+        assert!(matches!(
+            super::shown("userC é".as_bytes()),
+            std::borrow::Cow::Borrowed("userC é")
+        ));
+        assert_eq!(super::shown(b"userC\xff"), "userC\\xFF");
+        assert_eq!(super::shown(b"\xc3(\x80\n"), "\\xC3(\\x80\n");
+    }
 
     #[test]
     fn lets_one_through_per_second_and_counts_the_rest() {

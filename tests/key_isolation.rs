@@ -54,8 +54,8 @@ fn entries(pairs: &[(&str, &str)]) -> Vec<DescriptorEntry> {
     pairs
         .iter()
         .map(|(key, value)| DescriptorEntry {
-            key: key.to_string(),
-            value: value.to_string(),
+            key: key.as_bytes().to_vec(),
+            value: value.as_bytes().to_vec(),
         })
         .collect()
 }
@@ -64,8 +64,8 @@ fn owned(pairs: &[(String, String)]) -> Vec<DescriptorEntry> {
     pairs
         .iter()
         .map(|(key, value)| DescriptorEntry {
-            key: key.clone(),
-            value: value.clone(),
+            key: key.clone().into_bytes(),
+            value: value.clone().into_bytes(),
         })
         .collect()
 }
@@ -441,7 +441,7 @@ fn limiter(config: &str) -> RateLimiter {
 
 fn ask(limiter: &RateLimiter, domain: &str, pairs: &[(&str, &str)]) -> Code {
     let request = RateLimitRequest {
-        domain: domain.to_string(),
+        domain: domain.as_bytes().to_vec(),
         descriptors: vec![RateLimitDescriptor {
             entries: entries(pairs),
             ..Default::default()

@@ -513,15 +513,15 @@ impl KeyGen {
                 let value = ((self.next() as u128 * self.keys as u128) >> 64) as u64;
                 RateLimitDescriptor {
                     entries: vec![DescriptorEntry {
-                        key: self.names[i].clone(),
-                        value: value.to_string(),
+                        key: self.names[i].clone().into_bytes(),
+                        value: value.to_string().into_bytes(),
                     }],
                     ..Default::default()
                 }
             })
             .collect();
         RateLimitRequest {
-            domain: DOMAIN.to_string(),
+            domain: DOMAIN.as_bytes().to_vec(),
             descriptors,
             hits_addend: self.hits_addend,
         }
@@ -559,8 +559,11 @@ mod tests {
             let request = keys.request();
             assert_eq!(request.descriptors.len(), 3);
             for (i, d) in request.descriptors.iter().enumerate() {
-                assert_eq!(d.entries[0].key, format!("k{i}"));
-                let v: usize = d.entries[0].value.parse().unwrap();
+                assert_eq!(d.entries[0].key, format!("k{i}").into_bytes());
+                let v: usize = std::str::from_utf8(&d.entries[0].value)
+                    .unwrap()
+                    .parse()
+                    .unwrap();
                 seen[v] = true;
             }
         }

@@ -391,16 +391,20 @@ const VALUES: &[&str] = &[
     "",
 ];
 
-fn pick<'a>(u: &mut Unstructured<'a>, known: &[&'static str]) -> arbitrary::Result<String> {
+/// A known name, one around the input limits, or arbitrary text; sometimes bytes that are not
+/// UTF-8, which Envoy copies from obs-text header bytes and which must be judged like any other.
+fn pick<'a>(u: &mut Unstructured<'a>, known: &[&'static str]) -> arbitrary::Result<Vec<u8>> {
     Ok(if u.ratio(3, 4)? {
-        (*u.choose(known)?).to_string()
+        (*u.choose(known)?).as_bytes().to_vec()
     } else if u.ratio(1, 8)? {
         // Around the input limits (256-byte keys, 4096-byte values).
         let piece: &str = u.arbitrary()?;
         let times = u.int_in_range(0..=5000usize)?;
-        piece.repeat(times.min(5000 / piece.len().max(1)))
+        piece.repeat(times.min(5000 / piece.len().max(1))).into_bytes()
+    } else if u.ratio(1, 3)? {
+        u.arbitrary::<&[u8]>()?.to_vec()
     } else {
-        u.arbitrary::<&str>()?.to_string()
+        u.arbitrary::<&str>()?.as_bytes().to_vec()
     })
 }
 
@@ -486,7 +490,7 @@ pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
             let mut seeds = Vec::new();
             for (i, (domain, descriptors)) in requests.iter().enumerate() {
                 let request = RateLimitRequest {
-                    domain: domain.to_string(),
+                    domain: domain.as_bytes().to_vec(),
                     descriptors: descriptors
                         .iter()
                         .map(|entries| RateLimitDescriptor {

@@ -589,6 +589,13 @@ impl RateLimitConfig {
         self.domains.get(name)
     }
 
+    /// The domain a request names, with its name as the config spells it. The request's domain
+    /// is the client's bytes (see `build.rs`); bytes that are not UTF-8 name no domain.
+    pub fn domain_of_request(&self, name: &[u8]) -> Option<(&str, &Domain)> {
+        let name = std::str::from_utf8(name).ok()?;
+        self.domains.get_key_value(name).map(|(k, d)| (&**k, d))
+    }
+
     /// How many limits there are: every [`Limit::id`] is below this.
     pub fn limit_count(&self) -> usize {
         self.limit_count
@@ -658,10 +665,15 @@ impl Domain {
         let mut level = &self.root;
         let mut node = None;
         for entry in entries {
-            let children = level.by_key.get(entry.key.as_str())?;
-            let id = children
-                .exact
-                .get(entry.value.as_str())
+            // Keys and values are the client's bytes (see `build.rs`). Config keys and exact
+            // values are text, so bytes that are not UTF-8 can equal neither; such a value can
+            // still match a wildcard (by bytes) or the key-only default.
+            let key = std::str::from_utf8(&entry.key).ok()?;
+            let children = level.by_key.get(key)?;
+            let exact = std::str::from_utf8(&entry.value)
+                .ok()
+                .and_then(|value| children.exact.get(value));
+            let id = exact
                 .copied()
                 .or_else(|| {
                     children

@@ -23,8 +23,8 @@ fn entries(pairs: &[(&str, &str)]) -> Vec<DescriptorEntry> {
     pairs
         .iter()
         .map(|(k, v)| DescriptorEntry {
-            key: k.to_string(),
-            value: v.to_string(),
+            key: k.as_bytes().to_vec(),
+            value: v.as_bytes().to_vec(),
         })
         .collect()
 }

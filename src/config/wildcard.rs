@@ -25,7 +25,9 @@ impl Wildcard {
 
     /// True when `value` matches. The first piece is a prefix, the last a suffix, and the ones in
     /// between must appear in order without overlapping (greedy leftmost search is exact here).
-    pub fn matches(&self, value: &str) -> bool {
+    /// Compared as bytes: a request value need not be UTF-8 (see `build.rs`), and on UTF-8 text
+    /// byte and character matching agree.
+    pub fn matches(&self, value: &[u8]) -> bool {
         let (first, rest) = self
             .pieces
             .split_first()
@@ -33,17 +35,26 @@ impl Wildcard {
         let (last, middle) = rest
             .split_last()
             .expect("a pattern with '*' has two pieces");
-        let Some(mut remaining) = value.strip_prefix(&**first) else {
+        let Some(mut remaining) = value.strip_prefix(first.as_bytes()) else {
             return false;
         };
         for piece in middle {
-            match remaining.find(&**piece) {
+            match find(remaining, piece.as_bytes()) {
                 Some(at) => remaining = &remaining[at + piece.len()..],
                 None => return false,
             }
         }
-        remaining.ends_with(&**last)
+        remaining.ends_with(last.as_bytes())
     }
+}
+
+/// Where `needle` first occurs in `haystack`. Pieces are short (config text), so the plain
+/// search is linear in the value for all practical purposes.
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() {
+        return Some(0);
+    }
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 #[cfg(test)]
@@ -51,7 +62,7 @@ mod tests {
     use super::Wildcard;
 
     fn m(pattern: &str, value: &str) -> bool {
-        Wildcard::new(pattern).unwrap().matches(value)
+        Wildcard::new(pattern).unwrap().matches(value.as_bytes())
     }
 
     #[test]
@@ -82,6 +93,19 @@ mod tests {
         for (pattern, value, want) in cases {
             assert_eq!(m(pattern, value), want, "{pattern:?} vs {value:?}");
         }
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_match_by_bytes() {
+        let w = Wildcard::new("user*").unwrap();
+        assert!(w.matches(b"userC\xff"));
+        assert!(
+            Wildcard::new("*\u{e9}")
+                .unwrap()
+                .matches("caf\u{e9}".as_bytes())
+        );
+        assert!(!Wildcard::new("*x").unwrap().matches(b"\xffy"));
+        assert!(Wildcard::new("a*b*c").unwrap().matches(b"a\xc3b\x80c"));
     }
 
     #[test]

@@ -36,6 +36,7 @@ use prometheus::{
 use crate::config::{Algorithm, Limit, Quota};
 use crate::proto::DescriptorEntry;
 use crate::store::{ConnectionCounts, Outcome};
+use crate::util::shown;
 
 #[derive(Debug)]
 pub struct Metrics {
@@ -671,12 +672,15 @@ fn stat_part(text: &str) -> Cow<'_, str> {
 /// `value_to_metric` levels or everywhere with `detailed_metric`, runtime values for an override;
 /// a limit of a `rate_limits` list adds `_<label>` to the last segment (`Stats::suffix`).
 pub fn stats_key<'l>(limit: &'l Limit, entries: &[DescriptorEntry]) -> Cow<'l, str> {
+    // Keys and values are the client's bytes: shown as text, invalid UTF-8 escaped
+    // (`util::shown`), then bounded for a stat name (`stat_part`).
     let runtime = |i: usize, e: &DescriptorEntry| {
-        let key = stat_part(&e.key);
+        let key = shown(&e.key);
+        let key = stat_part(&key);
         match limit.shared_value(i) {
             Some(pattern) => format!("{key}_{pattern}"),
             None if e.value.is_empty() => key.into_owned(),
-            None => format!("{key}_{}", stat_part(&e.value)),
+            None => format!("{key}_{}", stat_part(&shown(&e.value))),
         }
     };
     let stats = &limit.stats;
@@ -706,6 +710,27 @@ pub fn stats_key<'l>(limit: &'l Limit, entries: &[DescriptorEntry]) -> Cow<'l, s
 #[cfg(test)]
 mod tests {
     use super::{Metrics, split};
+
+    /// Values that are not UTF-8 show in stat names with the invalid bytes as `\xNN`; valid
+    /// ones exactly as before.
+    #[test]
+    fn stats_keys_show_bytes_that_are_not_utf8_escaped() {
+        use crate::config::{Limit, Unit};
+        use crate::proto::DescriptorEntry;
+        let limit = Limit::from_override(5, Unit::Hour);
+        let entry = |value: &[u8]| DescriptorEntry {
+            key: b"user".to_vec(),
+            value: value.to_vec(),
+        };
+        assert_eq!(
+            super::stats_key(&limit, &[entry(b"userC\xff")]),
+            "user_userC\\xFF"
+        );
+        assert_eq!(
+            super::stats_key(&limit, &[entry("caf\u{e9}".as_bytes())]),
+            "user_caf\u{e9}"
+        );
+    }
 
     #[test]
     fn response_times_in_milliseconds_when_asked_as_upstreams_legacy_series() {

@@ -28,6 +28,17 @@
 //! identical to upstream's. The cost: during a migration, a value that contains one of them is
 //! counted separately by the two services.
 //!
+//! # Bytes that are not UTF-8
+//!
+//! Keys and values arrive as bytes (Envoy copies obs-text header bytes into them; see
+//! `build.rs`). Each byte of an invalid UTF-8 sequence is written as `%XX`, the rest of the part
+//! as above, so the key is still text, and valid UTF-8 parts give exactly the keys they gave
+//! when the fields were strings. No invalid value can meet a valid one: a valid part writes
+//! every `%` it holds as `%25`, so a `%XX` with `XX` from `80` to `FF` (the only bytes an
+//! invalid sequence holds) comes from an invalid byte, and reading each `%XX` back as the byte
+//! `XX` gives the request's bytes again, whichever they were: different bytes, different keys.
+//! A long part's digest is of its raw bytes.
+//!
 //! # Long parts: a digest instead of the text
 //!
 //! A domain, key or value longer than its input limit (`MAX_DOMAIN_BYTES`,
@@ -209,7 +220,7 @@ impl KeyBuilder {
         let mut tag = String::with_capacity(self.prefix.len() + name.len() + 12);
         tag.push_str(&self.prefix);
         tag.push_str("{limiter_");
-        escape_into(&mut tag, name, reserved_in_value);
+        escape_into(&mut tag, name.as_bytes(), reserved_in_value);
         tag.push('}');
         let state_keys = |suffix: &str| {
             let mut state = format!("{tag}:state");
@@ -217,7 +228,7 @@ impl KeyBuilder {
             if !suffix.is_empty() {
                 for key in [&mut state, &mut epoch] {
                     key.push(':');
-                    escape_into(key, suffix, reserved_in_value);
+                    escape_into(key, suffix.as_bytes(), reserved_in_value);
                 }
             }
             StateKeys { state, epoch }
@@ -261,7 +272,7 @@ impl KeyBuilder {
         limit: &Limit,
     ) {
         let long = self.long;
-        part_into(key, domain, long.domain, reserved_in_name);
+        part_into(key, domain.as_bytes(), long.domain, reserved_in_name);
         for (index, entry) in entries.iter().enumerate() {
             key.push('_');
             part_into(key, &entry.key, long.key, reserved_in_name);
@@ -270,7 +281,7 @@ impl KeyBuilder {
                 // The pattern comes from the config, not the request: its `*` stays raw, which
                 // no escaped runtime value can contain, so the two never meet; its braces are
                 // escaped like a name's so they cannot form a hash tag.
-                Some(pattern) => escape_into(key, pattern, reserved_in_name),
+                Some(pattern) => escape_text_into(key, pattern, reserved_in_name),
                 None => part_into(key, &entry.value, long.value, reserved_in_value),
             }
         }
@@ -278,18 +289,29 @@ impl KeyBuilder {
 }
 
 /// Writes `text` escaped, or as its digest when it is longer than `max` bytes.
-fn part_into(out: &mut String, text: &str, max: usize, reserved: fn(u8) -> bool) {
+fn part_into(out: &mut String, text: &[u8], max: usize, reserved: fn(u8) -> bool) {
     if text.len() <= max {
         return escape_into(out, text, reserved);
     }
     out.push_str(DIGEST_MARK);
-    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    let digest = ring::digest::digest(&ring::digest::SHA256, text);
     for byte in digest.as_ref() {
         write!(out, "{byte:02x}").expect("writing to a String cannot fail");
     }
 }
 
-fn escape_into(out: &mut String, text: &str, reserved: fn(u8) -> bool) {
+/// Writes `text` with its reserved characters as `%XX`, and each byte of an invalid UTF-8
+/// sequence as `%XX` too (see "Bytes that are not UTF-8" in the module doc).
+fn escape_into(out: &mut String, text: &[u8], reserved: fn(u8) -> bool) {
+    for chunk in text.utf8_chunks() {
+        escape_text_into(out, chunk.valid(), reserved);
+        for byte in chunk.invalid() {
+            write!(out, "%{byte:02X}").expect("writing to a String cannot fail");
+        }
+    }
+}
+
+fn escape_text_into(out: &mut String, text: &str, reserved: fn(u8) -> bool) {
     let mut rest = text;
     while let Some(at) = rest.bytes().position(reserved) {
         out.push_str(&rest[..at]);
@@ -311,8 +333,8 @@ mod tests {
         pairs
             .iter()
             .map(|(k, v)| DescriptorEntry {
-                key: k.to_string(),
-                value: v.to_string(),
+                key: k.as_bytes().to_vec(),
+                value: v.as_bytes().to_vec(),
             })
             .collect()
     }
@@ -494,6 +516,104 @@ mod tests {
                 assert!(!key[..key.len() - 2].contains('{'), "brace in {key}");
                 assert!(seen.insert(key.clone()), "collision on {key}");
             }
+        }
+    }
+
+    /// One entry `k` with the raw bytes `value`.
+    fn raw(value: &[u8]) -> Vec<DescriptorEntry> {
+        vec![DescriptorEntry {
+            key: b"k".to_vec(),
+            value: value.to_vec(),
+        }]
+    }
+
+    /// The value part of `d_k_<value>_60`, read back: each `%XX` as the byte `XX`.
+    fn unescape(key: &str) -> Vec<u8> {
+        let part = &key.as_bytes()["d_k_".len()..key.len() - "_60".len()];
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < part.len() {
+            if part[i] == b'%' {
+                let hex = std::str::from_utf8(&part[i + 1..i + 3]).unwrap();
+                out.push(u8::from_str_radix(hex, 16).unwrap());
+                i += 3;
+            } else {
+                out.push(part[i]);
+                i += 1;
+            }
+        }
+        out
+    }
+
+    /// The key format before values were bytes: reserved characters escaped, nothing else.
+    fn as_before(value: &str) -> String {
+        let mut out = String::from("d_k_");
+        for c in value.chars() {
+            match c {
+                '%' | '_' | '{' | '}' | '*' => out.push_str(&format!("%{:02X}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        out + "_60"
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_percent_escaped() {
+        let keys = KeyBuilder::new("").unwrap();
+        let key = |value: &[u8]| keys.fixed_window("d", &raw(value), &limit(), 60);
+        assert_eq!(key(b"userC\xff"), "d_k_userC%FF_60");
+        // The text that spells the escape is escaped itself: a different counter.
+        assert_eq!(key(b"userC%FF"), "d_k_userC%25FF_60");
+        // Valid sequences around an invalid one stay as they are.
+        assert_eq!(key(b"\xc3\xa9\xc3(_"), "d_k_\u{e9}%C3(%5F_60");
+        assert_eq!(key(b"\xed\xa0\x80"), "d_k_%ED%A0%80_60");
+        // Keys of descriptors (used with Envoy's override limits) alike.
+        let entries = vec![DescriptorEntry {
+            key: b"x\xfe%".to_vec(),
+            value: b"v".to_vec(),
+        }];
+        assert_eq!(
+            keys.fixed_window("d", &entries, &limit(), 60),
+            "d_x%FE%25_v_60"
+        );
+        // Over the length limit: the digest of the raw bytes.
+        let short = KeyBuilder::new("").unwrap().with_long_parts(LongParts {
+            value: 4,
+            ..LongParts::default()
+        });
+        let long = b"\xff\xff\xff\xff\xff";
+        let digest = ring::digest::digest(&ring::digest::SHA256, long);
+        let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            short.fixed_window("d", &raw(long), &limit(), 60),
+            format!("d_k_%%{hex}_60")
+        );
+    }
+
+    proptest::proptest! {
+        /// Every byte sequence reads back from its key, so two different ones never share a
+        /// counter, valid UTF-8 or not.
+        #[test]
+        fn any_bytes_read_back_from_their_key(
+            value in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::prelude::any::<u8>(),
+                    proptest::sample::select(b"%_{}*2F5Aa\xc3\xa9".to_vec()),
+                ],
+                0..24,
+            )
+        ) {
+            let keys = KeyBuilder::new("").unwrap();
+            let key = keys.fixed_window("d", &raw(&value), &limit(), 60);
+            proptest::prop_assert_eq!(unescape(&key), value);
+        }
+
+        /// Valid UTF-8 gives exactly the key it gave when the fields were strings.
+        #[test]
+        fn valid_values_keep_their_keys(value in "[%_{}*a-z\u{e9}\u{1F600}\u{80}-\u{7FF}]{0,16}|\\PC{0,16}") {
+            let keys = KeyBuilder::new("").unwrap();
+            let key = keys.fixed_window("d", &raw(value.as_bytes()), &limit(), 60);
+            proptest::prop_assert_eq!(key, as_before(&value));
         }
     }
 }

@@ -31,7 +31,7 @@ use crate::proto::{
     Code, DescriptorStatus, RateLimitDescriptor, RateLimitRequest, RateLimitResponse,
 };
 use crate::store::{Charging, Check, CounterStore, Outcome, Rule, StoreError};
-use crate::util::LogThrottle;
+use crate::util::{self, LogThrottle};
 
 /// Remaining count reported for `unlimited` descriptors, as upstream does.
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
@@ -134,15 +134,16 @@ pub struct RateLimiter {
 /// What one request asks of the store: a slot per descriptor, in request order, and the checks
 /// of the counted ones (with whether each goes to the per-second store).
 struct RequestPlan<'c> {
+    /// The request's domain, as the config names it.
+    domain: &'c str,
     slots: Vec<Plan<'c>>,
     checks: Vec<Check>,
     per_second: Vec<bool>,
 }
 
-/// What the answer step reads for a request: the request, its plan, the store's outcomes (each
+/// What the answer step reads for a request: its plan, the store's outcomes (each
 /// with whether the over-limit cache gave it) and the metric handles of the config in force.
 struct StoreAnswer<'a, 'c> {
-    request: &'a RateLimitRequest,
     counters: &'a ConfigCounters,
     plan: &'a RequestPlan<'c>,
     outcomes: &'a [(Outcome, bool)],
@@ -266,7 +267,7 @@ impl RateLimiter {
         self.store.kind()
     }
 
-    #[tracing::instrument(level = "debug", skip_all, fields(domain = %request.domain))]
+    #[tracing::instrument(level = "debug", skip_all, fields(domain = %util::shown(&request.domain)))]
     pub async fn should_rate_limit(
         &self,
         request: &RateLimitRequest,
@@ -277,12 +278,13 @@ impl RateLimiter {
             return Err(RlsError::NoConfig);
         };
         self.count_long_parts(request);
-        let Some(domain) = config.domain(&request.domain) else {
+        // A domain that is not UTF-8 names none: answered as an unknown domain.
+        let Some((name, domain)) = config.domain_of_request(&request.domain) else {
             tracing::debug!("domain not found");
             return Ok(response::all_ok(request.descriptors.len()));
         };
 
-        let plan = self.plan(domain, request);
+        let plan = self.plan(name, domain, request);
         let outcomes = match self.ask_store(&plan).await {
             Ok(outcomes) => outcomes,
             Err(e) if self.options.failure_policy == FailurePolicy::FailOpen => {
@@ -301,7 +303,12 @@ impl RateLimiter {
 
     /// Step 1: each descriptor's slot (matched, with `replaces` applied across the request; a
     /// descriptor that cannot be judged is refused on its own) and the checks for the store.
-    fn plan<'c>(&self, domain: &'c Domain, request: &RateLimitRequest) -> RequestPlan<'c> {
+    fn plan<'c>(
+        &self,
+        name: &'c str,
+        domain: &'c Domain,
+        request: &RateLimitRequest,
+    ) -> RequestPlan<'c> {
         let mut matched: Vec<Result<Matched<'c>, Refusal>> = request
             .descriptors
             .iter()
@@ -341,7 +348,7 @@ impl RateLimiter {
                 };
                 let window_secs = limit.quota.window_secs().unwrap_or(unit.window_secs());
                 let (key, rule) = self.counter(
-                    &request.domain,
+                    name,
                     descriptor,
                     &limit,
                     (requests_per_unit, window_secs, algorithm),
@@ -369,6 +376,7 @@ impl RateLimiter {
             slots.push(counted_slot(limits, index, count));
         }
         RequestPlan {
+            domain: name,
             slots,
             checks,
             per_second,
@@ -402,7 +410,6 @@ impl RateLimiter {
         outcomes: &[(Outcome, bool)],
     ) -> Answers<'p> {
         let store = StoreAnswer {
-            request,
             counters,
             plan,
             outcomes,
@@ -471,7 +478,6 @@ impl RateLimiter {
         Option<&'m Counted<'c>>,
     ) {
         let StoreAnswer {
-            request,
             counters,
             plan,
             outcomes,
@@ -481,9 +487,9 @@ impl RateLimiter {
                 let (outcome, from_cache) = &outcomes[member.check];
                 let hits = plan.checks[member.check].hits;
                 let (entries, limit) = (&descriptor.entries, &*member.limit);
-                metrics.record(counters, &request.domain, entries, limit, hits, outcome);
+                metrics.record(counters, plan.domain, entries, limit, hits, outcome);
                 if *from_cache {
-                    metrics.record_local_cache(counters, &request.domain, entries, limit, hits);
+                    metrics.record_local_cache(counters, plan.domain, entries, limit, hits);
                 }
             }
         }

@@ -12,6 +12,7 @@ use crate::proto::{
     Code, CurrentLimit, DescriptorStatus, HeaderValue, RateLimitRequest, RateLimitResponse,
 };
 use crate::store::Outcome;
+use crate::util::shown;
 
 /// Unknown domain: every descriptor OK with no limit.
 pub(super) fn all_ok(descriptors: usize) -> RateLimitResponse {
@@ -265,7 +266,7 @@ pub(super) fn dynamic_metadata<'l>(
             let entries = d
                 .entries
                 .iter()
-                .map(|e| string(format!("{}={}", e.key, e.value)))
+                .map(|e| string(format!("{}={}", shown(&e.key), shown(&e.value))))
                 .collect();
             fields.insert("entries".into(), list(entries));
             if let Some(o) = &d.limit {
@@ -292,7 +293,7 @@ pub(super) fn dynamic_metadata<'l>(
     }
 
     let mut fields = BTreeMap::new();
-    fields.insert("domain".into(), string(request.domain.clone()));
+    fields.insert("domain".into(), string(shown(&request.domain).into_owned()));
     fields.insert("descriptors".into(), list(descriptors));
     if request.hits_addend != 0 {
         fields.insert("hitsAddend".into(), number(f64::from(request.hits_addend)));

@@ -3,8 +3,11 @@
 //! `/metrics` is the Prometheus exposition (see `metrics.rs`), `/rlconfig` lists the loaded
 //! limits. `/json` takes a proto3-JSON `RateLimitRequest` and answers the proto3-JSON
 //! `RateLimitResponse`: 200 for OK, 429 for OVER_LIMIT, 500 for UNKNOWN. A body that does not
-//! parse or a request the limiter refuses is a 400 with the reason; a store failure is a 500.
-//! The JSON mapping comes from the same descriptors the gRPC side is generated from.
+//! parse, a request the limiter refuses or a request before any configuration has loaded is a
+//! 400 with the reason (upstream's status for any service error); a store failure is a 500.
+//! The JSON mapping comes from the same descriptors the gRPC side is generated from, in their
+//! original form: the domain, keys and values are JSON strings, transcoded through the wire
+//! format into the generated message, whose fields for them are bytes (see `build.rs`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -211,7 +214,10 @@ async fn json(State(state): State<AppState>, body: Bytes) -> Response {
             )
                 .into_response()
         }
-        Err(error @ RlsError::InvalidRequest(_)) => {
+        // Upstream answers 400 for every error of the service; Sluice keeps 500 for a store
+        // that could not decide, and answers "no configuration loaded" as upstream does (a
+        // request refused by the service, not a failure of the server).
+        Err(error @ (RlsError::InvalidRequest(_) | RlsError::NoConfig)) => {
             metrics
                 .errors
                 .with_label_values(&[error_type(&error)])

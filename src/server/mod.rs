@@ -8,6 +8,7 @@ pub(crate) mod debug;
 mod health;
 pub(crate) mod http;
 pub(crate) mod named;
+mod oversized;
 pub mod reload;
 pub(crate) mod rls;
 pub(crate) mod serving;

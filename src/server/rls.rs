@@ -7,6 +7,7 @@
 //! | cause | status |
 //! |---|---|
 //! | empty domain or descriptor list (input limits are answered per descriptor) | `INVALID_ARGUMENT` |
+//! | (not an error) a message over 1 MiB | OK, `overall_code: OVER_LIMIT` (`oversized.rs`) |
 //! | no configuration loaded | `UNAVAILABLE` |
 //! | store failure or timeout | `UNAVAILABLE` |
 
@@ -26,14 +27,16 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::connections::{self, ConnectionLimit};
 use super::named::NamedApiService;
+use super::oversized::AnswerOversized;
 use super::serving::{self, Closed, Http2Options, Preface};
 use super::{GrpcListener, GrpcOptions, ServeError, tls};
 use crate::metrics::{ApiMetrics, Metrics};
 use crate::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
 use crate::rls::{RateLimiter, RlsError};
 
-/// Largest encoded `RateLimitRequest` accepted (tonic's default is 4 MiB): Envoy's requests are
-/// a few hundred bytes. Checked while decoding, before the per-field input limits.
+/// Largest encoded `RateLimitRequest` decoded (tonic's default is 4 MiB): Envoy's requests are
+/// a few hundred bytes. A larger one is answered `OVER_LIMIT` without being decoded
+/// (`oversized.rs`), since an error would let Envoy fail open.
 pub(crate) const MAX_REQUEST_BYTES: usize = 1 << 20;
 
 /// Concurrent requests on one HTTP/2 connection (Envoy multiplexes many on few connections).
@@ -142,14 +145,16 @@ where
         .build_v1()?;
     let mut routes = tonic::service::Routes::new(health)
         .add_service(reflection)
-        .add_service(
+        .add_service(AnswerOversized::new(
             RateLimitServiceServer::new(RateLimitService {
                 limiter,
                 api: metrics.api("ShouldRateLimit"),
-                metrics,
+                metrics: metrics.clone(),
             })
             .max_decoding_message_size(MAX_REQUEST_BYTES),
-        );
+            MAX_REQUEST_BYTES,
+            metrics.clone(),
+        ));
     if let Some(api) = limiter_api {
         routes = routes.add_service(api);
     }

@@ -428,8 +428,8 @@ pub fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
         entries: pairs
             .iter()
             .map(|(k, v)| DescriptorEntry {
-                key: k.to_string(),
-                value: v.to_string(),
+                key: k.as_bytes().to_vec(),
+                value: v.as_bytes().to_vec(),
             })
             .collect(),
         ..Default::default()

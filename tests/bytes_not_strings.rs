@@ -1,0 +1,328 @@
+//! Issue #27 item 1, "one non-UTF-8 byte turns a decision into an error, so Envoy fails open",
+//! and the two answers of item 9 that also let a request through or mislead a caller: a request
+//! over the gRPC size limit, and `/json` before any configuration has loaded.
+//!
+//! Envoy 1.40 accepts obs-text bytes (0x80–0xFF) in HTTP/1 header values and copies them
+//! unchanged into a `request_headers` descriptor. The RLS fields are proto3 `string`s, so a
+//! `String`-typed decoder refuses the whole message, tonic answers `INTERNAL`, and Envoy, failing
+//! open as shipped, lets the request through. Sluice decodes those fields as bytes (`build.rs`)
+//! and judges them like any other value. These tests send the byte through a real Envoy (raw
+//! TCP: HTTP client libraries refuse such a header) and straight over gRPC, on both stores.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use common::envoy::{Envoy, RatelimitStats, StatusCounts, Upstream};
+use common::{Sluice, avoid_window_edge, config_dir, for_each_store};
+use sluice::proto::{Code, DescriptorEntry, RateLimitDescriptor, RateLimitRequest};
+
+/// The shipped Envoy sends `[remote_address=<peer>]` and, with an `x-user-id` header,
+/// `[user=<x-user-id>]` on `/`. Only the user is limited here: 5 an hour, for any value.
+const USER_LIMITS: &str = "\
+domain: example
+descriptors:
+  - key: user
+    rate_limit: { unit: hour, requests_per_unit: 5 }
+";
+
+/// One GET through Envoy with `x-user-id` set to `user` as raw bytes; returns the status (0 when
+/// Envoy closed without an answer).
+fn get_as_user(envoy: SocketAddr, user: &[u8]) -> u16 {
+    let mut stream = TcpStream::connect(envoy).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut head = b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\nx-user-id: ".to_vec();
+    head.extend_from_slice(user);
+    head.extend_from_slice(b"\r\n\r\n");
+    stream.write_all(&head).unwrap();
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    std::str::from_utf8(raw.get(9..12).unwrap_or_default())
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+fn statuses(envoy: &Envoy, user: &[u8], n: usize) -> StatusCounts {
+    let mut counts = StatusCounts::default();
+    for _ in 0..n {
+        *counts
+            .0
+            .entry(get_as_user(envoy.listener, user))
+            .or_default() += 1;
+    }
+    counts
+}
+
+/// `x-user-id: userC\xff` on a 5-an-hour limit: exactly 5 admitted, then 429, and Envoy saw no
+/// error. Before bytes: 7 of 7 admitted, `ratelimit.error` 7. The same user without the byte
+/// has a counter of its own (the byte is part of the value, not dropped).
+#[tokio::test]
+async fn obs_text_byte_in_a_header_is_limited_through_envoy() {
+    for_each_store(|store, redis| async move {
+        let config = config_dir(USER_LIMITS);
+        let sluice = Sluice::start(config.path(), redis.as_ref(), &[]);
+        let app = Upstream::start();
+        let envoy = Envoy::start(sluice.grpc, app.addr, &[]);
+        // The 8 requests take well under a second; 30 s of margin keeps them in one hour.
+        avoid_window_edge(3600, 30).await;
+
+        let counts = statuses(&envoy, b"userC\xff", 7);
+        assert_eq!(
+            counts,
+            StatusCounts([(200, 5), (429, 2)].into()),
+            "{store:?}: x-user-id: userC\\xff on 5/hour; Envoy's log:\n{}",
+            envoy.log()
+        );
+        assert_eq!(
+            envoy.ratelimit_stats(),
+            RatelimitStats {
+                ok: 5,
+                over_limit: 2,
+                error: 0,
+                failure_mode_allowed: 0,
+            },
+            "{store:?}: Envoy's ratelimit stats"
+        );
+        assert_eq!(
+            get_as_user(envoy.listener, b"userC"),
+            200,
+            "{store:?}: userC without the byte counts on its own"
+        );
+        if let Some(redis) = &redis {
+            let keys = redis.cli(&["--raw", "KEYS", "*"]).unwrap_or_default();
+            assert!(
+                keys.lines()
+                    .any(|k| k.starts_with("example_user_userC%FF_")),
+                "{store:?}: the byte is %FF in the counter key: {keys}"
+            );
+        }
+    })
+    .await;
+}
+
+/// What a request with raw bytes gets over gRPC, limits of 2 an hour.
+const BYTE_LIMITS: &str = "\
+domain: d
+descriptors:
+  - key: k
+    rate_limit: { unit: hour, requests_per_unit: 2 }
+  - key: w
+    value: \"user*\"
+    rate_limit: { unit: hour, requests_per_unit: 2 }
+  - key: e
+    value: \"caf\u{e9}\"
+    rate_limit: { unit: hour, requests_per_unit: 2 }
+";
+
+fn raw_request(domain: &[u8], key: &[u8], value: &[u8]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_vec(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![DescriptorEntry {
+                key: key.to_vec(),
+                value: value.to_vec(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+/// Raw bytes over gRPC, on both stores: never an error. A value that is not UTF-8 is counted
+/// under the key-only default and a wildcard (by bytes) with a counter of its own; it cannot
+/// equal a config value (`caf\xe9`, Latin-1, is not the configured `café`); a domain that is not
+/// UTF-8 is an unknown domain (OK, no limit); a key that is not UTF-8 matches nothing.
+#[tokio::test]
+async fn raw_bytes_over_grpc_are_judged_never_refused() {
+    for_each_store(|store, redis| async move {
+        let config = config_dir(BYTE_LIMITS);
+        let sluice = Sluice::start(config.path(), redis.as_ref(), &[]);
+        let client = sluice.client().await;
+        avoid_window_edge(3600, 30).await;
+        let codes = |request: RateLimitRequest, n: usize| {
+            let mut client = client.clone();
+            async move {
+                let mut codes = Vec::new();
+                for _ in 0..n {
+                    let reply = client.should_rate_limit(request.clone()).await;
+                    let reply = reply.unwrap_or_else(|status| {
+                        panic!("{store:?}: {request:?} got an error: {status:?}")
+                    });
+                    codes.push(Code::try_from(reply.into_inner().overall_code).unwrap());
+                }
+                codes
+            }
+        };
+        use Code::{Ok as O, OverLimit as X};
+        // The key-only default, per value: `v\xff`, `v\xfe` and the text `v%FF` apart.
+        assert_eq!(codes(raw_request(b"d", b"k", b"v\xff"), 3).await, [O, O, X]);
+        assert_eq!(codes(raw_request(b"d", b"k", b"v\xfe"), 1).await, [O]);
+        assert_eq!(codes(raw_request(b"d", b"k", b"v%FF"), 1).await, [O]);
+        // A lone continuation byte, a truncated sequence, a surrogate's encoding.
+        for value in [&b"\x80"[..], b"\xe2\x82", b"\xed\xa0\x80"] {
+            assert_eq!(codes(raw_request(b"d", b"k", value), 3).await, [O, O, X]);
+        }
+        // A wildcard matches by bytes.
+        assert_eq!(
+            codes(raw_request(b"d", b"w", b"user\xff"), 3).await,
+            [O, O, X]
+        );
+        // Not the configured `café`: no limit at all (no default under `e`).
+        assert_eq!(
+            codes(raw_request(b"d", b"e", b"caf\xe9"), 3).await,
+            [O, O, O]
+        );
+        assert_eq!(
+            codes(raw_request(b"d", b"e", "caf\u{e9}".as_bytes()), 3).await,
+            [O, O, X]
+        );
+        // A domain or key that is not UTF-8 names nothing in the config.
+        assert_eq!(codes(raw_request(b"d\xff", b"k", b"v"), 3).await, [O, O, O]);
+        assert_eq!(codes(raw_request(b"d", b"k\xff", b"v"), 3).await, [O, O, O]);
+        if let Some(redis) = &redis {
+            let keys = redis.cli(&["--raw", "KEYS", "*"]).unwrap_or_default();
+            for prefix in ["d_k_v%FF_", "d_k_v%FE_", "d_k_v%25FF_", "d_w_user%FF_"] {
+                assert!(
+                    keys.lines().any(|k| k.starts_with(prefix)),
+                    "{store:?}: no key {prefix}…: {keys}"
+                );
+            }
+        }
+        drop(client);
+    })
+    .await;
+}
+
+/// `/json` before any configuration has loaded answers 400 with the reason, as upstream answers
+/// every error of the service (it was 500, which README.md keeps for a store that could not
+/// decide).
+#[test]
+fn json_answers_400_before_any_configuration() {
+    let config = config_dir("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: weird}\n");
+    let sluice = Sluice::start(
+        config.path(),
+        None,
+        &[("FORCE_START_WITHOUT_INITIAL_CONFIG", "true")],
+    );
+    let (status, body) = sluice.http(
+        "POST",
+        "/json",
+        r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#,
+    );
+    assert_eq!(
+        (status, body.as_str()),
+        (400, "no rate limit configuration loaded")
+    );
+}
+
+/// `/json` takes JSON strings for the fields that are bytes inside (transcoded through the wire
+/// format): the answer is the same as over gRPC.
+#[test]
+fn json_takes_strings_for_byte_fields() {
+    let config = config_dir(BYTE_LIMITS);
+    let sluice = Sluice::start(config.path(), None, &[]);
+    let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"e","value":"caf\u00e9"}]}]}"#;
+    let statuses: Vec<u16> = (0..3)
+        .map(|_| sluice.http("POST", "/json", body).0)
+        .collect();
+    assert_eq!(statuses, [200, 200, 429]);
+}
+
+/// A route that copies `x-big` into 20 descriptors (`big0` … `big19`): a 55 KB header, within
+/// Envoy's 60 KiB default, makes a call of about 1.1 MB, over Sluice's 1 MiB.
+fn envoy_with_twenty_copies(sluice: SocketAddr, app: SocketAddr) -> Envoy {
+    let user_action = concat!(
+        "                              - actions:\n",
+        "                                  - request_headers:\n",
+        "                                      header_name: x-user-id\n",
+        "                                      descriptor_key: user\n",
+    );
+    let make = move |listener, admin| {
+        let yaml = common::envoy::shipped_config(listener, admin, sluice, app);
+        // The last occurrence is the `/` route's.
+        let at = yaml
+            .rfind(user_action)
+            .expect("the shipped `/` route has a user action");
+        let copies: String = (0..20)
+            .map(|i| {
+                user_action
+                    .replace("x-user-id", "x-big")
+                    .replace("user\n", &format!("big{i}\n"))
+            })
+            .collect();
+        format!("{}{copies}{}", &yaml[..at], &yaml[at + user_action.len()..])
+    };
+    Envoy::start_bootstrap(make, "sluice", sluice, app)
+}
+
+/// Issue #27 item 9: a call over the 1 MiB message limit was refused (`OUT_OF_RANGE`) and
+/// Envoy failed open. It is answered `OVER_LIMIT` (429 through Envoy, no error), uncounted;
+/// a large call within the limit is decoded and judged as before.
+#[tokio::test]
+async fn request_over_the_size_limit_is_refused_not_an_error() {
+    let config = config_dir(
+        "domain: example\ndescriptors:\n  - key: big0\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n",
+    );
+    let sluice = Sluice::start(config.path(), None, &[]);
+    let app = Upstream::start();
+    let envoy = envoy_with_twenty_copies(sluice.grpc, app.addr);
+    avoid_window_edge(3600, 30).await;
+    let get = |size: usize| {
+        let value = "a".repeat(size);
+        common::envoy::http_status(envoy.listener, "/", &[("x-big", value.as_str())])
+    };
+    // 20 × 20 KB: 400 KB, decoded and judged (big0: 1 an hour).
+    assert_eq!(
+        (get(20_000), get(20_000)),
+        (200, 429),
+        "within the size limit"
+    );
+    // 20 × 55 KB: 1.1 MB. A new value, so it would be admitted if it were judged or failed.
+    assert_eq!(
+        get(55_000),
+        429,
+        "over the size limit; Envoy's log:\n{}",
+        envoy.log()
+    );
+    assert_eq!(
+        envoy.ratelimit_stats(),
+        RatelimitStats {
+            ok: 1,
+            over_limit: 2,
+            error: 0,
+            failure_mode_allowed: 0,
+        }
+    );
+    assert_eq!(
+        sluice.metric("sluice_descriptors_refused_total{reason=\"request_too_large\"}"),
+        1.0
+    );
+
+    // Straight over gRPC: OVER_LIMIT with no statuses, never an error.
+    let mut client = sluice
+        .client()
+        .await
+        .max_encoding_message_size(4 << 20)
+        .max_decoding_message_size(4 << 20);
+    let huge = raw_request(b"example", b"big1", &vec![b'x'; 2 << 20]);
+    let reply = client.should_rate_limit(huge).await.unwrap().into_inner();
+    assert_eq!(
+        (
+            Code::try_from(reply.overall_code).unwrap(),
+            reply.statuses.len()
+        ),
+        (Code::OverLimit, 0)
+    );
+    // The connection still serves ordinary calls.
+    let reply = client
+        .should_rate_limit(raw_request(b"example", b"big1", b"v"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(Code::try_from(reply.overall_code).unwrap(), Code::Ok);
+}
