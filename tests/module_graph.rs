@@ -1,59 +1,75 @@
-//! The crate's top-level modules import each other in one direction only (ARCHITECTURE.md):
-//! no cycle, and only `cli` and `app` read the settings. Read from the `crate::` paths in
-//! `src/` (test code left out), so a new import that closes a cycle fails the suite. Inside the
-//! Redis store the files form layers (src/store/redis/mod.rs), checked the same way from their
-//! `super::` paths.
+//! The crate's modules import each other in one direction (ARCHITECTURE.md): no cycle among the
+//! top-level modules, none among the modules inside any folder (`server/named.rs` and
+//! `server/rls.rs` may not import each other), and only `cli` and `app` read the settings. Read
+//! from the `crate::`, `super::` and `self::` paths in `src/` (unit tests left out, `use` groups
+//! followed across lines), so a new import that closes a cycle fails the suite. Inside the Redis
+//! store the files form layers (src/store/redis/mod.rs), checked the same way.
+
+#[path = "common/source.rs"]
+mod source;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// Top-level module → the top-level modules it imports.
-fn imports() -> BTreeMap<String, BTreeSet<String>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut stack = vec![src.clone()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let relative = path.strip_prefix(&src).unwrap();
-            let first = relative
-                .components()
-                .next()
-                .unwrap()
-                .as_os_str()
-                .to_string_lossy();
-            // The binaries are not part of the library's graph.
-            if first == "bin" {
+use source::{library_files, named_paths};
+
+/// A folder's module path (`[]` for `src/` itself, `["store", "redis"]`) → its child modules →
+/// the sibling modules each imports.
+type Graphs = BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>>;
+
+/// Every folder's import graph among its child modules. A path named in `a/b/c.rs` that leads
+/// to `a/x/…` is an import of `x` by `b` in folder `a` (and nothing at the top level, where both
+/// are `a`). A folder's own `mod.rs` is the parent of its children, not one of them.
+fn graphs() -> Graphs {
+    let files = library_files();
+    let children: BTreeMap<Vec<String>, BTreeSet<String>> =
+        files.iter().fold(BTreeMap::new(), |mut map, file| {
+            for depth in 0..file.module.len() {
+                map.entry(file.module[..depth].to_vec())
+                    .or_default()
+                    .insert(file.module[depth].clone());
+            }
+            map
+        });
+    let mut graphs = Graphs::new();
+    for (folder, names) in &children {
+        let graph = graphs.entry(folder.clone()).or_default();
+        for name in names {
+            graph.entry(name.clone()).or_default();
+        }
+    }
+    for file in files.iter().filter(|f| !f.is_test_file()) {
+        for path in named_paths(&file.code(), &file.module) {
+            let common = file
+                .module
+                .iter()
+                .zip(&path)
+                .take_while(|(a, b)| a == b)
+                .count();
+            if common >= file.module.len() || common >= path.len() {
                 continue;
             }
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            let name = path.file_name().unwrap().to_string_lossy();
-            if !name.ends_with(".rs") || name == "tests.rs" {
-                continue;
-            }
-            let module = first.trim_end_matches(".rs").to_string();
-            if module == "lib" || module == "main" {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).unwrap();
-            // Unit tests may reach anywhere; they sit at the end of a file.
-            let code = text.split("#[cfg(test)]").next().unwrap();
-            let used = graph.entry(module.clone()).or_default();
-            for (_, name) in paths_after(code, "crate::") {
-                if name != module {
-                    used.insert(name.to_string());
-                }
+            let folder = file.module[..common].to_vec();
+            let (from, to) = (&file.module[common], &path[common]);
+            if children.get(&folder).is_some_and(|c| c.contains(to)) {
+                graphs
+                    .entry(folder)
+                    .or_default()
+                    .entry(from.clone())
+                    .or_default()
+                    .insert(to.clone());
             }
         }
     }
-    graph
+    graphs
 }
 
-/// The first name after each `prefix` (`crate::` or `super::`) in `code`, with the line it is
-/// on; `prefix{a, b::c}` on one line gives `a` and `b`. Comments are left out.
+/// Top-level module → the top-level modules it imports.
+fn imports() -> BTreeMap<String, BTreeSet<String>> {
+    graphs().remove(&Vec::new()).unwrap_or_default()
+}
+
+/// The first name after each `super::` in `code`, with the line it is on.
 fn paths_after<'a>(code: &'a str, prefix: &str) -> Vec<(&'a str, &'a str)> {
     let mut found = Vec::new();
     for line in code.lines() {
@@ -121,6 +137,40 @@ fn top_level_modules_import_each_other_in_one_direction() {
         .map(|path| path.join(" -> "))
         .collect();
     assert!(cycles.is_empty(), "module cycles:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn modules_inside_every_folder_import_each_other_in_one_direction() {
+    let graphs = graphs();
+    assert!(
+        graphs.keys().filter(|f| !f.is_empty()).count() >= 5,
+        "the folders of src/ were not found: {:?}",
+        graphs.keys()
+    );
+    let mut cycles = Vec::new();
+    for (folder, graph) in graphs.iter().filter(|(f, _)| !f.is_empty()) {
+        for module in graph.keys() {
+            if let Some(path) = cycle_through(graph, module) {
+                cycles.push(format!("{}/: {}", folder.join("/"), path.join(" -> ")));
+            }
+        }
+    }
+    assert!(cycles.is_empty(), "module cycles:\n{}", cycles.join("\n"));
+}
+
+/// The reader itself: `use` groups across lines, `super::` from a file and from a `mod.rs`,
+/// paths in comments and strings ignored.
+#[test]
+fn imports_are_read_from_every_form_of_path() {
+    let code = source::blank_comments_and_strings(
+        "use crate::{\n    a::b,\n    c::{d, e::f},\n};\nuse super::g; // crate::h\nlet s = \"crate::i\";\nsuper::super::j::k();\n",
+    );
+    let module = vec!["x".to_string(), "y".to_string()];
+    let paths: Vec<String> = named_paths(&code, &module)
+        .into_iter()
+        .map(|p| p.join("::"))
+        .collect();
+    assert_eq!(paths, ["a::b", "c::d", "c::e::f", "x::g", "j::k"]);
 }
 
 #[test]

@@ -134,6 +134,12 @@ pub async fn shutdown_signal() {
 /// a deploy: the kernel then drops their SYNs and each waits a full second to retry.
 const LISTEN_BACKLOG: u32 = 4096;
 
+/// Largest encoded gRPC message decoded (tonic's default is 4 MiB), for both APIs: Envoy's
+/// requests are a few hundred bytes. A larger `RateLimitRequest` is answered `OVER_LIMIT`
+/// without being decoded (`oversized.rs`), since an error would let Envoy fail open. Here rather
+/// than in `rls.rs` so that `named.rs` and `rls.rs` need not import each other.
+pub(crate) const MAX_REQUEST_BYTES: usize = 1 << 20;
+
 pub(crate) fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
     let listen = || {
         let socket = if addr.is_ipv4() {

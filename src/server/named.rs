@@ -41,10 +41,10 @@ pub(crate) struct NamedApi {
 pub(crate) type NamedApiService = InterceptedService<LimiterServer<NamedApi>, BearerToken>;
 
 /// The service for `limiters`; with `token`, every call must carry it as a bearer token.
-/// Messages are capped like RLS requests (`super::rls::MAX_REQUEST_BYTES`).
+/// Messages are capped like RLS requests (`super::MAX_REQUEST_BYTES`).
 pub(crate) fn service(limiters: Arc<NamedLimiters>, token: Option<&str>) -> NamedApiService {
     let server = LimiterServer::new(NamedApi { limiters })
-        .max_decoding_message_size(super::rls::MAX_REQUEST_BYTES);
+        .max_decoding_message_size(super::MAX_REQUEST_BYTES);
     InterceptedService::new(server, BearerToken::new(token))
 }
 

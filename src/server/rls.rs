@@ -29,15 +29,10 @@ use super::connections::{self, ConnectionLimit};
 use super::named::NamedApiService;
 use super::oversized::AnswerOversized;
 use super::serving::{self, Closed, Http2Options, Preface};
-use super::{GrpcListener, GrpcOptions, ServeError, tls};
+use super::{GrpcListener, GrpcOptions, MAX_REQUEST_BYTES, ServeError, tls};
 use crate::metrics::{ApiMetrics, Metrics};
 use crate::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
 use crate::rls::{RateLimiter, RlsError};
-
-/// Largest encoded `RateLimitRequest` decoded (tonic's default is 4 MiB): Envoy's requests are
-/// a few hundred bytes. A larger one is answered `OVER_LIMIT` without being decoded
-/// (`oversized.rs`), since an error would let Envoy fail open.
-pub(crate) const MAX_REQUEST_BYTES: usize = 1 << 20;
 
 /// Concurrent requests on one HTTP/2 connection (Envoy multiplexes many on few connections).
 pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
