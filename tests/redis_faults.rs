@@ -43,7 +43,7 @@ const REDIS_TIMEOUT: &str = "500ms";
 /// The deadline each caller sends (`grpc-timeout`) and every answer must meet: ten times the
 /// slowest answer a quiet machine shows (the Redis timeout, 0.5 s).
 const DEADLINE: Duration = Duration::from_secs(5);
-/// How long a fault lasts.
+/// How long a fault lasts, unless the test says otherwise.
 const FAULT_FOR: Duration = Duration::from_millis(1500);
 
 fn budget(caller: usize) -> u64 {
@@ -118,6 +118,7 @@ impl Caller {
         }
         // Every call sent so far may have been counted (a failed call may have run), and the
         // count only grows.
+        // A wrong count is reported and not kept, so one wrong answer is reported once.
         let count = ID_LIMIT - u64::from(id.limit_remaining);
         let admitted = answer.overall_code == Code::Ok as i32;
         let floor = if admitted {
@@ -127,13 +128,14 @@ impl Caller {
         };
         if count < floor.max(self.base) || count > self.base + self.sent {
             self.seen.wrong.push(format!(
-                "caller {i} got count {count}, expected {}..={} (a reply for caller {})",
+                "caller {i} got count {count}, expected {}..={} (caller {:?}'s range)",
                 floor.max(self.base),
                 self.base + self.sent,
-                count / SPACING - 1
+                (count / SPACING).checked_sub(1)
             ));
+        } else {
+            self.last_count = count;
         }
-        self.last_count = self.last_count.max(count);
         if admitted {
             self.seen.admitted += 1;
         }
@@ -214,6 +216,11 @@ enum Fault {
 /// Sets up Redis, the proxy and Sluice, charges each identity counter, runs the callers through
 /// a quiet start, the fault and the recovery, then checks and prints what they saw.
 async fn run(name: &str, fault: Fault) {
+    run_for(name, fault, FAULT_FOR).await
+}
+
+/// [`run`] with the fault lasting `fault_for`.
+async fn run_for(name: &str, fault: Fault, fault_for: Duration) {
     let aof = ["--appendonly", "yes"].map(String::from);
     let mut redis = RedisServer::start_with(&aof, &[]);
     let proxy = FaultProxy::start(([127, 0, 0, 1], redis.port).into()).await;
@@ -253,12 +260,12 @@ async fn run(name: &str, fault: Fault) {
     match fault {
         Fault::Proxy(faults) => {
             proxy.set(faults);
-            tokio::time::sleep(FAULT_FOR).await;
+            tokio::time::sleep(fault_for).await;
             proxy.clear();
         }
         Fault::RestartRedis => {
             redis.kill();
-            tokio::time::sleep(FAULT_FOR).await;
+            tokio::time::sleep(fault_for).await;
             redis.restart();
         }
     }
@@ -397,6 +404,19 @@ async fn replies_stalled_past_the_deadline() {
         Fault::Proxy(fault),
     )
     .await;
+}
+
+/// Held past the Redis timeout but not past the stall limit (1 s, `STALLED_AFTER` in wire.rs):
+/// the connection is kept, the late replies go to the abandoned calls they belong to, and the
+/// calls queued behind them get their own.
+#[tokio::test(flavor = "multi_thread")]
+async fn replies_stalled_past_the_timeout_but_not_the_stall_limit() {
+    let fault = Faults {
+        stall: true,
+        ..Faults::default()
+    };
+    let name = "replies held 0.8 s (past the timeout, short of the stall limit)";
+    run_for(name, Fault::Proxy(fault), Duration::from_millis(800)).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
