@@ -221,6 +221,10 @@ async fn run(name: &str, fault: Fault) {
 
 /// [`run`] with the fault lasting `fault_for`.
 async fn run_for(name: &str, fault: Fault, fault_for: Duration) {
+    let passes_traffic = matches!(
+        fault,
+        Fault::Proxy(f) if !f.stall && !f.half_close && f.reset_after.is_none()
+    );
     let aof = ["--appendonly", "yes"].map(String::from);
     let mut redis = RedisServer::start_with(&aof, &[]);
     let proxy = FaultProxy::start(([127, 0, 0, 1], redis.port).into()).await;
@@ -284,10 +288,19 @@ async fn run_for(name: &str, fault: Fault, fault_for: Duration) {
     for caller in callers {
         seen.push(caller.await.unwrap());
     }
-    report_and_check(name, &seen, ended, &sluice);
+    report_and_check(name, &seen, ended, &sluice, passes_traffic);
 }
 
-fn report_and_check(name: &str, seen: &[Seen], ended: Instant, sluice: &Sluice) {
+/// Checks what the callers saw (see the file's doc comment) and prints the figures.
+/// `passes_traffic`: the fault lets replies through, so answers under it are expected (the
+/// checks must have judged some).
+fn report_and_check(
+    name: &str,
+    seen: &[Seen],
+    ended: Instant,
+    sluice: &Sluice,
+    passes_traffic: bool,
+) {
     let calls: u64 = seen.iter().map(|s| s.calls).sum();
     let admitted: u64 = seen.iter().map(|s| s.admitted).sum();
     let failed: usize = seen.iter().map(|s| s.failed.len()).sum();
@@ -335,6 +348,10 @@ fn report_and_check(name: &str, seen: &[Seen], ended: Instant, sluice: &Sluice) 
     assert!(
         laggards.is_empty(),
         "callers {laggards:?} got no answer after the fault ended"
+    );
+    assert!(
+        !passes_traffic || in_fault > 0,
+        "no answer while the fault was on: the checks judged nothing under it"
     );
     // Budgets were spent: the over-admission check had something to refuse.
     assert!(calls > admitted, "no call was refused");
