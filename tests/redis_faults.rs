@@ -18,10 +18,9 @@
 //! Redis runs with its AOF on, so that a restart keeps the counts and the checks stay exact
 //! across it.
 //!
-//! Cluster is not covered: a cluster node announces its own address in `MOVED` replies and
-//! `CLUSTER SLOTS`, so Sluice would leave a proxy for the node's real port at the first redirect;
-//! every node would need `cluster-announce-port` set to its proxy's port, which
-//! `common::RedisCluster` does not do.
+//! On a Redis Cluster (three masters), each node sits behind its own proxy and announces the
+//! proxy's port (`cluster-announce-port`), so the slot map and redirects lead Sluice to the
+//! proxies; the byte-split and mid-reply reset faults run there too.
 
 mod common;
 
@@ -213,27 +212,94 @@ enum Fault {
     RestartRedis,
 }
 
-/// Sets up Redis, the proxy and Sluice, charges each identity counter, runs the callers through
-/// a quiet start, the fault and the recovery, then checks and prints what they saw.
-async fn run(name: &str, fault: Fault) {
-    run_for(name, fault, FAULT_FOR).await
+/// Redis as the test runs it, behind its proxies.
+struct Backend {
+    /// Standalone: the server, restarted by [`Fault::RestartRedis`].
+    server: Option<RedisServer>,
+    /// Cluster: every node, each behind its own proxy.
+    _cluster: Option<RedisCluster>,
+    proxies: Vec<FaultProxy>,
+    /// Sluice's `REDIS_TYPE`.
+    kind: &'static str,
 }
 
-/// [`run`] with the fault lasting `fault_for`.
-async fn run_for(name: &str, fault: Fault, fault_for: Duration) {
+impl Backend {
+    /// One server with its AOF on (counts survive a restart), behind one proxy.
+    async fn standalone() -> Backend {
+        let aof = ["--appendonly", "yes"].map(String::from);
+        let server = RedisServer::start_with(&aof, &[]);
+        let proxy = FaultProxy::start(([127, 0, 0, 1], server.port).into()).await;
+        Backend {
+            server: Some(server),
+            _cluster: None,
+            proxies: vec![proxy],
+            kind: "single",
+        }
+    }
+
+    /// Three masters, each behind its own proxy and announcing the proxy's port
+    /// (`cluster-announce-port`), so `CLUSTER SLOTS` and `MOVED` send Sluice to the proxies.
+    /// The cluster bus keeps the real ports (its announced bus port is the real one).
+    async fn cluster() -> Backend {
+        let cluster = RedisCluster::start(3, 0);
+        let mut proxies = Vec::new();
+        for node in &cluster.nodes {
+            let proxy = FaultProxy::start(([127, 0, 0, 1], node.port).into()).await;
+            let port = proxy.addr.port().to_string();
+            let set = node.cli(&["CONFIG", "SET", "cluster-announce-port", &port]);
+            assert_eq!(set.as_deref().map(str::trim), Some("OK"));
+            proxies.push(proxy);
+        }
+        // Every node's map names the proxies only, once gossip has spread the new ports.
+        let real: Vec<String> = cluster.nodes.iter().map(|n| n.port.to_string()).collect();
+        let announced: Vec<String> = proxies.iter().map(|p| p.addr.port().to_string()).collect();
+        wait_until("the nodes announce their proxies", || {
+            cluster.nodes.iter().all(|n| {
+                let slots = n.cli(&["CLUSTER", "SLOTS"]).unwrap_or_default();
+                let ports: Vec<&str> = slots.lines().map(str::trim).collect();
+                announced.iter().all(|p| ports.contains(&p.as_str()))
+                    && !real.iter().any(|r| ports.contains(&r.as_str()))
+            })
+        });
+        Backend {
+            server: None,
+            _cluster: Some(cluster),
+            proxies,
+            kind: "cluster",
+        }
+    }
+
+    fn url(&self) -> String {
+        let urls: Vec<String> = self.proxies.iter().map(FaultProxy::url).collect();
+        urls.join(",")
+    }
+}
+
+/// Standalone Redis behind the proxy: sets up Redis, the proxy and Sluice, charges each
+/// identity counter, runs the callers through a quiet start, the fault and the recovery, then
+/// checks and prints what they saw.
+async fn run(name: &str, fault: Fault) {
+    run_on(Backend::standalone().await, name, fault, FAULT_FOR).await
+}
+
+/// [`run`] on `backend`, with the fault lasting `fault_for`.
+async fn run_on(mut backend: Backend, name: &str, fault: Fault, fault_for: Duration) {
     let passes_traffic = matches!(
         fault,
         Fault::Proxy(f) if !f.stall && !f.half_close && f.reset_after.is_none()
     );
-    let aof = ["--appendonly", "yes"].map(String::from);
-    let mut redis = RedisServer::start_with(&aof, &[]);
-    let proxy = FaultProxy::start(([127, 0, 0, 1], redis.port).into()).await;
     let dir = config_dir(&config());
-    let url = proxy.url();
+    let url = backend.url();
     let sluice = Sluice::start(
         dir.path(),
-        Some(&redis),
-        &[("REDIS_URL", &url), ("REDIS_TIMEOUT", REDIS_TIMEOUT)],
+        None,
+        &[
+            ("BACKEND_TYPE", "redis"),
+            ("REDIS_TYPE", backend.kind),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &url),
+            ("REDIS_TIMEOUT", REDIS_TIMEOUT),
+        ],
     );
     avoid_window_edge(3600, 120).await;
     let mut client = sluice.client().await;
@@ -263,14 +329,15 @@ async fn run_for(name: &str, fault: Fault, fault_for: Duration) {
     fault_on.store(true, Ordering::Relaxed);
     match fault {
         Fault::Proxy(faults) => {
-            proxy.set(faults);
+            backend.proxies.iter().for_each(|p| p.set(faults));
             tokio::time::sleep(fault_for).await;
-            proxy.clear();
+            backend.proxies.iter().for_each(FaultProxy::clear);
         }
         Fault::RestartRedis => {
-            redis.kill();
+            let server = backend.server.as_mut().expect("a standalone server");
+            server.kill();
             tokio::time::sleep(fault_for).await;
-            redis.restart();
+            server.restart();
         }
     }
     fault_on.store(false, Ordering::Relaxed);
@@ -287,6 +354,14 @@ async fn run_for(name: &str, fault: Fault, fault_for: Duration) {
     let mut seen = Vec::new();
     for caller in callers {
         seen.push(caller.await.unwrap());
+    }
+    // Sluice reached every node through its proxy (a node's real port would bypass the faults).
+    for proxy in &backend.proxies {
+        assert!(
+            proxy.accepted() > 0,
+            "no connection through {}",
+            proxy.url()
+        );
     }
     report_and_check(name, &seen, ended, &sluice, passes_traffic);
 }
@@ -433,7 +508,14 @@ async fn replies_stalled_past_the_timeout_but_not_the_stall_limit() {
         ..Faults::default()
     };
     let name = "replies held 0.8 s (past the timeout, short of the stall limit)";
-    run_for(name, Fault::Proxy(fault), Duration::from_millis(800)).await;
+    let backend = Backend::standalone().await;
+    run_on(
+        backend,
+        name,
+        Fault::Proxy(fault),
+        Duration::from_millis(800),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -465,4 +547,25 @@ async fn redis_restarted_behind_the_proxy() {
         Fault::RestartRedis,
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_replies_split_at_every_byte_boundary() {
+    let leg = |chunking| Leg {
+        chunking,
+        ..Leg::default()
+    };
+    let fault = both_ways(leg(Chunking::Random(7)), leg(Chunking::OneByte));
+    let name = "cluster: replies one byte per write, commands in random pieces";
+    run_on(Backend::cluster().await, name, fault, FAULT_FOR).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_connections_reset_in_the_middle_of_a_reply() {
+    let fault = Fault::Proxy(Faults {
+        reset_after: Some(5),
+        ..Faults::default()
+    });
+    let name = "cluster: every connection reset 5 bytes into its replies";
+    run_on(Backend::cluster().await, name, fault, FAULT_FOR).await;
 }

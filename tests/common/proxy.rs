@@ -65,6 +65,8 @@ struct Control {
     /// Bumped on every change, so each connection re-arms `reset_after` from that moment.
     generation: AtomicU64,
     changed: Notify,
+    /// Connections accepted so far.
+    accepted: AtomicU64,
 }
 
 /// The proxy; dropping it stops accepting (live connections end with their peers).
@@ -89,6 +91,7 @@ impl FaultProxy {
             faults: Mutex::new(Faults::default()),
             generation: AtomicU64::new(0),
             changed: Notify::new(),
+            accepted: AtomicU64::new(0),
         });
         let shared = control.clone();
         let accept = tokio::spawn(async move {
@@ -96,6 +99,7 @@ impl FaultProxy {
                 let Ok((client, _)) = listener.accept().await else {
                     continue;
                 };
+                shared.accepted.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(serve(client, upstream, shared.clone()));
             }
         });
@@ -116,6 +120,11 @@ impl FaultProxy {
         *self.control.faults.lock().unwrap() = faults;
         self.control.generation.fetch_add(1, Ordering::SeqCst);
         self.control.changed.notify_waiters();
+    }
+
+    /// Connections accepted so far: shows that traffic went through the proxy.
+    pub fn accepted(&self) -> u64 {
+        self.control.accepted.load(Ordering::Relaxed)
     }
 
     pub fn clear(&self) {
