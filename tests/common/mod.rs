@@ -7,6 +7,7 @@
 
 pub mod envoy;
 pub mod load;
+pub mod proxy;
 pub mod raw_h2;
 pub mod xds;
 
