@@ -59,7 +59,7 @@ fn build_level(
 ) -> Level {
     let mut level = Level::default();
     let mut seen = HashSet::new();
-    for spec in specs {
+    for mut spec in specs {
         let composite = if spec.value.is_empty() {
             spec.key.clone()
         } else {
@@ -84,47 +84,7 @@ fn build_level(
         if spec.value_to_metric {
             stats.value_levels.push(depth);
         }
-        let of = spec.limits.len();
-        let limits = spec
-            .limits
-            .into_iter()
-            .enumerate()
-            .map(|(at, l)| {
-                let member = spec.listed.then(|| Member {
-                    position: at + 1,
-                    of,
-                    label: Member::label_for(at + 1, &l.name),
-                });
-                // Each limit of a list is counted in its own stats, named by its label.
-                let suffix = member
-                    .as_ref()
-                    .map_or(String::new(), |m| format!("_{}", m.label));
-                Limit {
-                    id: None,
-                    name: l.name,
-                    quota: l.quota,
-                    replaces: l.replaces,
-                    record_refused_hits: l.record_refused_hits,
-                    shadow_mode: spec.shadow_mode,
-                    quota_mode: spec.quota_mode,
-                    metadata: spec.metadata.clone(),
-                    shared_values: shared.clone(),
-                    stats: Stats {
-                        key: format!("{}{suffix}", stats.segments.join(".")),
-                        segments: stats.segments.clone(),
-                        value_levels: stats.value_levels.clone(),
-                        detailed: spec.detailed_metric,
-                        suffix,
-                    },
-                    path: path.clone(),
-                    origin: Some(Origin {
-                        file: spec.file.clone(),
-                        line: l.line.or(spec.line),
-                    }),
-                    member,
-                }
-            })
-            .collect();
+        let limits = limits_of(&mut spec, &shared, &stats, &path);
         let id = nodes.len();
         nodes.push(TreeNode {
             limits,
@@ -150,6 +110,57 @@ fn build_level(
         }
     }
     level
+}
+
+/// The limits of one descriptor, each carrying what its decisions and stats need: the
+/// descriptor's modes and metadata, the shared wildcard values and stats naming gathered on the
+/// way down, and, for a `rate_limits` list, its place in the list.
+fn limits_of(
+    spec: &mut DescriptorSpec,
+    shared: &[(usize, Box<str>)],
+    stats: &StatsPath,
+    path: &str,
+) -> Vec<Limit> {
+    let of = spec.limits.len();
+    std::mem::take(&mut spec.limits)
+        .into_iter()
+        .enumerate()
+        .map(|(at, l)| {
+            let member = spec.listed.then(|| Member {
+                position: at + 1,
+                of,
+                label: Member::label_for(at + 1, &l.name),
+            });
+            // Each limit of a list is counted in its own stats, named by its label.
+            let suffix = member
+                .as_ref()
+                .map_or(String::new(), |m| format!("_{}", m.label));
+            Limit {
+                id: None,
+                name: l.name,
+                quota: l.quota,
+                replaces: l.replaces,
+                record_refused_hits: l.record_refused_hits,
+                shadow_mode: spec.shadow_mode,
+                quota_mode: spec.quota_mode,
+                metadata: spec.metadata.clone(),
+                shared_values: shared.to_vec(),
+                stats: Stats {
+                    key: format!("{}{suffix}", stats.segments.join(".")),
+                    segments: stats.segments.clone(),
+                    value_levels: stats.value_levels.clone(),
+                    detailed: spec.detailed_metric,
+                    suffix,
+                },
+                path: path.to_owned(),
+                origin: Some(Origin {
+                    file: spec.file.clone(),
+                    line: l.line.or(spec.line),
+                }),
+                member,
+            }
+        })
+        .collect()
 }
 
 /// The stats naming gathered on the way down the tree.

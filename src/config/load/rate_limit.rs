@@ -13,6 +13,8 @@ use crate::config::{
 };
 
 impl FileChecker<'_> {
+    /// Reads one `rate_limit` map: its fields, then its quota, then `replaces`, then whether
+    /// `record_refused_hits` fits the algorithm.
     pub(super) fn limit(&mut self, node: &Node) -> Option<LimitSpec> {
         const FIELDS: &[&str] = &[
             "unit",
@@ -49,6 +51,46 @@ impl FileChecker<'_> {
             .and_then(|n| self.count(n, "requests_per_unit"))
             .unwrap_or(0);
 
+        let quota = self.quota(node, &fields, unlimited, unit_text, requests_per_unit)?;
+
+        let replaces = self.replaces(&fields, &name)?;
+        // The fixed window always records refused hits (upstream's INCRBY); saying so is a
+        // mistake, not a no-op.
+        if record_refused_hits
+            && matches!(
+                quota,
+                Quota::PerUnit {
+                    algorithm: Algorithm::FixedWindow,
+                    ..
+                }
+            )
+        {
+            self.error(
+                fields["record_refused_hits"].line,
+                "record_refused_hits does not apply to algorithm fixed_window (it always counts \
+                 refused hits)",
+            );
+            return None;
+        }
+        Some(LimitSpec {
+            line: None,
+            name,
+            quota,
+            replaces,
+            record_refused_hits,
+        })
+    }
+
+    /// The quota: `unlimited`, with no unit nor extension key beside it, or a valid unit with
+    /// its multiplier and algorithm.
+    fn quota(
+        &mut self,
+        node: &Node,
+        fields: &HashMap<&str, &Node>,
+        unlimited: bool,
+        unit_text: Option<String>,
+        requests_per_unit: u32,
+    ) -> Option<Quota> {
         let quota = if unlimited {
             // Upstream refuses only a valid unit here; any other text (`unit: ""`) is ignored.
             match unit_text.as_deref() {
@@ -83,7 +125,7 @@ impl FileChecker<'_> {
                         unit,
                         unit_multiplier,
                         algorithm: self.algorithm(
-                            &fields,
+                            fields,
                             node.line,
                             requests_per_unit,
                             window_secs,
@@ -97,7 +139,11 @@ impl FileChecker<'_> {
                 }
             }
         };
+        Some(quota)
+    }
 
+    /// `replaces`: a list of `{name: ...}` maps, none empty nor naming this limit itself.
+    fn replaces(&mut self, fields: &HashMap<&str, &Node>, name: &str) -> Option<Vec<String>> {
         let mut replaces = Vec::new();
         if let Some(list) = fields.get("replaces").filter(|n| !n.is_null()) {
             let Value::Sequence(items) = &list.value else {
@@ -124,31 +170,7 @@ impl FileChecker<'_> {
                 }
             }
         }
-        // The fixed window always records refused hits (upstream's INCRBY); saying so is a
-        // mistake, not a no-op.
-        if record_refused_hits
-            && matches!(
-                quota,
-                Quota::PerUnit {
-                    algorithm: Algorithm::FixedWindow,
-                    ..
-                }
-            )
-        {
-            self.error(
-                fields["record_refused_hits"].line,
-                "record_refused_hits does not apply to algorithm fixed_window (it always counts \
-                 refused hits)",
-            );
-            return None;
-        }
-        Some(LimitSpec {
-            line: None,
-            name,
-            quota,
-            replaces,
-            record_refused_hits,
-        })
+        Some(replaces)
     }
 
     /// Reads `rate_limits` (a Sluice extension): a non-empty list of complete `rate_limit`s, all
@@ -239,16 +261,7 @@ impl FileChecker<'_> {
             None => "fixed_window".to_string(),
         };
         let at = |key: &str| fields.get(key).map_or(line, |n| n.line);
-        let burst_value = match fields.get("burst") {
-            Some(n) => match self.count(n, "burst")? {
-                0 => {
-                    self.error(n.line, "burst must be at least 1");
-                    return None;
-                }
-                b => b,
-            },
-            None => requests_per_unit,
-        };
+        let burst_value = self.burst(fields, requests_per_unit)?;
         let algorithm = match name.as_str() {
             "fixed_window" => Algorithm::FixedWindow,
             "sliding_window_log" => Algorithm::SlidingWindowLog,
@@ -256,49 +269,7 @@ impl FileChecker<'_> {
             "token_bucket" => Algorithm::TokenBucket { burst: burst_value },
             "gcra" => Algorithm::Gcra { burst: burst_value },
             "leaky_bucket" => Algorithm::LeakyBucket { burst: burst_value },
-            "warm_up" => {
-                let Some(node) = fields.get("warmup_period") else {
-                    self.error(line, "warm_up needs warmup_period (for example 10s)");
-                    return None;
-                };
-                let text = self.string(node, "warmup_period")?;
-                let warmup = match crate::util::parse_go_duration(&text) {
-                    Ok(d) => d,
-                    Err(reason) => {
-                        self.error(node.line, format!("warmup_period: {reason}"));
-                        return None;
-                    }
-                };
-                let cold_factor = match fields.get("cold_factor") {
-                    None => None,
-                    Some(n) => match &n.value {
-                        Value::Scalar { text, plain: true } => match text.parse::<f64>() {
-                            Ok(f) => Some((f, n.line, text.clone())),
-                            Err(_) => {
-                                self.error(n.line, "cold_factor must be a number");
-                                return None;
-                            }
-                        },
-                        _ => {
-                            self.error(n.line, "cold_factor must be a number");
-                            return None;
-                        }
-                    },
-                };
-                match Algorithm::warm_up(warmup, cold_factor.as_ref().map(|c| c.0)) {
-                    Ok(algorithm) => algorithm,
-                    Err(problem @ WarmUpProblem::PeriodTooShort) => {
-                        self.error(node.line, problem.to_string());
-                        return None;
-                    }
-                    Err(problem @ WarmUpProblem::ColdFactor) => {
-                        let (line, text) =
-                            cold_factor.map_or((line, String::new()), |c| (c.1, c.2));
-                        self.error(line, format!("{problem}, found '{text}'"));
-                        return None;
-                    }
-                }
-            }
+            "warm_up" => self.warm_up(fields, line)?,
             other => {
                 self.error(
                     at("algorithm"),
@@ -311,6 +282,78 @@ impl FileChecker<'_> {
             }
         };
 
+        self.parameters_belong(fields, line, algorithm)?;
+        self.numbers_fit(fields, line, algorithm, requests_per_unit, window_secs)?;
+        Some(algorithm)
+    }
+
+    /// `burst`, from 1 on; without it, the bucket holds one window's requests.
+    fn burst(&mut self, fields: &HashMap<&str, &Node>, requests_per_unit: u32) -> Option<u32> {
+        let burst_value = match fields.get("burst") {
+            Some(n) => match self.count(n, "burst")? {
+                0 => {
+                    self.error(n.line, "burst must be at least 1");
+                    return None;
+                }
+                b => b,
+            },
+            None => requests_per_unit,
+        };
+        Some(burst_value)
+    }
+
+    /// `warm_up`'s parameters: `warmup_period` (a Go duration, required) and `cold_factor`.
+    fn warm_up(&mut self, fields: &HashMap<&str, &Node>, line: usize) -> Option<Algorithm> {
+        let Some(node) = fields.get("warmup_period") else {
+            self.error(line, "warm_up needs warmup_period (for example 10s)");
+            return None;
+        };
+        let text = self.string(node, "warmup_period")?;
+        let warmup = match crate::util::parse_go_duration(&text) {
+            Ok(d) => d,
+            Err(reason) => {
+                self.error(node.line, format!("warmup_period: {reason}"));
+                return None;
+            }
+        };
+        let cold_factor = match fields.get("cold_factor") {
+            None => None,
+            Some(n) => match &n.value {
+                Value::Scalar { text, plain: true } => match text.parse::<f64>() {
+                    Ok(f) => Some((f, n.line, text.clone())),
+                    Err(_) => {
+                        self.error(n.line, "cold_factor must be a number");
+                        return None;
+                    }
+                },
+                _ => {
+                    self.error(n.line, "cold_factor must be a number");
+                    return None;
+                }
+            },
+        };
+        match Algorithm::warm_up(warmup, cold_factor.as_ref().map(|c| c.0)) {
+            Ok(algorithm) => Some(algorithm),
+            Err(problem @ WarmUpProblem::PeriodTooShort) => {
+                self.error(node.line, problem.to_string());
+                None
+            }
+            Err(problem @ WarmUpProblem::ColdFactor) => {
+                let (line, text) = cold_factor.map_or((line, String::new()), |c| (c.1, c.2));
+                self.error(line, format!("{problem}, found '{text}'"));
+                None
+            }
+        }
+    }
+
+    /// Refuses a parameter of another algorithm (`burst` on a fixed window, …).
+    fn parameters_belong(
+        &mut self,
+        fields: &HashMap<&str, &Node>,
+        line: usize,
+        algorithm: Algorithm,
+    ) -> Option<()> {
+        let at = |key: &str| fields.get(key).map_or(line, |n| n.line);
         // Parameters that belong to another algorithm are mistakes, not silent no-ops.
         let takes_burst = algorithm.burst().is_some();
         let takes_warmup = matches!(algorithm, Algorithm::WarmUp { .. });
@@ -327,7 +370,20 @@ impl FileChecker<'_> {
                 return None;
             }
         }
+        Some(())
+    }
 
+    /// Refuses numbers the algorithm cannot represent (`Algorithm::check_numbers`), naming the
+    /// field at fault.
+    fn numbers_fit(
+        &mut self,
+        fields: &HashMap<&str, &Node>,
+        line: usize,
+        algorithm: Algorithm,
+        requests_per_unit: u32,
+        window_secs: u64,
+    ) -> Option<()> {
+        let at = |key: &str| fields.get(key).map_or(line, |n| n.line);
         if let Err(problem) =
             algorithm.check_numbers(u64::from(requests_per_unit), window_secs * 1_000_000)
         {
@@ -342,7 +398,7 @@ impl FileChecker<'_> {
             );
             return None;
         }
-        Some(algorithm)
+        Some(())
     }
 
     /// Reads `unit_multiplier`: a whole number from 1 on, with the window it makes (`unit` times

@@ -260,20 +260,7 @@ impl FileChecker<'_> {
             );
         }
         let metadata = fields.get("metadata").and_then(|n| self.metadata(n));
-        let single = fields.get("rate_limit").filter(|n| !n.is_null());
-        let list = fields.get("rate_limits");
-        let (limits, listed) = match (single, list) {
-            (Some(_), Some(list)) => {
-                self.error(
-                    list.line,
-                    "a descriptor has rate_limit or rate_limits, not both",
-                );
-                (Vec::new(), false)
-            }
-            (Some(n), None) => (self.limit(n).into_iter().collect(), false),
-            (None, Some(list)) => (self.limit_list(list), true),
-            (None, None) => (Vec::new(), false),
-        };
+        let (limits, listed) = self.descriptor_limits(&fields);
         let children = match fields.get("descriptors") {
             Some(n) => self.descriptor_list(n),
             None => Vec::new(),
@@ -293,6 +280,25 @@ impl FileChecker<'_> {
             metadata,
             children,
         })
+    }
+
+    /// A descriptor's limits: `rate_limit`'s one, or `rate_limits`' list (then `true`), never
+    /// both.
+    fn descriptor_limits(&mut self, fields: &HashMap<&str, &Node>) -> (Vec<LimitSpec>, bool) {
+        let single = fields.get("rate_limit").filter(|n| !n.is_null());
+        let list = fields.get("rate_limits");
+        match (single, list) {
+            (Some(_), Some(list)) => {
+                self.error(
+                    list.line,
+                    "a descriptor has rate_limit or rate_limits, not both",
+                );
+                (Vec::new(), false)
+            }
+            (Some(n), None) => (self.limit(n).into_iter().collect(), false),
+            (None, Some(list)) => (self.limit_list(list), true),
+            (None, None) => (Vec::new(), false),
+        }
     }
 
     /// Checks that `node` is a map with string keys that upstream knows, and returns the entries
