@@ -2,7 +2,7 @@
 //! specs (`FileSpec`, `DescriptorSpec`, `LimitSpec`) that compilation can trust. A `rate_limit`
 //! and its algorithm are checked in `rate_limit.rs`, on the same `FileChecker`.
 //!
-//! Messages and their order are upstream's (prefixed with `file:line:`), and a check goes on
+//! Validation follows upstream's rules and messages (prefixed here with `file:line:`), and goes on
 //! after an error so that one run reports every problem. Keys upstream accepts anywhere but
 //! ignores where they stand produce warnings, not errors, so upstream's files keep loading.
 
