@@ -54,6 +54,22 @@ impl NamedLimiter {
         }
     }
 
+    /// The limiter's rule for a decision at `now`: a fixed window's start is picked on the
+    /// store's clock.
+    fn rule_at(&self, now: u64) -> Rule {
+        let mut rule = self.record.rule.clone();
+        if let Rule::FixedWindow {
+            window_secs,
+            window_start,
+            ..
+        } = &mut rule
+        {
+            // The window is picked on the store's clock; the state expires when it ends.
+            *window_start = crate::store::window_start(now / 1_000_000, *window_secs);
+        }
+        rule
+    }
+
     /// Drops the client states expired at `now`, when any can be; returns how many.
     fn drop_expired(&mut self, now: u64) -> usize {
         if now < self.next_expiry {
@@ -142,16 +158,7 @@ impl NamedTable {
         if permits > capacity {
             return Acquisition::TooManyPermits { capacity };
         }
-        let mut rule = limiter.record.rule.clone();
-        if let Rule::FixedWindow {
-            window_secs,
-            window_start,
-            ..
-        } = &mut rule
-        {
-            // The window is picked on the store's clock; the state expires when it ends.
-            *window_start = crate::store::window_start(now / 1_000_000, *window_secs);
-        }
+        let rule = limiter.rule_at(now);
         // The state is taken out of its place and put back below. A log is handed to the
         // algorithm as it is (it may hold many entries), and handed back unless empty; other
         // states are a few words, cloned so that "keep as it was" has them.
