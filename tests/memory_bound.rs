@@ -1,6 +1,6 @@
 //! The memory store's bound against a flood of fresh descriptor values, through the real binary
 //! over gRPC: a client over its limit must stay refused however many new counters others (or it)
-//! create. The store-level tests and the worst-case figures are in `src/store/memory.rs`.
+//! create. The store-level tests and the worst-case figures are in `src/store/memory/table.rs`.
 
 mod common;
 

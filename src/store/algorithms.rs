@@ -10,7 +10,7 @@
 //! is, when refused, the wait until the same request would be admitted, and when admitted, the
 //! time until the limit is fully replenished. A request that asks for more than the algorithm can
 //! ever grant is refused at once, without touching the state. A refused request never changes
-//! the state (the upstream fixed window, in `memory.rs` and `lua/fixed_window.lua`, is the one
+//! the state (the upstream fixed window, in `memory/` and `lua/fixed_window.lua`, is the one
 //! exception: it counts refused hits, as upstream does).
 //!
 //! A zero-cost check (`hits` 0) never changes the state either, and is refused exactly when a
