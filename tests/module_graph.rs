@@ -211,7 +211,7 @@ fn the_redis_store_files_import_downwards() {
             continue;
         };
         let text = std::fs::read_to_string(&path).unwrap();
-        let code = text.split("#[cfg(test)]").next().unwrap();
+        let code = source::before_unit_tests(&text);
         for (line, used) in paths_after(code, "super::") {
             // `super::super::…` is the store module, outside this check.
             if used == "super" || line.contains("super::super::") {

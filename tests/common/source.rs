@@ -21,17 +21,31 @@ pub struct SourceFile {
 }
 
 impl SourceFile {
-    /// The code before the unit tests (`#[cfg(test)]`, which sit at the end of a file), with
+    /// The code before the unit tests (`#[cfg(test)] mod …`, at the end of a file), with
     /// comments and the insides of string literals blanked out, line breaks kept.
     pub fn code(&self) -> String {
-        let before_tests = self.text.split("#[cfg(test)]").next().unwrap_or("");
-        blank_comments_and_strings(before_tests)
+        blank_comments_and_strings(before_unit_tests(&self.text))
     }
 
     /// Whether this file is where unit tests live on their own (`tests.rs`).
     pub fn is_test_file(&self) -> bool {
         self.relative.ends_with("/tests.rs") || self.relative == "tests.rs"
     }
+}
+
+/// `text` up to its unit-test module: the first `#[cfg(test)]` followed by `mod` (one on a field
+/// or a function is code like any other).
+pub fn before_unit_tests(text: &str) -> &str {
+    let mut from = 0;
+    while let Some(at) = text[from..].find("#[cfg(test)]") {
+        let at = from + at;
+        let rest = text[at + "#[cfg(test)]".len()..].trim_start();
+        if rest.starts_with("mod ") || rest.starts_with("pub mod ") {
+            return &text[..at];
+        }
+        from = at + 1;
+    }
+    text
 }
 
 /// Every `.rs` file under `src/` that belongs to the library (not `main.rs`, `lib.rs`, `bin/`).
