@@ -52,6 +52,7 @@ use self::script::{
     ELSEWHERE, FIXED_WINDOW_LEAN, Keys, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK, Reply,
     decode,
 };
+use self::wire::Watch;
 use super::{
     Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
     LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
@@ -479,14 +480,18 @@ fn parse_record(fields: RecordFields) -> Result<Option<LimiterRecord>, StoreErro
 }
 
 impl RedisStore {
-    /// Every store call gets the same deadline, connection checkout included.
+    /// Every store call gets the same deadline, connection checkout included. A call that runs
+    /// out of time while Redis keeps answering on its connections is [`StoreError::Late`]
+    /// (slow), otherwise [`StoreError::Timeout`] (nothing heard: down or unreachable).
     fn bounded<'a, T: Send + 'a>(
         &'a self,
         call: impl Future<Output = Result<T, StoreError>> + Send + 'a,
     ) -> StoreFuture<'a, T> {
         let timeout = self.options.timeout;
         Box::pin(async move {
-            match tokio::time::timeout(timeout, call).await {
+            // Learns which connections the call was written to, to tell slow from down.
+            let watch = Watch::default();
+            match tokio::time::timeout(timeout, watch.scope(call)).await {
                 Ok(result) => result,
                 Err(_) => {
                     if let Connector::Cluster(cluster) = &self.connector {
@@ -495,7 +500,11 @@ impl RedisStore {
                         let cluster = cluster.clone();
                         tokio::spawn(async move { cluster.refresh().await });
                     }
-                    Err(StoreError::Timeout(timeout))
+                    if watch.redis_answering() {
+                        Err(StoreError::Late(timeout))
+                    } else {
+                        Err(StoreError::Timeout(timeout))
+                    }
                 }
             }
         })

@@ -22,6 +22,11 @@
 //!   when next checked out (a peer gone without a reset would otherwise hold every call that
 //!   picks it until its deadline, for as long as TCP takes to notice).
 //!
+//! A call that runs out of time asks the connections it was written to whether Redis is still
+//! answering on them ([`Watch`], [`Pulse`]): a reply read within [`STALLED_AFTER`] on a connection
+//! that has not failed means Redis is slow (a busy CPU, a long script), not down, and the
+//! circuit breaker must not open for it (`StoreError::Late`).
+//!
 //! It implements redis-rs's `ConnectionLike`, so commands are still packed by redis-rs and
 //! replies are redis-rs `Value`s; error replies go through redis-rs's own parser so that
 //! `NOSCRIPT`, `MOVED`, `ASK`, `TRYAGAIN`, `READONLY` keep their kinds.
@@ -77,6 +82,8 @@ struct Waiting {
     queue: Option<VecDeque<Slot>>,
     /// When a reply was last read, or the queue last went from empty to owing.
     progress: Instant,
+    /// When a reply was last read (the handshake's included): proof that Redis answers.
+    replied: Option<Instant>,
 }
 
 /// One written pipeline's claim on the replies.
@@ -95,6 +102,7 @@ impl Owed {
         Self(Mutex::new(Waiting {
             queue: Some(VecDeque::new()),
             progress: Instant::now(),
+            replied: None,
         }))
     }
 
@@ -130,7 +138,9 @@ impl Owed {
     /// Queues `slot` for the replies of a pipeline about to be written.
     fn owe(&self, slot: Slot) -> RedisResult<()> {
         let mut waiting = self.lock();
-        let Waiting { queue, progress } = &mut *waiting;
+        let Waiting {
+            queue, progress, ..
+        } = &mut *waiting;
         let Some(queue) = queue else {
             return Err(lost("the redis connection has failed"));
         };
@@ -148,7 +158,9 @@ impl Owed {
         let mut unasked = false;
         {
             let mut waiting = self.lock();
-            waiting.progress = Instant::now();
+            let now = Instant::now();
+            waiting.progress = now;
+            waiting.replied = Some(now);
             let Some(queue) = waiting.queue.as_mut() else {
                 return Ok(());
             };
@@ -170,6 +182,63 @@ impl Owed {
             let _ = slot.reply.send(Ok(wanted));
         }
         if unasked { Err(()) } else { Ok(()) }
+    }
+}
+
+/// What a connection can tell a call that ran out of time on it: whether Redis still answers
+/// there. Holds the connection's bookkeeping only, never its socket.
+#[derive(Clone)]
+pub(super) struct Pulse(Arc<Owed>);
+
+impl Pulse {
+    /// The connection has not failed and read a reply within `within`.
+    fn answering(&self, within: Duration) -> bool {
+        let waiting = self.0.lock();
+        waiting.queue.is_some() && waiting.replied.is_some_and(|at| at.elapsed() <= within)
+    }
+}
+
+tokio::task_local! {
+    /// The [`Watch`] of the store call running in this task, if it keeps one.
+    static WATCH: Watch;
+}
+
+/// The connections one store call was written to, so that when its deadline passes the call
+/// can tell a slow Redis from a dead one. The call's task carries it ([`Watch::scope`]); the
+/// batcher, which writes for many calls from a task of its own, is handed it with each call.
+#[derive(Clone, Default)]
+pub(super) struct Watch(Arc<Mutex<Vec<Pulse>>>);
+
+impl Watch {
+    /// Runs `call` with this watch as its task's.
+    pub(super) async fn scope<F: std::future::Future>(&self, call: F) -> F::Output {
+        WATCH.scope(self.clone(), call).await
+    }
+
+    /// The watch of the store call running in this task.
+    pub(super) fn current() -> Option<Watch> {
+        WATCH.try_with(Watch::clone).ok()
+    }
+
+    /// The call was written to `wire`.
+    pub(super) fn written_to(&self, wire: &Wire) {
+        let pulse = Pulse(wire.shared.owed.clone());
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(pulse);
+    }
+
+    /// Redis is answering this call's connections: it was written to at least one, and every
+    /// one of them is alive and read a reply within [`STALLED_AFTER`], the time after which a
+    /// connection owing replies is taken for dead anyway. A call that never reached a
+    /// connection (the checkout waited it out) learnt nothing that says Redis is up.
+    pub(super) fn redis_answering(&self) -> bool {
+        let pulses = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        !pulses.is_empty() && pulses.iter().all(|p| p.answering(STALLED_AFTER))
     }
 }
 
