@@ -52,7 +52,7 @@ use self::script::{
     ELSEWHERE, FIXED_WINDOW_LEAN, Keys, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK, Reply,
     decode,
 };
-use self::wire::Watch;
+use self::wire::{Heard, Watch};
 use super::{
     Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
     LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
@@ -63,6 +63,9 @@ pub struct RedisStore {
     connector: Connector,
     /// Every connection the store's pools opened and closed.
     connections: Arc<ConnectionCounts>,
+    /// When any of them last read a reply: tells a slow Redis from a dead one for calls that
+    /// ran out of time before reaching a connection.
+    heard: Arc<Heard>,
     options: RedisOptions,
     /// Whether calls that fit the lean script go to it (always, but for tests that compare it
     /// with the full script: [`RedisStore::use_lean_script`]).
@@ -97,6 +100,7 @@ impl RedisStore {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let connections = Arc::new(ConnectionCounts::default());
+        let heard = Arc::new(Heard::default());
         let pools = PoolSettings {
             size: options.pool_size,
             connect_timeout: options.timeout,
@@ -107,6 +111,7 @@ impl RedisStore {
             },
             auth_file: options.auth_file.clone(),
             counts: connections.clone(),
+            heard: heard.clone(),
         };
         // Connecting through Sentinel or to a cluster node may take longer than a decision's
         // deadline (TLS, asking the sentinels); requests are bounded by their own deadline anyway.
@@ -134,6 +139,7 @@ impl RedisStore {
         Ok(Self {
             connector,
             connections,
+            heard,
             options,
             lean: AtomicBool::new(true),
         })
@@ -500,7 +506,7 @@ impl RedisStore {
                         let cluster = cluster.clone();
                         tokio::spawn(async move { cluster.refresh().await });
                     }
-                    if watch.redis_answering() {
+                    if watch.redis_answering(&self.heard) {
                         Err(StoreError::Late(timeout))
                     } else {
                         Err(StoreError::Timeout(timeout))

@@ -74,8 +74,8 @@ impl Drop for Shared {
     }
 }
 
-/// The calls waiting for replies.
-struct Owed(Mutex<Waiting>);
+/// The calls waiting for replies, and where the store hears of this connection's replies.
+struct Owed(Mutex<Waiting>, Arc<Heard>);
 
 struct Waiting {
     /// Oldest first; `None` once the connection has failed.
@@ -98,12 +98,15 @@ struct Slot {
 }
 
 impl Owed {
-    fn new() -> Self {
-        Self(Mutex::new(Waiting {
-            queue: Some(VecDeque::new()),
-            progress: Instant::now(),
-            replied: None,
-        }))
+    fn new(heard: Arc<Heard>) -> Self {
+        Self(
+            Mutex::new(Waiting {
+                queue: Some(VecDeque::new()),
+                progress: Instant::now(),
+                replied: None,
+            }),
+            heard,
+        )
     }
 
     fn lock(&self) -> MutexGuard<'_, Waiting> {
@@ -157,6 +160,7 @@ impl Owed {
         let mut done = Vec::new();
         let mut unasked = false;
         {
+            self.1.now();
             let mut waiting = self.lock();
             let now = Instant::now();
             waiting.progress = now;
@@ -182,6 +186,25 @@ impl Owed {
             let _ = slot.reply.send(Ok(wanted));
         }
         if unasked { Err(()) } else { Ok(()) }
+    }
+}
+
+/// When any connection of one store last read a reply: what a call that ran out of time before
+/// it reached a connection (queued behind a busy scheduler, waiting for a checkout or for the
+/// write lock) can go by.
+#[derive(Debug, Default)]
+pub(super) struct Heard(Mutex<Option<Instant>>);
+
+impl Heard {
+    fn now(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
+
+    fn within(&self, within: Duration) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|at| at.elapsed() <= within)
     }
 }
 
@@ -229,16 +252,23 @@ impl Watch {
             .push(pulse);
     }
 
-    /// Redis is answering this call's connections: it was written to at least one, and every
-    /// one of them is alive and read a reply within [`STALLED_AFTER`], the time after which a
-    /// connection owing replies is taken for dead anyway. A call that never reached a
-    /// connection (the checkout waited it out) learnt nothing that says Redis is up.
-    pub(super) fn redis_answering(&self) -> bool {
+    /// Redis is answering: every connection the call was written to is alive and read a reply
+    /// within [`STALLED_AFTER`], the time after which a connection owing replies is taken for
+    /// dead anyway. A call that never reached a connection (queued behind a busy scheduler,
+    /// waiting for a checkout or the write lock) goes by `store`: whether any of the store's
+    /// connections read a reply within that time. A dead Redis refuses or resets connections,
+    /// which fails calls at once rather than late; one that answers nothing is heard from by
+    /// no connection.
+    pub(super) fn redis_answering(&self, store: &Heard) -> bool {
         let pulses = self
             .0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        !pulses.is_empty() && pulses.iter().all(|p| p.answering(STALLED_AFTER))
+        if pulses.is_empty() {
+            store.within(STALLED_AFTER)
+        } else {
+            pulses.iter().all(|p| p.answering(STALLED_AFTER))
+        }
     }
 }
 
@@ -274,13 +304,14 @@ impl Drop for WriteGuard<'_> {
 
 impl Wire {
     /// Connects to `info`'s server (TLS with `tls` for a `rediss://` address), authenticates
-    /// and selects its database, all within `timeout`.
+    /// and selects its database, all within `timeout`. Every reply it reads is told to `heard`.
     pub(super) async fn connect(
         info: &ConnectionInfo,
         tls: Option<&Arc<rustls::ClientConfig>>,
         timeout: Duration,
+        heard: Arc<Heard>,
     ) -> RedisResult<Wire> {
-        match tokio::time::timeout(timeout, Self::open(info, tls)).await {
+        match tokio::time::timeout(timeout, Self::open(info, tls, heard)).await {
             Ok(wire) => wire,
             Err(_) => Err(RedisError::from(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -292,6 +323,7 @@ impl Wire {
     async fn open(
         info: &ConnectionInfo,
         tls: Option<&Arc<rustls::ClientConfig>>,
+        heard: Arc<Heard>,
     ) -> RedisResult<Wire> {
         type Halves = (
             Box<dyn AsyncRead + Send + Unpin>,
@@ -332,7 +364,7 @@ impl Wire {
             #[allow(unreachable_patterns)]
             _ => return Err(config_error("unsupported redis address")),
         };
-        let owed = Arc::new(Owed::new());
+        let owed = Arc::new(Owed::new(heard));
         let reader = tokio::spawn(read_replies(read, owed.clone())).abort_handle();
         let mut wire = Wire {
             shared: Arc::new(Shared {
