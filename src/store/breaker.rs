@@ -5,9 +5,19 @@
 //! [`StoreError::Unavailable`] until `cool_down` has passed. Then one call is let through as a
 //! probe (half-open): success closes the breaker, failure opens it again for twice as long (up to
 //! `max_cool_down`). Every change is published on a watch channel, which the server turns into
-//! its health status. Only outages count as failures (transport errors, deadlines, a server that
-//! refuses every call); an error reply to one call's script is that call's problem, so no caller
-//! can open the breaker for everyone by provoking one.
+//! its health status.
+//!
+//! Only outages count as failures ([`StoreError::is_outage`]): transport errors, deadlines with
+//! nothing heard from Redis, a server that refuses every call. An error reply to one call's
+//! script is that call's problem, so no caller can open the breaker for everyone by provoking
+//! one; a call that ran late while Redis kept answering on its connection
+//! ([`StoreError::Late`]: a busy CPU, a slow script) shows Redis is up, so it counts as an
+//! answer: opening the breaker for slowness would turn a slow store into no store.
+//!
+//! While open or half-open only the probe's result counts: calls that were already in flight
+//! when the breaker opened fail late (they wait out their deadline), and counting them would
+//! push the reopening out and double the cool-down for failures it already knows about
+//! (issue #28: the breaker stayed shut about a second after Redis answered again).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -52,6 +62,15 @@ enum State {
     },
 }
 
+/// How a call got through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// While closed: its failure counts toward opening.
+    Regular,
+    /// The one call let through after a cool-down: its result closes or reopens the breaker.
+    Probe,
+}
+
 #[derive(Debug)]
 pub struct Breaker<S> {
     store: S,
@@ -88,14 +107,14 @@ impl<S: Store> Breaker<S> {
         &self.store
     }
 
-    /// Whether a call may go to the store now.
-    fn admit(&self) -> Result<(), StoreError> {
+    /// Whether a call may go to the store now, and as what.
+    fn admit(&self) -> Result<Pass, StoreError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match *state {
-            State::Closed { .. } => Ok(()),
+            State::Closed { .. } => Ok(Pass::Regular),
             State::Open { until, cool_down } if Instant::now() >= until => {
                 *state = State::HalfOpen { cool_down };
-                Ok(())
+                Ok(Pass::Probe)
             }
             State::Open { .. } | State::HalfOpen { .. } => Err(StoreError::Unavailable(
                 "circuit breaker open: the store failed repeatedly".into(),
@@ -103,29 +122,34 @@ impl<S: Store> Breaker<S> {
         }
     }
 
-    fn record<T>(&self, result: &Result<T, StoreError>) {
-        // Any answer, an error reply included, shows the store is reachable; only outages
-        // count as failures (see `StoreError::is_outage`).
+    fn record<T>(&self, pass: Pass, result: &Result<T, StoreError>) {
+        // Any answer, an error reply or a late one from a Redis that answers included, shows
+        // the store is reachable; only outages count as failures (see `StoreError::is_outage`).
         let answered = !result.as_ref().is_err_and(StoreError::is_outage);
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let next = match (&*state, answered) {
-            (_, true) => State::Closed { failures: 0 },
-            (State::Closed { failures }, false) if failures + 1 < self.options.failures_to_open => {
+        let next = match (&*state, pass, answered) {
+            (_, _, true) => State::Closed { failures: 0 },
+            (State::Closed { failures }, _, false)
+                if failures + 1 < self.options.failures_to_open =>
+            {
                 State::Closed {
                     failures: failures + 1,
                 }
             }
-            (State::Closed { .. }, false) => State::Open {
+            (State::Closed { .. }, _, false) => State::Open {
                 until: Instant::now() + self.options.cool_down,
                 cool_down: self.options.cool_down,
             },
-            (State::HalfOpen { cool_down } | State::Open { cool_down, .. }, false) => {
+            (State::HalfOpen { cool_down }, Pass::Probe, false) => {
                 let cool_down = (*cool_down * 2).min(self.options.max_cool_down);
                 State::Open {
                     until: Instant::now() + cool_down,
                     cool_down,
                 }
             }
+            // A call admitted before the breaker opened, failing now: the breaker already
+            // knows, and only the probe says anything new.
+            (State::Open { .. } | State::HalfOpen { .. }, _, false) => return,
         };
         let usable = matches!(next, State::Closed { .. });
         if usable != *self.usable.borrow() {
@@ -146,9 +170,9 @@ impl<S: Store> Breaker<S> {
         call: impl FnOnce() -> StoreFuture<'a, T> + Send + 'a,
     ) -> StoreFuture<'a, T> {
         Box::pin(async move {
-            self.admit()?;
+            let pass = self.admit()?;
             let result = call().await;
-            self.record(&result);
+            self.record(pass, &result);
             result
         })
     }
@@ -200,15 +224,19 @@ impl<S: LimiterStore> LimiterStore for Breaker<S> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
     use super::*;
     use crate::store::Outcome;
 
-    /// A store that fails while `down` is set and counts the calls that reach it.
+    /// A store that fails while `down` is set (with `failure`, an outage unless told
+    /// otherwise), answers after `delay_ms`, and counts the calls that reach it.
     #[derive(Debug, Default)]
     struct Flaky {
         down: AtomicBool,
+        /// Down means a late reply from a Redis that answers ([`StoreError::Late`]).
+        late: AtomicBool,
+        delay_ms: AtomicU64,
         calls: AtomicU32,
     }
 
@@ -221,21 +249,76 @@ mod tests {
     impl CounterStore for Flaky {
         fn check_with<'a>(&'a self, checks: &'a [&'a Check], _: Charging) -> StoreFuture<'a> {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            let result = if self.down.load(Ordering::SeqCst) {
-                Err(StoreError::Unavailable("down".into()))
-            } else {
-                Ok(vec![
-                    Outcome {
+            let delay = Duration::from_millis(self.delay_ms.load(Ordering::SeqCst));
+            Box::pin(async move {
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                if !self.down.load(Ordering::SeqCst) {
+                    let ok = Outcome {
                         admitted: true,
                         remaining: 1,
                         reset_ms: 1,
-                        used: 0
+                        used: 0,
                     };
-                    checks.len()
-                ])
-            };
-            Box::pin(std::future::ready(result))
+                    Ok(vec![ok; checks.len()])
+                } else if self.late.load(Ordering::SeqCst) {
+                    Err(StoreError::Late(Duration::from_millis(15)))
+                } else {
+                    Err(StoreError::Unavailable("down".into()))
+                }
+            })
         }
+    }
+
+    #[tokio::test]
+    async fn late_replies_from_a_redis_that_answers_never_open_it() {
+        let breaker = Breaker::new(Flaky::default(), BreakerOptions::default());
+        let usable = breaker.usable();
+        breaker.inner().down.store(true, Ordering::SeqCst);
+        breaker.inner().late.store(true, Ordering::SeqCst);
+        for _ in 0..100 {
+            assert!(matches!(breaker.check(&[]).await, Err(StoreError::Late(_))));
+        }
+        assert!(*usable.borrow(), "late replies opened the breaker");
+        assert_eq!(breaker.inner().calls.load(Ordering::SeqCst), 100);
+        // The same store down instead: open after the usual five.
+        breaker.inner().late.store(false, Ordering::SeqCst);
+        for _ in 0..5 {
+            assert!(breaker.check(&[]).await.is_err());
+        }
+        assert!(!*usable.borrow(), "an outage opens it");
+    }
+
+    #[tokio::test]
+    async fn calls_in_flight_when_it_opens_do_not_extend_the_cool_down() {
+        // Cool-down 50 ms; counted, the 18 late failures below would double it up to 10 s.
+        let breaker = Breaker::new(
+            Flaky::default(),
+            BreakerOptions {
+                failures_to_open: 2,
+                cool_down: Duration::from_millis(50),
+                max_cool_down: Duration::from_secs(10),
+            },
+        );
+        let usable = breaker.usable();
+        breaker.inner().down.store(true, Ordering::SeqCst);
+        breaker.inner().delay_ms.store(100, Ordering::SeqCst);
+        // 20 calls admitted together while closed; all fail at about the same time.
+        let calls: Vec<_> = (0..20).map(|_| breaker.check(&[])).collect();
+        for result in futures::future::join_all(calls).await {
+            assert!(result.is_err());
+        }
+        assert!(!*usable.borrow(), "open after the failures");
+        // Redis answers again; the probe after one cool-down (plus a margin) closes it.
+        breaker.inner().down.store(false, Ordering::SeqCst);
+        breaker.inner().delay_ms.store(0, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            breaker.check(&[]).await.is_ok(),
+            "the in-flight failures pushed the reopening out"
+        );
+        assert!(*usable.borrow(), "closed again");
     }
 
     #[tokio::test]

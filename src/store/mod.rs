@@ -107,8 +107,18 @@ pub struct Outcome {
 /// Why a store could not decide. Messages never contain credentials.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
+    /// The call ran out of time and Redis said nothing that shows it is up: no connection, or
+    /// a connection that read no reply for a while (see `redis/wire.rs`, `Watch`). An outage.
     #[error("store call timed out after {0:?} (the hits may or may not have been counted)")]
     Timeout(std::time::Duration),
+    /// The call ran out of time while Redis kept answering on its connection(s): Redis, or the
+    /// machine, is slow (a busy CPU, a long script), not down. This call failed, but it does
+    /// not count toward the circuit breaker: opening it would turn slowness into an outage for
+    /// every caller.
+    #[error(
+        "store call timed out after {0:?} while redis was answering (slow, not down; the hits may or may not have been counted)"
+    )]
+    Late(std::time::Duration),
     #[error("redis error: {0}")]
     Redis(String),
     /// The store ran the script and answered with an error reply (a wrong type, a number out
@@ -126,21 +136,27 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// Whether this error says the store cannot serve (a transport failure, a deadline, a server
-    /// that refuses every call), as opposed to an answer to this one call. Only these count
+    /// Whether this error says the store cannot serve (a transport failure, a deadline with
+    /// nothing heard from Redis, a server that refuses every call), as opposed to an answer to
+    /// this one call or a late one from a Redis that is answering ([`StoreError::Late`]). Only these count
     /// toward the circuit breaker: a caller that can provoke a script error must not be able to
     /// open it for everyone.
     pub fn is_outage(&self) -> bool {
         match self {
             StoreError::Timeout(_) | StoreError::Redis(_) | StoreError::Unavailable(_) => true,
-            StoreError::Script(_) | StoreError::Protocol(_) | StoreError::Setup(_) => false,
+            StoreError::Late(_)
+            | StoreError::Script(_)
+            | StoreError::Protocol(_)
+            | StoreError::Setup(_) => false,
         }
     }
 
     /// The `error` label of `sluice_store_errors_total`.
     pub fn kind(&self) -> &'static str {
         match self {
-            StoreError::Timeout(_) => "timeout",
+            // One label for both: a timeout is a timeout to whoever reads the metric; the
+            // breaker is what tells them apart.
+            StoreError::Timeout(_) | StoreError::Late(_) => "timeout",
             StoreError::Redis(_) => "redis",
             StoreError::Script(_) => "script",
             StoreError::Unavailable(_) => "unavailable",

@@ -36,6 +36,7 @@ use redis::{
 use super::coalesce::{CallError, Coalescer, Connect, PipelineCounts, send_on};
 use super::conn::{Connection, Manager, PoolSettings, describe, fail, new_pool, redis_error};
 use super::slot::SLOTS;
+use super::wire::Watch;
 use crate::store::StoreError;
 
 /// Refreshes of the slot map are at least this far apart.
@@ -223,6 +224,9 @@ impl Cluster {
                 match self.connection(&node).await {
                     Err(e) => Attempt::Unreachable(e),
                     Ok(mut conn) => {
+                        if let Some(watch) = Watch::current() {
+                            watch.written_to(&conn.redis);
+                        }
                         // After a NOSCRIPT the call is resent without ASKING; the node then
                         // answers MOVED (the script did not run) and the loop follows it.
                         let mut pipe = Pipeline::with_capacity(2);

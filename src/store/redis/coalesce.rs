@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::conn::{Connection, Manager, checkout, fail, load, retire_if_broken};
 use super::script;
+use super::wire::Watch;
 use crate::store::StoreError;
 
 /// Commands per pipeline at most, so one write stays a few kilobytes to a few hundred.
@@ -100,6 +101,8 @@ impl Counts {
 struct Call {
     cmd: Cmd,
     reply: oneshot::Sender<Result<Value, CallError>>,
+    /// The caller's watch: told which connection the call was written to.
+    watch: Option<Watch>,
 }
 
 impl<C: Connect> Coalescer<C> {
@@ -134,7 +137,8 @@ impl<C: Connect> Coalescer<C> {
             let mut pipe = Pipeline::with_capacity(1);
             pipe.add_command(cmd);
             self.counts.sent(1);
-            let mut answers = exchange(&*self.source, &pipe).await;
+            let watch = Watch::current();
+            let mut answers = exchange(&*self.source, &pipe, watch.as_slice()).await;
             return answers.pop().expect("one answer per command");
         }
         let queue = self.queue.get_or_init(|| {
@@ -144,7 +148,11 @@ impl<C: Connect> Coalescer<C> {
         });
         let (reply, answer) = oneshot::channel();
         queue
-            .send(Call { cmd, reply })
+            .send(Call {
+                cmd,
+                reply,
+                watch: Watch::current(),
+            })
             .map_err(|_| CallError::NotSent(StoreError::Unavailable("batcher stopped".into())))?;
         // No answer means the sending task was dropped (the runtime is stopping) and the call may
         // have reached Redis, so it counts as lost: a cluster must not send it elsewhere.
@@ -183,20 +191,33 @@ async fn batcher<C: Connect>(
 async fn send<C: Connect>(source: Arc<C>, batch: Vec<Call>) {
     let mut pipe = Pipeline::with_capacity(batch.len());
     let mut replies = Vec::with_capacity(batch.len());
+    let mut watches = Vec::new();
     for call in batch {
         pipe.add_command(call.cmd);
         replies.push(call.reply);
+        watches.extend(call.watch);
     }
-    let answers = exchange(&*source, &pipe).await;
+    let answers = exchange(&*source, &pipe, &watches).await;
     for (reply, answer) in replies.into_iter().zip(answers) {
         // A caller that gave up (deadline) has dropped its receiver; its answer is discarded.
         let _ = reply.send(answer);
     }
 }
 
-/// Sends `pipe` on a connection from `source`: one answer per command, in order.
-async fn exchange<C: Connect>(source: &C, pipe: &Pipeline) -> Vec<Result<Value, CallError>> {
-    match source.connect().await {
+/// Sends `pipe` on a connection from `source`: one answer per command, in order. Each of
+/// `watches` learns the connection before anything is written.
+async fn exchange<C: Connect>(
+    source: &C,
+    pipe: &Pipeline,
+    watches: &[Watch],
+) -> Vec<Result<Value, CallError>> {
+    let conn = source.connect().await;
+    if let Ok(conn) = &conn {
+        for watch in watches {
+            watch.written_to(&conn.redis);
+        }
+    }
+    match conn {
         Ok(mut conn) => match send_on(&mut conn, pipe).await {
             Ok(values) => values
                 .into_iter()

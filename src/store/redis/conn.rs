@@ -18,7 +18,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::options::{RedisAuth, RedisOptions, TlsFiles, redact_url};
 use super::script::LuaScript;
-use super::wire::Wire;
+use super::wire::{Heard, Wire};
 use crate::clock::{Clock, SystemClock};
 use crate::store::StoreError;
 use crate::util::LogThrottle;
@@ -92,6 +92,8 @@ pub(super) struct PoolSettings {
     /// `REDIS_AUTH_FILE`, read for every new connection.
     pub(super) auth_file: Option<PathBuf>,
     pub(super) counts: Arc<ConnectionCounts>,
+    /// When any of the store's connections last read a reply (see `Watch`).
+    pub(super) heard: Arc<Heard>,
 }
 
 /// Opens connections for bb8, and tells it which ones failed.
@@ -160,7 +162,13 @@ impl bb8::ManageConnection for Manager {
                 .clone(),
         };
         let settings = &self.settings;
-        let redis = Wire::connect(&info, settings.tls.as_ref(), settings.connect_timeout).await?;
+        let redis = Wire::connect(
+            &info,
+            settings.tls.as_ref(),
+            settings.connect_timeout,
+            settings.heard.clone(),
+        )
+        .await?;
         Ok(Connection {
             redis,
             broken: Arc::new(AtomicBool::new(false)),

@@ -52,6 +52,7 @@ use self::script::{
     ELSEWHERE, FIXED_WINDOW_LEAN, Keys, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK, Reply,
     decode,
 };
+use self::wire::{Heard, Watch};
 use super::{
     Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
     LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
@@ -62,6 +63,9 @@ pub struct RedisStore {
     connector: Connector,
     /// Every connection the store's pools opened and closed.
     connections: Arc<ConnectionCounts>,
+    /// When any of them last read a reply: tells a slow Redis from a dead one for calls that
+    /// ran out of time before reaching a connection.
+    heard: Arc<Heard>,
     options: RedisOptions,
     /// Whether calls that fit the lean script go to it (always, but for tests that compare it
     /// with the full script: [`RedisStore::use_lean_script`]).
@@ -96,6 +100,7 @@ impl RedisStore {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let connections = Arc::new(ConnectionCounts::default());
+        let heard = Arc::new(Heard::default());
         let pools = PoolSettings {
             size: options.pool_size,
             connect_timeout: options.timeout,
@@ -106,6 +111,7 @@ impl RedisStore {
             },
             auth_file: options.auth_file.clone(),
             counts: connections.clone(),
+            heard: heard.clone(),
         };
         // Connecting through Sentinel or to a cluster node may take longer than a decision's
         // deadline (TLS, asking the sentinels); requests are bounded by their own deadline anyway.
@@ -133,6 +139,7 @@ impl RedisStore {
         Ok(Self {
             connector,
             connections,
+            heard,
             options,
             lean: AtomicBool::new(true),
         })
@@ -479,14 +486,18 @@ fn parse_record(fields: RecordFields) -> Result<Option<LimiterRecord>, StoreErro
 }
 
 impl RedisStore {
-    /// Every store call gets the same deadline, connection checkout included.
+    /// Every store call gets the same deadline, connection checkout included. A call that runs
+    /// out of time while Redis keeps answering on its connections is [`StoreError::Late`]
+    /// (slow), otherwise [`StoreError::Timeout`] (nothing heard: down or unreachable).
     fn bounded<'a, T: Send + 'a>(
         &'a self,
         call: impl Future<Output = Result<T, StoreError>> + Send + 'a,
     ) -> StoreFuture<'a, T> {
         let timeout = self.options.timeout;
         Box::pin(async move {
-            match tokio::time::timeout(timeout, call).await {
+            // Learns which connections the call was written to, to tell slow from down.
+            let watch = Watch::default();
+            match tokio::time::timeout(timeout, watch.scope(call)).await {
                 Ok(result) => result,
                 Err(_) => {
                     if let Connector::Cluster(cluster) = &self.connector {
@@ -495,7 +506,11 @@ impl RedisStore {
                         let cluster = cluster.clone();
                         tokio::spawn(async move { cluster.refresh().await });
                     }
-                    Err(StoreError::Timeout(timeout))
+                    if watch.redis_answering(&self.heard) {
+                        Err(StoreError::Late(timeout))
+                    } else {
+                        Err(StoreError::Timeout(timeout))
+                    }
                 }
             }
         })

@@ -22,6 +22,11 @@
 //!   when next checked out (a peer gone without a reset would otherwise hold every call that
 //!   picks it until its deadline, for as long as TCP takes to notice).
 //!
+//! A call that runs out of time asks the connections it was written to whether Redis is still
+//! answering on them ([`Watch`], [`Pulse`]): a reply read within [`STALLED_AFTER`] on a connection
+//! that has not failed means Redis is slow (a busy CPU, a long script), not down, and the
+//! circuit breaker must not open for it (`StoreError::Late`).
+//!
 //! It implements redis-rs's `ConnectionLike`, so commands are still packed by redis-rs and
 //! replies are redis-rs `Value`s; error replies go through redis-rs's own parser so that
 //! `NOSCRIPT`, `MOVED`, `ASK`, `TRYAGAIN`, `READONLY` keep their kinds.
@@ -69,14 +74,16 @@ impl Drop for Shared {
     }
 }
 
-/// The calls waiting for replies.
-struct Owed(Mutex<Waiting>);
+/// The calls waiting for replies, and where the store hears of this connection's replies.
+struct Owed(Mutex<Waiting>, Arc<Heard>);
 
 struct Waiting {
     /// Oldest first; `None` once the connection has failed.
     queue: Option<VecDeque<Slot>>,
     /// When a reply was last read, or the queue last went from empty to owing.
     progress: Instant,
+    /// When a reply was last read (the handshake's included): proof that Redis answers.
+    replied: Option<Instant>,
 }
 
 /// One written pipeline's claim on the replies.
@@ -91,11 +98,15 @@ struct Slot {
 }
 
 impl Owed {
-    fn new() -> Self {
-        Self(Mutex::new(Waiting {
-            queue: Some(VecDeque::new()),
-            progress: Instant::now(),
-        }))
+    fn new(heard: Arc<Heard>) -> Self {
+        Self(
+            Mutex::new(Waiting {
+                queue: Some(VecDeque::new()),
+                progress: Instant::now(),
+                replied: None,
+            }),
+            heard,
+        )
     }
 
     fn lock(&self) -> MutexGuard<'_, Waiting> {
@@ -130,7 +141,9 @@ impl Owed {
     /// Queues `slot` for the replies of a pipeline about to be written.
     fn owe(&self, slot: Slot) -> RedisResult<()> {
         let mut waiting = self.lock();
-        let Waiting { queue, progress } = &mut *waiting;
+        let Waiting {
+            queue, progress, ..
+        } = &mut *waiting;
         let Some(queue) = queue else {
             return Err(lost("the redis connection has failed"));
         };
@@ -147,8 +160,11 @@ impl Owed {
         let mut done = Vec::new();
         let mut unasked = false;
         {
+            self.1.now();
             let mut waiting = self.lock();
-            waiting.progress = Instant::now();
+            let now = Instant::now();
+            waiting.progress = now;
+            waiting.replied = Some(now);
             let Some(queue) = waiting.queue.as_mut() else {
                 return Ok(());
             };
@@ -170,6 +186,89 @@ impl Owed {
             let _ = slot.reply.send(Ok(wanted));
         }
         if unasked { Err(()) } else { Ok(()) }
+    }
+}
+
+/// When any connection of one store last read a reply: what a call that ran out of time before
+/// it reached a connection (queued behind a busy scheduler, waiting for a checkout or for the
+/// write lock) can go by.
+#[derive(Debug, Default)]
+pub(super) struct Heard(Mutex<Option<Instant>>);
+
+impl Heard {
+    fn now(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
+
+    fn within(&self, within: Duration) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|at| at.elapsed() <= within)
+    }
+}
+
+/// What a connection can tell a call that ran out of time on it: whether Redis still answers
+/// there. Holds the connection's bookkeeping only, never its socket.
+#[derive(Clone)]
+pub(super) struct Pulse(Arc<Owed>);
+
+impl Pulse {
+    /// The connection has not failed and read a reply within `within`.
+    fn answering(&self, within: Duration) -> bool {
+        let waiting = self.0.lock();
+        waiting.queue.is_some() && waiting.replied.is_some_and(|at| at.elapsed() <= within)
+    }
+}
+
+tokio::task_local! {
+    /// The [`Watch`] of the store call running in this task, if it keeps one.
+    static WATCH: Watch;
+}
+
+/// The connections one store call was written to, so that when its deadline passes the call
+/// can tell a slow Redis from a dead one. The call's task carries it ([`Watch::scope`]); the
+/// batcher, which writes for many calls from a task of its own, is handed it with each call.
+#[derive(Clone, Default)]
+pub(super) struct Watch(Arc<Mutex<Vec<Pulse>>>);
+
+impl Watch {
+    /// Runs `call` with this watch as its task's.
+    pub(super) async fn scope<F: std::future::Future>(&self, call: F) -> F::Output {
+        WATCH.scope(self.clone(), call).await
+    }
+
+    /// The watch of the store call running in this task.
+    pub(super) fn current() -> Option<Watch> {
+        WATCH.try_with(Watch::clone).ok()
+    }
+
+    /// The call was written to `wire`.
+    pub(super) fn written_to(&self, wire: &Wire) {
+        let pulse = Pulse(wire.shared.owed.clone());
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(pulse);
+    }
+
+    /// Redis is answering: every connection the call was written to is alive and read a reply
+    /// within [`STALLED_AFTER`], the time after which a connection owing replies is taken for
+    /// dead anyway. A call that never reached a connection (queued behind a busy scheduler,
+    /// waiting for a checkout or the write lock) goes by `store`: whether any of the store's
+    /// connections read a reply within that time. A dead Redis refuses or resets connections,
+    /// which fails calls at once rather than late; one that answers nothing is heard from by
+    /// no connection.
+    pub(super) fn redis_answering(&self, store: &Heard) -> bool {
+        let pulses = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if pulses.is_empty() {
+            store.within(STALLED_AFTER)
+        } else {
+            pulses.iter().all(|p| p.answering(STALLED_AFTER))
+        }
     }
 }
 
@@ -205,13 +304,14 @@ impl Drop for WriteGuard<'_> {
 
 impl Wire {
     /// Connects to `info`'s server (TLS with `tls` for a `rediss://` address), authenticates
-    /// and selects its database, all within `timeout`.
+    /// and selects its database, all within `timeout`. Every reply it reads is told to `heard`.
     pub(super) async fn connect(
         info: &ConnectionInfo,
         tls: Option<&Arc<rustls::ClientConfig>>,
         timeout: Duration,
+        heard: Arc<Heard>,
     ) -> RedisResult<Wire> {
-        match tokio::time::timeout(timeout, Self::open(info, tls)).await {
+        match tokio::time::timeout(timeout, Self::open(info, tls, heard)).await {
             Ok(wire) => wire,
             Err(_) => Err(RedisError::from(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -223,6 +323,7 @@ impl Wire {
     async fn open(
         info: &ConnectionInfo,
         tls: Option<&Arc<rustls::ClientConfig>>,
+        heard: Arc<Heard>,
     ) -> RedisResult<Wire> {
         type Halves = (
             Box<dyn AsyncRead + Send + Unpin>,
@@ -263,7 +364,7 @@ impl Wire {
             #[allow(unreachable_patterns)]
             _ => return Err(config_error("unsupported redis address")),
         };
-        let owed = Arc::new(Owed::new());
+        let owed = Arc::new(Owed::new(heard));
         let reader = tokio::spawn(read_replies(read, owed.clone())).abort_handle();
         let mut wire = Wire {
             shared: Arc::new(Shared {

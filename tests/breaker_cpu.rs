@@ -1,0 +1,383 @@
+//! The circuit breaker on a machine whose CPU is saturated (issue #28, "a breaker for outages,
+//! not for a busy CPU"): a real `sluice` process, a real `redis-server` (behind our fault proxy
+//! where the network must misbehave), both cores kept busy by two spinning shell processes for
+//! each test's duration.
+//!
+//! What the breaker must tell apart (`src/store/breaker.rs`, `StoreError::Late` and
+//! `store/redis/wire.rs`, `Watch`):
+//! - a Redis that is slow but answering (replies late, a long script run by another client)
+//!   must never open it: calls time out, but `sluice_circuit_breaker_open` stays 0, health stays
+//!   SERVING and no caller is told "circuit breaker open";
+//! - a Redis that is dead (killed) or unreachable (the proxy holds every reply) still opens it,
+//!   within `BREAKER_FAILURES` (5) failed calls once nothing is heard from Redis, and it closes
+//!   again within about one cool-down once Redis answers.
+//!
+//! Each test prints one `BREAKER-CPU` line with its figures, quoted in docs/reliability.md
+//! (`cargo test --test breaker_cpu -- --nocapture 2>/dev/null | grep BREAKER-CPU`).
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::proxy::{FaultProxy, Faults, Leg};
+use common::*;
+use tokio::time::Instant;
+
+/// What a store call may take. The late replies below come 3× later than this, the busy script
+/// lasts 3× as long; both stay well inside the 1 s after which a connection that owes replies
+/// and reads none counts as dead (`STALLED_AFTER` in wire.rs).
+const REDIS_TIMEOUT: &str = "100ms";
+const CALLERS: usize = 32;
+/// What the callers send (`grpc-timeout`): far past anything Sluice takes to answer.
+const DEADLINE: Duration = Duration::from_secs(5);
+/// The breaker's default: failures in a row that open it.
+const BREAKER_FAILURES: usize = 5;
+
+const CONFIG: &str = "domain: b\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n";
+
+/// Both cores kept busy for the test's duration: two shell loops, killed when this drops (and,
+/// should the test process die first, by the watcher `stop_when_this_process_ends` starts).
+struct CpuHog(Vec<Child>);
+
+impl CpuHog {
+    fn start() -> CpuHog {
+        CpuHog(
+            (0..2)
+                .map(|_| {
+                    let child = Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .stdin(Stdio::null())
+                        .spawn()
+                        .expect("sh");
+                    stop_when_this_process_ends(child.id(), "sh");
+                    child
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for CpuHog {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Sluice on `redis_url`, and its config directory (kept while it runs).
+fn sluice_on(redis_url: &str) -> (Sluice, tempfile::TempDir) {
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(
+        dir.path(),
+        None,
+        &[
+            ("BACKEND_TYPE", "redis"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", redis_url),
+            ("REDIS_TIMEOUT", REDIS_TIMEOUT),
+            // Health follows the breaker, so an open breaker shows as NOT_SERVING.
+            ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true"),
+        ],
+    );
+    (sluice, dir)
+}
+
+fn tenant(i: usize) -> sluice::proto::RateLimitRequest {
+    request("b", vec![descriptor(&[("tenant", &format!("t{i}"))])])
+}
+
+/// What the callers saw.
+#[derive(Default)]
+struct Tally {
+    ok: AtomicU64,
+    failed: AtomicU64,
+    /// Calls refused by an open breaker (the status message says so).
+    breaker_open: AtomicU64,
+}
+
+/// `CALLERS` callers, each on its own connection, asking until `stop` is set.
+fn start_callers(
+    sluice: &Sluice,
+    stop: &Arc<AtomicBool>,
+    tally: &Arc<Tally>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let grpc = format!("http://{}", sluice.grpc);
+    (0..CALLERS)
+        .map(|i| {
+            let (grpc, stop, tally) = (grpc.clone(), stop.clone(), tally.clone());
+            tokio::spawn(async move {
+                let mut client = sluice::proto::RateLimitServiceClient::connect(grpc)
+                    .await
+                    .unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    let mut call = tonic::Request::new(tenant(i));
+                    call.set_timeout(DEADLINE);
+                    match client.should_rate_limit(call).await {
+                        Ok(_) => tally.ok.fetch_add(1, Ordering::Relaxed),
+                        Err(status) => {
+                            if status.message().contains("circuit breaker open") {
+                                tally.breaker_open.fetch_add(1, Ordering::Relaxed);
+                            }
+                            // Do not spin on failures.
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                            tally.failed.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                }
+            })
+        })
+        .collect()
+}
+
+/// What the monitor saw while sampling health and the breaker gauge.
+#[derive(Default)]
+struct Watched {
+    samples: AtomicU64,
+    not_serving: AtomicU64,
+    gauge_open: AtomicU64,
+}
+
+/// Samples `/healthcheck` and `sluice_circuit_breaker_open` every 20 ms until `stop`.
+fn start_monitor(
+    sluice: &Sluice,
+    stop: &Arc<AtomicBool>,
+    watched: &Arc<Watched>,
+) -> tokio::task::JoinHandle<()> {
+    let (http, stop, watched) = (sluice.http, stop.clone(), watched.clone());
+    tokio::task::spawn_blocking(move || {
+        while !stop.load(Ordering::Relaxed) {
+            watched.samples.fetch_add(1, Ordering::Relaxed);
+            if http_request(http, "GET", "/healthcheck", "").0 != 200 {
+                watched.not_serving.fetch_add(1, Ordering::Relaxed);
+            }
+            let (_, metrics) = http_request(http, "GET", "/metrics", "");
+            let open = metrics.lines().any(|l| {
+                l.strip_prefix("sluice_circuit_breaker_open{store=\"redis\"} ")
+                    .is_some_and(|v| v.trim() != "0")
+            });
+            if open {
+                watched.gauge_open.fetch_add(1, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+}
+
+/// A script run by another client that keeps Redis busy for `ms` (wall clock), as a slow Lua
+/// script or `DEBUG SLEEP` would: nothing else is answered meanwhile.
+fn busy_script(redis: &RedisServer, ms: u64) {
+    let script = format!(
+        "local s = redis.call('TIME') \
+         while true do \
+           local n = redis.call('TIME') \
+           if (n[1] - s[1]) * 1000000 + (n[2] - s[2]) >= {us} then return 1 end \
+         end",
+        us = ms * 1000
+    );
+    let out = redis.cli(&["EVAL", &script, "0"]);
+    assert_eq!(out.as_deref().map(str::trim), Some("1"), "busy script ran");
+}
+
+/// Sequential calls until one is refused by the open breaker: the calls that failed before it
+/// (each one reached the store and failed), and how long that took. Panics past `within`.
+async fn calls_until_open(sluice: &Sluice, within: Duration) -> (usize, Duration) {
+    let mut client = sluice.client().await;
+    let started = Instant::now();
+    let mut failed = 0;
+    loop {
+        assert!(
+            started.elapsed() < within,
+            "the breaker did not open within {within:?} ({failed} calls failed)"
+        );
+        let mut call = tonic::Request::new(tenant(0));
+        call.set_timeout(DEADLINE);
+        match client.should_rate_limit(call).await {
+            Err(status) if status.message().contains("circuit breaker open") => {
+                return (failed, started.elapsed());
+            }
+            Err(_) => failed += 1,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Calls until one is answered; how long after `since` that was. Panics past `within`.
+async fn first_answer_after(sluice: &Sluice, since: Instant, within: Duration) -> Duration {
+    let mut client = sluice.client().await;
+    loop {
+        let mut call = tonic::Request::new(tenant(0));
+        call.set_timeout(DEADLINE);
+        if client.should_rate_limit(call).await.is_ok() {
+            return since.elapsed();
+        }
+        assert!(
+            since.elapsed() < within,
+            "no answer {within:?} after Redis answered again"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Lines Sluice logged that say the breaker opened.
+fn breaker_logs(sluice: &Sluice) -> usize {
+    sluice
+        .stdout_rest
+        .try_iter()
+        .filter(|line| line.contains("circuit breaker open"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_redis_that_answers_never_opens_the_breaker() {
+    let _hog = CpuHog::start();
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(([127, 0, 0, 1], redis.port).into()).await;
+    let (sluice, _dir) = sluice_on(&proxy.url());
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally = Arc::new(Tally::default());
+    let watched = Arc::new(Watched::default());
+    let monitor = start_monitor(&sluice, &stop, &watched);
+    let callers = start_callers(&sluice, &stop, &tally);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ok_before = tally.ok.load(Ordering::Relaxed);
+
+    // Every reply 300 ms late (3× REDIS_TIMEOUT): every call times out, Redis keeps answering.
+    proxy.set(Faults {
+        down: Leg {
+            latency: Duration::from_millis(300),
+            ..Leg::default()
+        },
+        ..Faults::default()
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.clear();
+    let failed_late = tally.failed.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Redis itself busy: a 300 ms script from another client, three times.
+    let failed_before_scripts = tally.failed.load(Ordering::Relaxed);
+    for _ in 0..3 {
+        tokio::task::block_in_place(|| busy_script(&redis, 300));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let failed_scripts = tally.failed.load(Ordering::Relaxed) - failed_before_scripts;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    stop.store(true, Ordering::Relaxed);
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    monitor.await.unwrap();
+    let (ok, failed, refused) = (
+        tally.ok.load(Ordering::Relaxed),
+        tally.failed.load(Ordering::Relaxed),
+        tally.breaker_open.load(Ordering::Relaxed),
+    );
+    let (samples, not_serving, gauge_open) = (
+        watched.samples.load(Ordering::Relaxed),
+        watched.not_serving.load(Ordering::Relaxed),
+        watched.gauge_open.load(Ordering::Relaxed),
+    );
+    let logged = breaker_logs(&sluice);
+    println!(
+        "BREAKER-CPU slow-but-answering: calls ok={ok} failed={failed} (late replies {failed_late}, \
+         busy scripts {failed_scripts}) refused-by-open-breaker={refused}; \
+         health/gauge samples={samples} not-serving={not_serving} gauge-open={gauge_open}; \
+         breaker-open log lines={logged}"
+    );
+    // The slowness was felt (else this test could not fail): calls timed out under both.
+    assert!(ok_before > 0, "answers before the fault");
+    assert!(failed_late > 0, "late replies made calls time out");
+    assert!(failed_scripts > 0, "the busy script made calls time out");
+    // And it never became an outage.
+    assert_eq!(refused, 0, "calls refused by an open breaker");
+    assert_eq!(logged, 0, "the breaker opened (log)");
+    assert!(samples > 10, "the monitor sampled");
+    assert_eq!(not_serving, 0, "health left SERVING");
+    assert_eq!(gauge_open, 0, "sluice_circuit_breaker_open was 1");
+    assert!(ok > ok_before, "answers after the fault");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_redis_opens_the_breaker_within_five_calls_and_it_closes_after_one_cool_down() {
+    let _hog = CpuHog::start();
+    let mut redis = RedisServer::start();
+    let (sluice, _dir) = sluice_on(&format!("127.0.0.1:{}", redis.port));
+    let mut client = sluice.client().await;
+    client.should_rate_limit(tenant(0)).await.unwrap();
+
+    redis.kill();
+    let (failed, took) = calls_until_open(&sluice, Duration::from_secs(10)).await;
+    assert!(
+        failed <= BREAKER_FAILURES,
+        "{failed} failed calls before the breaker opened"
+    );
+    assert_eq!(sluice.http("GET", "/healthcheck", "").0, 500, "NOT_SERVING");
+    assert_eq!(
+        sluice.metric("sluice_circuit_breaker_open{store=\"redis\"}"),
+        1.0
+    );
+
+    // Callers keep calling through the outage, calls in flight included.
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally = Arc::new(Tally::default());
+    let callers = start_callers(&sluice, &stop, &tally);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::task::block_in_place(|| redis.restart());
+    // Ten times the longest cool-down (1 s).
+    let back = first_answer_after(&sluice, Instant::now(), Duration::from_secs(10)).await;
+    stop.store(true, Ordering::Relaxed);
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    wait_until("health SERVING again", || {
+        sluice.http("GET", "/healthcheck", "").0 == 200
+    });
+    println!(
+        "BREAKER-CPU redis-killed: opened after {failed} failed calls ({took:?}); \
+         answered again {back:?} after Redis was back; refused-by-open-breaker={}",
+        tally.breaker_open.load(Ordering::Relaxed)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_redis_opens_the_breaker_and_it_closes_after_one_cool_down() {
+    let _hog = CpuHog::start();
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(([127, 0, 0, 1], redis.port).into()).await;
+    let (sluice, _dir) = sluice_on(&proxy.url());
+    let mut client = sluice.client().await;
+    client.should_rate_limit(tenant(0)).await.unwrap();
+
+    // The proxy holds every reply: nothing comes back, the sockets stay open. Late for the
+    // first second (the last reply is recent), then dead.
+    proxy.set(Faults {
+        stall: true,
+        ..Faults::default()
+    });
+    let (failed, took) = calls_until_open(&sluice, Duration::from_secs(20)).await;
+    assert_eq!(sluice.http("GET", "/healthcheck", "").0, 500, "NOT_SERVING");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally = Arc::new(Tally::default());
+    let callers = start_callers(&sluice, &stop, &tally);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxy.clear();
+    let back = first_answer_after(&sluice, Instant::now(), Duration::from_secs(10)).await;
+    stop.store(true, Ordering::Relaxed);
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    wait_until("health SERVING again", || {
+        sluice.http("GET", "/healthcheck", "").0 == 200
+    });
+    println!(
+        "BREAKER-CPU redis-unreachable: opened after {failed} failed calls ({took:?}); \
+         answered again {back:?} after the proxy let replies through"
+    );
+}
