@@ -186,18 +186,8 @@ where
         observability,
         stop.stopped(),
     );
-    let prometheus = async {
-        match prometheus {
-            Some(serving) => serving.await,
-            None => Ok(()),
-        }
-    };
-    let limiter_api = async {
-        match limiter_api {
-            Some((_, serving)) => serving.await,
-            None => Ok(()),
-        }
-    };
+    let prometheus = serve_if_any(prometheus);
+    let limiter_api = serve_if_any(limiter_api.map(|(_, serving)| serving));
     let servers =
         async { tokio::try_join!(grpc, http, prometheus, limiter_api, debug).map(|_| ()) };
     Ok(Serving {
@@ -209,6 +199,16 @@ where
         _remove_socket: main.remove_socket,
         _stop_statsd,
     })
+}
+
+/// A listener's serving that may be off: done at once when it is.
+async fn serve_if_any(
+    serving: Option<impl Future<Output = Result<(), ServeError>>>,
+) -> Result<(), ServeError> {
+    match serving {
+        Some(serving) => serving.await,
+        None => Ok(()),
+    }
 }
 
 /// The connection caps, the HTTP/1 options and the gRPC options every listener is served with.
