@@ -1,8 +1,8 @@
 //! Step 2 of the request path: one store call for every check of a request. The over-limit
 //! cache answers the fixed windows it knows are refused (`local_cache.rs`), per-second limits go
-//! to their own store when there is one (`REDIS_PERSECOND`), and `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`
-//! picks how the store charges. Each part of a split request is a list of references to the
-//! plan's checks, never a copy of a key.
+//! to their own store when there is one (`REDIS_PERSECOND`), and
+//! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` picks how the store charges. Each part of a split
+//! request is a list of references to the plan's checks, never a copy of a key.
 
 use tracing::Instrument;
 
