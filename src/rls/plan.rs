@@ -2,8 +2,8 @@
 //! checks the store is asked. A descriptor is matched in the domain's tree (or takes Envoy's
 //! override; one beyond the input limits is refused on its own, [`Refusal`]), limits named by
 //! another's `replaces` are dropped across the request, and each counted limit becomes a
-//! [`Check`] with its key (`rls/key.rs`) and rule ([`super::rule_for`]). Apart from the answer
-//! step (`answer.rs`), which reads the plan this builds, so a newcomer finds matching here.
+//! [`Check`] with its key (`rls/key.rs`) and rule ([`super::rule_for`]). The store call
+//! (`store_call.rs`) and the answer step (`answer.rs`) read the plan this builds.
 
 use std::borrow::Cow;
 
