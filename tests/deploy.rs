@@ -1134,7 +1134,7 @@ fn the_service_writes_no_file() {
         // GRPC_UDS (off by default): the gRPC Unix socket, at a path the operator picks (a
         // mounted volume); a stale socket there is replaced, and removed on exit.
         ("src/server/mod.rs", "fs::remove", "GRPC_UDS socket"),
-        ("src/app.rs", "fs::remove", "GRPC_UDS socket"),
+        ("src/app/listeners.rs", "fs::remove", "GRPC_UDS socket"),
     ];
     const WRITES: &[&str] = &[
         "fs::write",

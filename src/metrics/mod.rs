@@ -162,28 +162,10 @@ impl Metrics {
     pub fn with_stats(near_limit_ratio: f64, stats: StatStore) -> Self {
         let stats = Arc::new(stats);
         let r = Registry::new();
-        let response_time = HistogramVec::new(
-            HistogramOpts::new(
-                "ratelimit_service_response_time_seconds",
-                "Time to answer a rate limit request",
-            )
-            .buckets(latency_buckets()),
-            &["grpc_method"],
-        )
-        .expect("valid metric");
-        r.register(Box::new(response_time.clone()))
-            .expect("each metric is registered once");
-        let store_call = HistogramVec::new(
-            HistogramOpts::new(
-                "sluice_store_call_seconds",
-                "Time of one store operation (check: all descriptors of a request)",
-            )
-            .buckets(latency_buckets()),
-            &["store", "operation"],
-        )
-        .expect("valid metric");
-        r.register(Box::new(store_call.clone()))
-            .expect("each metric is registered once");
+        let (response_time, store_call) = latency_histograms(&r);
+        let stores = StoreMetrics::register(&r);
+        let connections = ConnectionMetrics::register(&r);
+        let inputs = InputMetrics::register(&r);
         Self {
             near_limit_ratio,
             global_shadow_mode: stats.counter("ratelimit.service.global_shadow_mode"),
@@ -203,101 +185,22 @@ impl Metrics {
             response_time,
             response_time_scale: 1.0,
             store_call,
-            script_errors: counter_vec(
-                &r,
-                "sluice_script_errors_total",
-                "Store operations answered with an error reply by the script (a bug or an input it \
-                 cannot represent; never counted toward a circuit breaker), by store and operation",
-                &["store", "operation"],
-            ),
-            store_errors: counter_vec(
-                &r,
-                "sluice_store_errors_total",
-                "Store operations that failed, by store, operation and error kind",
-                &["store", "operation", "error"],
-            ),
-            failed_open: counter(
-                &r,
-                "sluice_failed_open_total",
-                "Requests answered OK because the store failed (FAILURE_POLICY=fail_open)",
-            ),
-            breaker_open: gauge_vec(
-                &r,
-                "sluice_circuit_breaker_open",
-                "1 while the store's circuit breaker is open",
-                &["store"],
-            ),
-            memory_entries: gauge(
-                &r,
-                "sluice_memory_store_entries",
-                "Entries held by the memory store",
-            ),
-            memory_evictions: counter(
-                &r,
-                "sluice_memory_store_evictions_total",
-                "Live entries evicted because the memory store was full",
-            ),
-            memory_limiter_states: gauge(
-                &r,
-                "sluice_memory_limiter_states",
-                "Client states of named limiters held by the memory store (a table of their own, \
-                 at most MEMORY_MAX_LIMITER_STATES)",
-            ),
-            limiter_clients_refused: counter(
-                &r,
-                "sluice_limiter_clients_refused_total",
-                "New clients of named limiters refused on the memory store because a limiter \
-                 (LIMITER_MAX_CLIENTS) or the table (MEMORY_MAX_LIMITER_STATES) was full",
-            ),
-            connections_open: gauge_vec(
-                &r,
-                "sluice_connections_open",
-                "Connections open now, by listener (grpc, http, metrics, debug, limiter_api)",
-                &["listener"],
-            ),
-            connections_rejected: counter_vec(
-                &r,
-                "sluice_connections_rejected_total",
-                "Connections closed at accept, by listener and reason: max_connections (the \
-                 listener was full) or max_connections_per_peer (the peer had its share)",
-                &["listener", "reason"],
-            ),
-            connections_closed: counter_vec(
-                &r,
-                "sluice_connections_closed_total",
-                "Connections closed by the server because the client was silent, by listener \
-                 and reason: handshake_timeout (TLS handshake or HTTP/2 preface), \
-                 header_timeout (HTTP/1 request headers) or idle (gRPC, after a GOAWAY)",
-                &["listener", "reason"],
-            ),
-            descriptors_refused: counter_vec(
-                &r,
-                "sluice_descriptors_refused_total",
-                "Descriptors answered OVER_LIMIT without being counted, because they were beyond \
-                 the input limits (too_many_descriptors, too_many_entries, bad_override_unit)",
-                &["reason"],
-            ),
-            long_parts: counter_vec(
-                &r,
-                "sluice_long_descriptor_parts_total",
-                "Domains, keys and values longer than their input limit, judged under a digest \
-                 of their text",
-                &["part"],
-            ),
+            script_errors: stores.script_errors,
+            store_errors: stores.store_errors,
+            failed_open: stores.failed_open,
+            breaker_open: stores.breaker_open,
+            memory_entries: stores.memory_entries,
+            memory_evictions: stores.memory_evictions,
+            memory_limiter_states: stores.memory_limiter_states,
+            limiter_clients_refused: stores.limiter_clients_refused,
+            connections_open: connections.connections_open,
+            connections_rejected: connections.connections_rejected,
+            connections_closed: connections.connections_closed,
+            descriptors_refused: inputs.descriptors_refused,
+            long_parts: inputs.long_parts,
             detailed_series: SeriesCap::new(DEFAULT_DETAILED_SERIES),
-            series_refused: counter(
-                &r,
-                "sluice_stat_series_refused_total",
-                "Stats not counted because their series, named after a request value \
-                 (detailed_metric, value_to_metric), would have gone past \
-                 MAX_DETAILED_METRIC_SERIES",
-            ),
-            statsd_lines_dropped: counter(
-                &r,
-                "sluice_statsd_lines_dropped_total",
-                "statsd lines lost: flushes the server could not take, DogStatsD lines that \
-                 failed to send",
-            ),
+            series_refused: inputs.series_refused,
+            statsd_lines_dropped: inputs.statsd_lines_dropped,
             registry: r,
         }
     }
@@ -618,6 +521,179 @@ impl fmt::Debug for ConfigCounters {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "ConfigCounters({} limits)", self.0.len())
     }
+}
+
+/// Sluice's own Prometheus metrics of the stores: errors, breakers and the memory store's
+/// tables ([`Metrics::with_stats`] registers them).
+struct StoreMetrics {
+    script_errors: IntCounterVec,
+    store_errors: IntCounterVec,
+    failed_open: IntCounter,
+    breaker_open: IntGaugeVec,
+    memory_entries: IntGauge,
+    memory_evictions: IntCounter,
+    memory_limiter_states: IntGauge,
+    limiter_clients_refused: IntCounter,
+}
+
+impl StoreMetrics {
+    fn register(r: &Registry) -> Self {
+        Self {
+            script_errors: counter_vec(
+                r,
+                "sluice_script_errors_total",
+                "Store operations answered with an error reply by the script (a bug or an input it \
+                 cannot represent; never counted toward a circuit breaker), by store and operation",
+                &["store", "operation"],
+            ),
+            store_errors: counter_vec(
+                r,
+                "sluice_store_errors_total",
+                "Store operations that failed, by store, operation and error kind",
+                &["store", "operation", "error"],
+            ),
+            failed_open: counter(
+                r,
+                "sluice_failed_open_total",
+                "Requests answered OK because the store failed (FAILURE_POLICY=fail_open)",
+            ),
+            breaker_open: gauge_vec(
+                r,
+                "sluice_circuit_breaker_open",
+                "1 while the store's circuit breaker is open",
+                &["store"],
+            ),
+            memory_entries: gauge(
+                r,
+                "sluice_memory_store_entries",
+                "Entries held by the memory store",
+            ),
+            memory_evictions: counter(
+                r,
+                "sluice_memory_store_evictions_total",
+                "Live entries evicted because the memory store was full",
+            ),
+            memory_limiter_states: gauge(
+                r,
+                "sluice_memory_limiter_states",
+                "Client states of named limiters held by the memory store (a table of their own, \
+                 at most MEMORY_MAX_LIMITER_STATES)",
+            ),
+            limiter_clients_refused: counter(
+                r,
+                "sluice_limiter_clients_refused_total",
+                "New clients of named limiters refused on the memory store because a limiter \
+                 (LIMITER_MAX_CLIENTS) or the table (MEMORY_MAX_LIMITER_STATES) was full",
+            ),
+        }
+    }
+}
+
+/// Sluice's own Prometheus metrics of the listeners' connections ([`Metrics::with_stats`]
+/// registers them).
+struct ConnectionMetrics {
+    connections_open: IntGaugeVec,
+    connections_rejected: IntCounterVec,
+    connections_closed: IntCounterVec,
+}
+
+impl ConnectionMetrics {
+    fn register(r: &Registry) -> Self {
+        Self {
+            connections_open: gauge_vec(
+                r,
+                "sluice_connections_open",
+                "Connections open now, by listener (grpc, http, metrics, debug, limiter_api)",
+                &["listener"],
+            ),
+            connections_rejected: counter_vec(
+                r,
+                "sluice_connections_rejected_total",
+                "Connections closed at accept, by listener and reason: max_connections (the \
+                 listener was full) or max_connections_per_peer (the peer had its share)",
+                &["listener", "reason"],
+            ),
+            connections_closed: counter_vec(
+                r,
+                "sluice_connections_closed_total",
+                "Connections closed by the server because the client was silent, by listener \
+                 and reason: handshake_timeout (TLS handshake or HTTP/2 preface), \
+                 header_timeout (HTTP/1 request headers) or idle (gRPC, after a GOAWAY)",
+                &["listener", "reason"],
+            ),
+        }
+    }
+}
+
+/// Sluice's own Prometheus metrics of what was refused or lost: descriptors and parts beyond
+/// the input limits, stat series past their cap, statsd lines ([`Metrics::with_stats`]
+/// registers them).
+struct InputMetrics {
+    descriptors_refused: IntCounterVec,
+    long_parts: IntCounterVec,
+    series_refused: IntCounter,
+    statsd_lines_dropped: IntCounter,
+}
+
+impl InputMetrics {
+    fn register(r: &Registry) -> Self {
+        Self {
+            descriptors_refused: counter_vec(
+                r,
+                "sluice_descriptors_refused_total",
+                "Descriptors answered OVER_LIMIT without being counted, because they were beyond \
+                 the input limits (too_many_descriptors, too_many_entries, bad_override_unit)",
+                &["reason"],
+            ),
+            long_parts: counter_vec(
+                r,
+                "sluice_long_descriptor_parts_total",
+                "Domains, keys and values longer than their input limit, judged under a digest \
+                 of their text",
+                &["part"],
+            ),
+            series_refused: counter(
+                r,
+                "sluice_stat_series_refused_total",
+                "Stats not counted because their series, named after a request value \
+                 (detailed_metric, value_to_metric), would have gone past \
+                 MAX_DETAILED_METRIC_SERIES",
+            ),
+            statsd_lines_dropped: counter(
+                r,
+                "sluice_statsd_lines_dropped_total",
+                "statsd lines lost: flushes the server could not take, DogStatsD lines that \
+                 failed to send",
+            ),
+        }
+    }
+}
+
+/// The latency histograms: a request's answer (upstream's name) and one store operation.
+fn latency_histograms(r: &Registry) -> (HistogramVec, HistogramVec) {
+    let response_time = HistogramVec::new(
+        HistogramOpts::new(
+            "ratelimit_service_response_time_seconds",
+            "Time to answer a rate limit request",
+        )
+        .buckets(latency_buckets()),
+        &["grpc_method"],
+    )
+    .expect("valid metric");
+    r.register(Box::new(response_time.clone()))
+        .expect("each metric is registered once");
+    let store_call = HistogramVec::new(
+        HistogramOpts::new(
+            "sluice_store_call_seconds",
+            "Time of one store operation (check: all descriptors of a request)",
+        )
+        .buckets(latency_buckets()),
+        &["store", "operation"],
+    )
+    .expect("valid metric");
+    r.register(Box::new(store_call.clone()))
+        .expect("each metric is registered once");
+    (response_time, store_call)
 }
 
 fn latency_buckets() -> Vec<f64> {

@@ -6,8 +6,10 @@ use std::sync::Arc;
 use super::*;
 use crate::clock::ManualClock;
 use crate::config::{LoadOptions, load_sources};
-use crate::proto::{DescriptorEntry, RateLimitOverride};
-use crate::store::{MemoryStore, MemoryStoreOptions};
+use crate::proto::{
+    Code, DescriptorEntry, DescriptorStatus, RateLimitDescriptor, RateLimitOverride,
+};
+use crate::store::{Charging, Check, MemoryStore, MemoryStoreOptions};
 
 const CONFIG: &str = r#"
 domain: app

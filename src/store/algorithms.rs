@@ -351,25 +351,7 @@ pub fn sliding_window_counter(
     window: u64,
     now: u64,
 ) -> Step {
-    let (mut start, mut current, mut previous) = match state {
-        Some(State::Windows {
-            start,
-            current,
-            previous,
-        }) => (start, u64::from(current), u64::from(previous)),
-        _ => (0, 0, 0),
-    };
-    // A clock that steps back stays in the newest window seen.
-    let now = now.max(start);
-    let aligned = now / window * window;
-    if aligned == start + window {
-        previous = current;
-        current = 0;
-    } else if aligned != start {
-        previous = 0;
-        current = 0;
-    }
-    start = aligned;
+    let (start, mut current, previous, now) = roll_windows(state, window, now);
     let elapsed = now - start;
     let weighted = (previous as f64 * (window - elapsed) as f64 / window as f64).floor() as u64;
     let estimate = weighted + current;
@@ -396,20 +378,12 @@ pub fn sliding_window_counter(
     } else {
         0
     };
-    let wait = if admitted || probe > limit {
-        until_empty
-    } else if current + probe <= limit {
-        // Wait for the previous window's weight to shrink enough, at the latest to its end.
-        let room = (limit - current - probe) as f64;
-        let at = (window as f64 - (room + 1.0) * window as f64 / previous as f64).floor() + 1.0;
-        (at.max(elapsed as f64 + 1.0).min(window as f64) as u64) - elapsed
-    } else {
-        // This window's count becomes the previous one; wait until its weight has shrunk.
-        let room = (limit - probe) as f64;
-        let at = (window as f64 - (room + 1.0) * window as f64 / current as f64).floor() + 1.0;
-        window - elapsed + at.max(0.0) as u64
-    };
-    let wait = wait.min(window);
+    let wait = sliding_window_wait(
+        (admitted, probe, limit),
+        (current, previous),
+        (window, elapsed),
+        until_empty,
+    );
     let used = if admitted { estimate + hits } else { estimate };
     Step {
         outcome: Outcome {
@@ -433,6 +407,57 @@ pub fn sliding_window_counter(
             )
         }),
     }
+}
+
+/// The sliding-window counter's windows at `now` (clamped to the newest window seen, which it
+/// also returns): the current window's start and count and the previous window's count, rolled
+/// forward from `state`.
+fn roll_windows(state: Option<State>, window: u64, now: u64) -> (u64, u64, u64, u64) {
+    let (mut start, mut current, mut previous) = match state {
+        Some(State::Windows {
+            start,
+            current,
+            previous,
+        }) => (start, u64::from(current), u64::from(previous)),
+        _ => (0, 0, 0),
+    };
+    // A clock that steps back stays in the newest window seen.
+    let now = now.max(start);
+    let aligned = now / window * window;
+    if aligned == start + window {
+        previous = current;
+        current = 0;
+    } else if aligned != start {
+        previous = 0;
+        current = 0;
+    }
+    start = aligned;
+    (start, current, previous, now)
+}
+
+/// How long a sliding-window counter's caller should wait (in the window's unit, at most the
+/// window): until the counts are empty when admitted or when the request can never fit, else
+/// until the weighted estimate leaves room for it.
+fn sliding_window_wait(
+    (admitted, probe, limit): (bool, u64, u64),
+    (current, previous): (u64, u64),
+    (window, elapsed): (u64, u64),
+    until_empty: u64,
+) -> u64 {
+    let wait = if admitted || probe > limit {
+        until_empty
+    } else if current + probe <= limit {
+        // Wait for the previous window's weight to shrink enough, at the latest to its end.
+        let room = (limit - current - probe) as f64;
+        let at = (window as f64 - (room + 1.0) * window as f64 / previous as f64).floor() + 1.0;
+        (at.max(elapsed as f64 + 1.0).min(window as f64) as u64) - elapsed
+    } else {
+        // This window's count becomes the previous one; wait until its weight has shrunk.
+        let room = (limit - probe) as f64;
+        let at = (window as f64 - (room + 1.0) * window as f64 / current as f64).floor() + 1.0;
+        window - elapsed + at.max(0.0) as u64
+    };
+    wait.min(window)
 }
 
 /// GCRA with emission interval `interval` and room for `burst` requests at once. This is also the

@@ -209,64 +209,14 @@ impl Cluster {
         for _ in 0..=MAX_REDIRECTS {
             let (node, asking) = match target.take() {
                 Some(t) => t,
-                None => match self.owner(slot) {
-                    Some(node) => (node, false),
-                    None => {
-                        self.refresh().await?;
-                        let node = self.owner(slot).ok_or_else(|| {
-                            StoreError::Unavailable(format!("no master serves slot {slot}"))
-                        })?;
-                        (node, false)
-                    }
-                },
+                None => (self.master_of(slot).await?, false),
             };
             let attempt = if asking {
-                match self.connection(&node).await {
-                    Err(e) => Attempt::Unreachable(e),
-                    Ok(mut conn) => {
-                        if let Some(watch) = Watch::current() {
-                            watch.written_to(&conn.redis);
-                        }
-                        // After a NOSCRIPT the call is resent without ASKING; the node then
-                        // answers MOVED (the script did not run) and the loop follows it.
-                        let mut pipe = Pipeline::with_capacity(2);
-                        pipe.cmd("ASKING").add_command(cmd.clone());
-                        match send_on(&mut conn, &pipe).await {
-                            Ok(mut replies) => match replies.pop() {
-                                Some(Value::ServerError(e)) => {
-                                    classify(RedisError::from(e)).map_err(|e| fail(&conn, e))?
-                                }
-                                Some(value) => Attempt::Done(value),
-                                None => {
-                                    return Err(StoreError::Protocol(
-                                        "no reply after ASKING".into(),
-                                    ));
-                                }
-                            },
-                            Err(e) => return Err(fail(&conn, e)),
-                        }
-                    }
-                }
+                self.attempt_asking(&node, cmd).await?
             } else {
-                match self.node(&node)?.call(cmd.clone()).await {
-                    Ok(Value::ServerError(e)) => {
-                        classify(RedisError::from(e)).map_err(redis_error)?
-                    }
-                    Ok(value) => Attempt::Done(value),
-                    Err(CallError::NotSent(e)) => Attempt::Unreachable(e),
-                    // The script may have run: not retried, so hits are never counted twice.
-                    Err(CallError::Lost(e)) => return Err(e),
-                }
+                self.attempt(&node, cmd).await?
             };
-            match &attempt {
-                Attempt::Done(_) => {}
-                Attempt::Moved(to) => tracing::debug!(slot, node, to, "MOVED"),
-                Attempt::Ask(to) => tracing::debug!(slot, node, to, "ASK"),
-                Attempt::RetryLater => tracing::debug!(slot, node, "cluster asked to retry"),
-                Attempt::Unreachable(e) => {
-                    tracing::debug!(slot, node, error = %e, "node unreachable")
-                }
-            }
+            log_attempt(slot, &node, &attempt);
             match attempt {
                 Attempt::Done(value) => return Ok(value),
                 Attempt::Moved(to) => {
@@ -293,6 +243,64 @@ impl Cluster {
         Err(StoreError::Unavailable(format!(
             "slot {slot}: more than {MAX_REDIRECTS} redirections"
         )))
+    }
+
+    /// The master the slot map names for `slot`, refreshing the map once when it names none.
+    async fn master_of(&self, slot: u16) -> Result<String, StoreError> {
+        match self.owner(slot) {
+            Some(node) => Ok(node),
+            None => {
+                self.refresh().await?;
+                let node = self.owner(slot).ok_or_else(|| {
+                    StoreError::Unavailable(format!("no master serves slot {slot}"))
+                })?;
+                Ok(node)
+            }
+        }
+    }
+
+    /// One try of `cmd` on `node` after an `ASK`: `ASKING` and the call in one pipeline on a
+    /// connection of its own (not coalesced, since `ASKING` must come right before the call).
+    async fn attempt_asking(
+        &self,
+        node: &str,
+        cmd: &redis::Cmd,
+    ) -> Result<Attempt<Value>, StoreError> {
+        Ok(match self.connection(node).await {
+            Err(e) => Attempt::Unreachable(e),
+            Ok(mut conn) => {
+                if let Some(watch) = Watch::current() {
+                    watch.written_to(&conn.redis);
+                }
+                // After a NOSCRIPT the call is resent without ASKING; the node then
+                // answers MOVED (the script did not run) and the loop follows it.
+                let mut pipe = Pipeline::with_capacity(2);
+                pipe.cmd("ASKING").add_command(cmd.clone());
+                match send_on(&mut conn, &pipe).await {
+                    Ok(mut replies) => match replies.pop() {
+                        Some(Value::ServerError(e)) => {
+                            classify(RedisError::from(e)).map_err(|e| fail(&conn, e))?
+                        }
+                        Some(value) => Attempt::Done(value),
+                        None => {
+                            return Err(StoreError::Protocol("no reply after ASKING".into()));
+                        }
+                    },
+                    Err(e) => return Err(fail(&conn, e)),
+                }
+            }
+        })
+    }
+
+    /// One try of `cmd` on `node`, coalesced with other requests' calls to it.
+    async fn attempt(&self, node: &str, cmd: &redis::Cmd) -> Result<Attempt<Value>, StoreError> {
+        Ok(match self.node(node)?.call(cmd.clone()).await {
+            Ok(Value::ServerError(e)) => classify(RedisError::from(e)).map_err(redis_error)?,
+            Ok(value) => Attempt::Done(value),
+            Err(CallError::NotSent(e)) => Attempt::Unreachable(e),
+            // The script may have run: not retried, so hits are never counted twice.
+            Err(CallError::Lost(e)) => return Err(e),
+        })
     }
 
     /// Sends `cmd` to `node` as it is, without following redirections: a call whose keys span
@@ -442,6 +450,19 @@ fn parse_slots(reply: &Value, asked: &str) -> Result<Topology, StoreError> {
         }
     }
     Ok(topology)
+}
+
+/// Logs at debug level what became of one try on `node`.
+fn log_attempt<T>(slot: u16, node: &str, attempt: &Attempt<T>) {
+    match &attempt {
+        Attempt::Done(_) => {}
+        Attempt::Moved(to) => tracing::debug!(slot, node, to, "MOVED"),
+        Attempt::Ask(to) => tracing::debug!(slot, node, to, "ASK"),
+        Attempt::RetryLater => tracing::debug!(slot, node, "cluster asked to retry"),
+        Attempt::Unreachable(e) => {
+            tracing::debug!(slot, node, error = %e, "node unreachable")
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,235 @@
+//! Opening the stores: the one the RLS path counts in, the per-second one (`REDIS_PERSECOND`),
+//! the native API's, and the breakers health follows. Every store is wrapped the same way, in
+//! one place ([`Layers`]): measured, then (Redis) behind a circuit breaker. The native API gets
+//! a Redis store (pool, batcher and breaker) of its own, so nothing it does can change an RLS
+//! answer, RLS health or RLS latency.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::clock::SystemClock;
+use crate::metrics::{Instrumented, Metrics};
+use crate::server::{Health, ServeError};
+use crate::settings::{Backend, Settings};
+use crate::store::breaker::Breaker;
+use crate::store::redis::StartupRetry;
+use crate::store::{CounterStore, LimiterStore, MemoryStore, RedisOptions, RedisStore};
+
+/// The stores [`open_stores`] opened, each already wrapped in its [`Layers`].
+pub(super) struct Stores {
+    /// Where the RLS path counts.
+    pub(super) counters: Arc<dyn CounterStore>,
+    /// Where limits whose unit is the second go (`REDIS_PERSECOND`).
+    pub(super) per_second: Option<Arc<dyn CounterStore>>,
+    /// The memory store, whose figures `/metrics` shows.
+    pub(super) memory: Option<Arc<MemoryStore>>,
+    /// The named limiters' store, when the native API can have one.
+    pub(super) named: Option<Arc<dyn LimiterStore>>,
+    /// The breakers health follows.
+    pub(super) health: StoreHealth,
+}
+
+/// How every store is wrapped, outermost first: measured ([`Instrumented`], per-operation
+/// latency and errors under the store's name) → circuit breaker ([`Breaker`], Redis only) → the
+/// store. The one place where store layers are stacked: a new layer goes here.
+struct Layers<'a> {
+    metrics: &'a Arc<Metrics>,
+    settings: &'a Settings,
+}
+
+impl Layers<'_> {
+    /// A store as the RLS path sees it: measured, as a counter store.
+    fn counters(&self, store: Arc<dyn CounterStore>, name: &'static str) -> Arc<dyn CounterStore> {
+        Arc::new(Instrumented::new(store, name, self.metrics.clone()))
+    }
+
+    /// A store as the named limiters see it: measured, as a limiter store.
+    fn limiters(&self, store: Arc<dyn LimiterStore>, name: &'static str) -> Arc<dyn LimiterStore> {
+        Arc::new(Instrumented::new(store, name, self.metrics.clone()))
+    }
+
+    /// Connects a Redis store behind its circuit breaker, waiting for Redis as configured.
+    async fn redis(
+        &self,
+        options: &RedisOptions,
+        retry: &StartupRetry,
+        start_degraded: bool,
+    ) -> Result<Breaker<RedisStore>, ServeError> {
+        let store_error = |source| ServeError::Store {
+            backend: "redis",
+            source,
+        };
+        let store = RedisStore::new(options.clone()).map_err(store_error)?;
+        tracing::info!(target = ?options.target, "waiting for redis");
+        let ready = store.wait_until_ready(retry).await;
+        let breaker = Breaker::new(store, self.settings.breaker.clone());
+        match ready {
+            Ok(()) => {}
+            Err(e) if start_degraded => {
+                tracing::warn!(error = %e, "redis is not ready; starting degraded");
+                breaker.force_open();
+            }
+            Err(e) => return Err(store_error(e)),
+        }
+        Ok(breaker)
+    }
+}
+
+/// Opens the store `BACKEND_TYPE` names, waiting for Redis as configured.
+pub(super) async fn open_stores(
+    settings: &Settings,
+    metrics: &Arc<Metrics>,
+    clock: &Arc<SystemClock>,
+) -> Result<Stores, ServeError> {
+    let layers = Layers { metrics, settings };
+    let mut store_usable = Vec::new();
+    let mut per_second_store = None;
+    let mut memory_store = None;
+    let mut named_store = None;
+    let mut health_follows_store = false;
+    let store: Arc<dyn CounterStore> = match &settings.backend {
+        Backend::Memory(options) => {
+            let store = Arc::new(MemoryStore::new(options.clone(), clock.clone()));
+            memory_store = Some(store.clone());
+            named_store = Some(layers.limiters(store.clone(), "memory"));
+            layers.counters(store, "memory")
+        }
+        Backend::Redis {
+            options,
+            per_second,
+            startup,
+            start_degraded,
+            health_follows_redis,
+        } => {
+            health_follows_store = *health_follows_redis;
+            // Starting degraded means not blocking on Redis: without a wait limit, try once.
+            let degraded = *start_degraded;
+            let wait = StartupRetry {
+                max_elapsed: if degraded {
+                    startup.max_elapsed.or(Some(std::time::Duration::ZERO))
+                } else {
+                    startup.max_elapsed
+                },
+                ..startup.clone()
+            };
+            let main = layers.redis(options, &wait, degraded).await?;
+            metrics.observe_redis_pool("redis_pool", main.inner().connections());
+            if settings.rls.stop_increment_when_over {
+                warn_partial_stop(options, per_second.is_some());
+            }
+            store_usable.push(("redis", main.usable(), HealthRole::Counts));
+            if let Some(options) = per_second {
+                let store = layers.redis(options, &wait, degraded).await?;
+                metrics.observe_redis_pool("redis_per_second_pool", store.inner().connections());
+                store_usable.push(("redis_per_second", store.usable(), HealthRole::Counts));
+                per_second_store = Some(layers.counters(Arc::new(store), "redis_per_second"));
+            }
+            if settings.limiter_api.is_some() {
+                let store = layers.redis(options, &wait, true).await?;
+                store_usable.push(("redis_limiter_api", store.usable(), HealthRole::Ignored));
+                named_store = Some(layers.limiters(Arc::new(store), "redis"));
+            }
+            layers.counters(Arc::new(main), "redis")
+        }
+    };
+    Ok(Stores {
+        counters: store,
+        per_second: per_second_store,
+        memory: memory_store,
+        named: named_store,
+        health: StoreHealth {
+            usable: store_usable,
+            follows: health_follows_store,
+        },
+    })
+}
+
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` is decided per store call: says so when a
+/// request's descriptors can go to several calls (README, "What differs").
+fn warn_partial_stop(options: &RedisOptions, per_second: bool) {
+    if matches!(options.target, crate::store::redis::Target::Cluster(_)) {
+        tracing::warn!(
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT on a Redis Cluster: descriptors whose keys \
+             are in different slots are decided by separate script calls, so one going over \
+             stops the counting only of the descriptors in its own slot"
+        );
+    }
+    if per_second {
+        tracing::warn!(
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT with REDIS_PERSECOND: per-second limits \
+             and the others are decided by separate stores, so one going over stops the \
+             counting only of descriptors in its own store"
+        );
+    }
+}
+
+/// Whether a store's breaker takes part in the health status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HealthRole {
+    /// The RLS path's stores: Envoy's answers depend on them.
+    Counts,
+    /// The native API's store: only its own gauge follows it.
+    Ignored,
+}
+
+/// Keeps the breaker gauges current, and health SERVING only while every RLS store's breaker is
+/// closed: until they have all been closed once (a start degraded waits for Redis), and after
+/// that only when `keep_following` (`REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`). Upstream's health
+/// likewise waits for Redis's first answer and, without that variable, ignores Redis after it.
+async fn follow_stores(
+    health: Health,
+    metrics: Arc<Metrics>,
+    mut stores: Vec<(&'static str, watch::Receiver<bool>, HealthRole)>,
+    keep_following: bool,
+) {
+    let mut following = true;
+    loop {
+        let mut all = true;
+        for (name, usable, counts) in &mut stores {
+            let usable = *usable.borrow_and_update();
+            metrics
+                .breaker_open
+                .with_label_values(&[*name])
+                .set(i64::from(!usable));
+            all &= usable || *counts == HealthRole::Ignored;
+        }
+        if following {
+            health.set_store_usable(all).await;
+            following = keep_following || !all;
+        }
+        let changes = stores.iter_mut().map(|(_, s, _)| Box::pin(s.changed()));
+        if futures::future::select_all(changes).await.0.is_err() {
+            return;
+        }
+    }
+}
+
+/// The breakers of the stores [`open_stores`] opened, with their role in health.
+pub(super) struct StoreHealth {
+    usable: Vec<(&'static str, watch::Receiver<bool>, HealthRole)>,
+    /// `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`.
+    follows: bool,
+}
+
+impl StoreHealth {
+    /// Starts [`follow_stores`] when there are breakers to follow (Redis).
+    pub(super) fn follow(self, health: &Health, metrics: &Arc<Metrics>) {
+        let (store_usable, health_follows_store) = (self.usable, self.follows);
+        if !store_usable.is_empty() {
+            if !health_follows_store {
+                tracing::info!(
+                    "health follows Redis only until it first answers, as upstream; set \
+                     REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true to turn it NOT_SERVING whenever a \
+                     Redis circuit breaker is open"
+                );
+            }
+            tokio::spawn(follow_stores(
+                health.clone(),
+                metrics.clone(),
+                store_usable,
+                health_follows_store,
+            ));
+        }
+    }
+}
