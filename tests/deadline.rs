@@ -61,7 +61,10 @@ async fn a_caller_that_waits_longer_than_redis_timeout_gets_its_decision() {
     let (sluice, proxy, _redis, _dir) = sluice_behind_proxy("50ms").await;
     let mut client = sluice.client().await;
     // Warm: the connection is open and the script loaded before replies slow down.
-    assert_eq!(ask(&mut client, tenant("warm")).await.overall_code, Code::Ok as i32);
+    assert_eq!(
+        ask(&mut client, tenant("warm")).await.overall_code,
+        Code::Ok as i32
+    );
     proxy.set(replies_late_by(Duration::from_millis(300)));
 
     let mut call = tonic::Request::new(tenant("slow"));
@@ -78,14 +81,19 @@ async fn a_caller_that_waits_longer_than_redis_timeout_gets_its_decision() {
         .await
         .expect_err("REDIS_TIMEOUT (50 ms) is shorter than the 300 ms reply");
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
-    println!("DEADLINE: 300 ms late replies, REDIS_TIMEOUT=50ms: caller 3 s → OK, no deadline → UNAVAILABLE");
+    println!(
+        "DEADLINE: 300 ms late replies, REDIS_TIMEOUT=50ms: caller 3 s → OK, no deadline → UNAVAILABLE"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_that_waits_less_than_redis_timeout_gets_an_answer_before_its_deadline() {
     let (sluice, proxy, _redis, _dir) = sluice_behind_proxy("10s").await;
     let mut client = sluice.client().await;
-    assert_eq!(ask(&mut client, tenant("warm")).await.overall_code, Code::Ok as i32);
+    assert_eq!(
+        ask(&mut client, tenant("warm")).await.overall_code,
+        Code::Ok as i32
+    );
     // Replies 5 s late: past the caller's deadline, well inside REDIS_TIMEOUT.
     proxy.set(replies_late_by(Duration::from_secs(5)));
 
@@ -102,5 +110,7 @@ async fn a_caller_that_waits_less_than_redis_timeout_gets_an_answer_before_its_d
     let took = sent.elapsed();
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     assert!(took < deadline, "{took:?}");
-    println!("DEADLINE: 5 s late replies, REDIS_TIMEOUT=10s: caller 1 s → UNAVAILABLE after {took:?}");
+    println!(
+        "DEADLINE: 5 s late replies, REDIS_TIMEOUT=10s: caller 1 s → UNAVAILABLE after {took:?}"
+    );
 }

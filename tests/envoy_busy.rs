@@ -87,7 +87,11 @@ async fn envoy_on_a_busy_machine_admits_exactly_the_limit() {
             stats.error,
             stats.failure_mode_allowed
         );
-        assert_eq!(counts.total(), REQUESTS, "{store:?}: every request answered: {counts:?}");
+        assert_eq!(
+            counts.total(),
+            REQUESTS,
+            "{store:?}: every request answered: {counts:?}"
+        );
         assert_eq!(
             (counts.get(200), stats.error),
             (LIMIT, 0),

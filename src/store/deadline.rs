@@ -39,7 +39,11 @@ pub fn margin(timeout: Duration) -> Duration {
 
 /// `handler` run with the store's deadline set to `arrived + timeout - margin(timeout)`; `None`
 /// (no `grpc-timeout`) runs it as it is, and the store uses `REDIS_TIMEOUT`.
-pub async fn scope<F: Future>(arrived: Instant, timeout: Option<Duration>, handler: F) -> F::Output {
+pub async fn scope<F: Future>(
+    arrived: Instant,
+    timeout: Option<Duration>,
+    handler: F,
+) -> F::Output {
     match timeout {
         Some(timeout) => {
             let deadline = arrived + timeout.saturating_sub(margin(timeout));
@@ -70,7 +74,10 @@ mod tests {
     #[test]
     fn the_margin_is_a_tenth_capped() {
         assert_eq!(margin(Duration::from_millis(20)), Duration::from_millis(2));
-        assert_eq!(margin(Duration::from_millis(100)), Duration::from_millis(10));
+        assert_eq!(
+            margin(Duration::from_millis(100)),
+            Duration::from_millis(10)
+        );
         assert_eq!(margin(Duration::from_millis(250)), MAX_MARGIN);
         assert_eq!(margin(Duration::from_secs(10)), MAX_MARGIN);
     }
@@ -85,7 +92,10 @@ mod tests {
         })
         .await;
         // 1 s less the 20 ms margin, less what the test took to get here.
-        assert!(long > Duration::from_millis(500) && long <= Duration::from_millis(980), "{long:?}");
+        assert!(
+            long > Duration::from_millis(500) && long <= Duration::from_millis(980),
+            "{long:?}"
+        );
         let short = scope(arrived, Some(Duration::from_millis(5)), async {
             budget(Duration::from_secs(10))
         })
