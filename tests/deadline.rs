@@ -114,3 +114,44 @@ async fn a_caller_that_waits_less_than_redis_timeout_gets_an_answer_before_its_d
         "DEADLINE: 5 s late replies, REDIS_TIMEOUT=10s: caller 1 s → UNAVAILABLE after {took:?}"
     );
 }
+
+/// The native API's calls carry `grpc-timeout` too, and their store calls get it the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_api_follows_the_callers_deadline_too() {
+    use sluice::proto::sluice::v1::limiter_client::LimiterClient;
+    use sluice::proto::sluice::v1::{Algorithm, GetConfigRequest, LimiterConfig, SetRateRequest};
+
+    let (sluice, proxy, _redis, _dir) = sluice_behind_proxy("50ms").await;
+    let mut client = LimiterClient::connect(format!("http://{}", sluice.grpc))
+        .await
+        .unwrap();
+    client
+        .set_rate(SetRateRequest {
+            config: Some(LimiterConfig {
+                name: "api".into(),
+                algorithm: Algorithm::TokenBucket as i32,
+                rate: 10,
+                interval: Some(Duration::from_secs(1).try_into().unwrap()),
+                ..Default::default()
+            }),
+            set_mode: 0,
+        })
+        .await
+        .expect("set while Redis answers at once");
+    proxy.set(replies_late_by(Duration::from_millis(300)));
+
+    let get = || GetConfigRequest { name: "api".into() };
+    let mut call = tonic::Request::new(get());
+    call.set_timeout(Duration::from_secs(3));
+    let config = client
+        .get_config(call)
+        .await
+        .expect("the store had the caller's 3 s")
+        .into_inner();
+    assert_eq!(config.rate, 10);
+    let status = client
+        .get_config(tonic::Request::new(get()))
+        .await
+        .expect_err("REDIS_TIMEOUT (50 ms) is shorter than the 300 ms reply");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+}
