@@ -31,7 +31,10 @@ use tokio::time::Instant;
 /// and reads none counts as dead (`STALLED_AFTER` in wire.rs).
 const REDIS_TIMEOUT: &str = "100ms";
 const CALLERS: usize = 32;
-/// What the callers send (`grpc-timeout`): far past anything Sluice takes to answer.
+/// How long a caller waits, on its own side: far past anything Sluice takes to answer. Not sent
+/// as `grpc-timeout`: a caller's deadline would rule the store's calls instead of
+/// `REDIS_TIMEOUT` (`src/store/deadline.rs`), and these tests need calls that time out after
+/// `REDIS_TIMEOUT` while Redis answers.
 const DEADLINE: Duration = Duration::from_secs(5);
 /// The breaker's default: failures in a row that open it.
 const BREAKER_FAILURES: usize = 5;
@@ -87,6 +90,19 @@ fn sluice_on(redis_url: &str) -> (Sluice, tempfile::TempDir) {
     (sluice, dir)
 }
 
+/// One call without `grpc-timeout` (see [`DEADLINE`]), given up on after `DEADLINE`.
+async fn call(
+    client: &mut sluice::proto::RateLimitServiceClient<tonic::transport::Channel>,
+    i: usize,
+) -> Result<sluice::proto::RateLimitResponse, tonic::Status> {
+    match tokio::time::timeout(DEADLINE, client.should_rate_limit(tenant(i))).await {
+        Ok(answer) => answer.map(tonic::Response::into_inner),
+        Err(_) => Err(tonic::Status::deadline_exceeded(
+            "no answer within DEADLINE",
+        )),
+    }
+}
+
 fn tenant(i: usize) -> sluice::proto::RateLimitRequest {
     request("b", vec![descriptor(&[("tenant", &format!("t{i}"))])])
 }
@@ -115,9 +131,7 @@ fn start_callers(
                     .await
                     .unwrap();
                 while !stop.load(Ordering::Relaxed) {
-                    let mut call = tonic::Request::new(tenant(i));
-                    call.set_timeout(DEADLINE);
-                    match client.should_rate_limit(call).await {
+                    match call(&mut client, i).await {
                         Ok(_) => tally.ok.fetch_add(1, Ordering::Relaxed),
                         Err(status) => {
                             if status.message().contains("circuit breaker open") {
@@ -194,9 +208,7 @@ async fn calls_until_open(sluice: &Sluice, within: Duration) -> (usize, Duration
             started.elapsed() < within,
             "the breaker did not open within {within:?} ({failed} calls failed)"
         );
-        let mut call = tonic::Request::new(tenant(0));
-        call.set_timeout(DEADLINE);
-        match client.should_rate_limit(call).await {
+        match call(&mut client, 0).await {
             Err(status) if status.message().contains("circuit breaker open") => {
                 return (failed, started.elapsed());
             }
@@ -210,9 +222,7 @@ async fn calls_until_open(sluice: &Sluice, within: Duration) -> (usize, Duration
 async fn first_answer_after(sluice: &Sluice, since: Instant, within: Duration) -> Duration {
     let mut client = sluice.client().await;
     loop {
-        let mut call = tonic::Request::new(tenant(0));
-        call.set_timeout(DEADLINE);
-        if client.should_rate_limit(call).await.is_ok() {
+        if call(&mut client, 0).await.is_ok() {
             return since.elapsed();
         }
         assert!(

@@ -15,7 +15,9 @@
 //!   lets a call racing with it finish), as at `GRPC_MAX_CONNECTION_AGE`. Envoy reconnects on
 //!   its next call. The h2 keep-alive ping closes connections whose peer stopped answering.
 //!
-//! A gRPC call's `grpc-timeout` is enforced as tonic's server loop did ([`grpc_timeout`]).
+//! A gRPC call's `grpc-timeout` is enforced as tonic's server loop did ([`grpc_timeout`]), and
+//! handed to the store as the deadline of the call's store calls (`store::deadline`), which
+//! then answer first, with a margin, so the caller gets an answer rather than `CANCELLED`.
 //!
 //! On shutdown every connection gets a graceful shutdown (GOAWAY, or `Connection: close` after
 //! the request in progress) and the loop returns once all have closed; `app` bounds that wait
@@ -248,8 +250,16 @@ impl Http2Connection {
                 // tonic's routes are always ready, so they can be called without `poll_ready`.
                 let mut routes = routes.clone();
                 let call = calls.start();
+                let arrived = Instant::now();
                 let deadline = grpc_timeout(request.headers());
-                let response = routes.call(request.map(tonic::body::Body::new));
+                // The store's calls answer before the caller's deadline (less a margin for
+                // the answer to travel), whatever REDIS_TIMEOUT says, so the enforcement
+                // below only cuts a handler that is late for other reasons.
+                let response = crate::store::deadline::scope(
+                    arrived,
+                    deadline,
+                    routes.call(request.map(tonic::body::Body::new)),
+                );
                 async move {
                     let response: Result<_, Infallible> = match deadline {
                         None => response.await,

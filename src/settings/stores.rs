@@ -147,9 +147,10 @@ fn redis_options<F: Fn(&str) -> Option<String>>(
         sentinel_auth: env.raw(&var("SENTINEL_AUTH")).map(|a| RedisAuth::parse(&a)),
         tls: tls_files,
         pool_size: env.number(&var("POOL_SIZE"), 10)?,
-        // Envoy gives the whole rate limit call 20 ms by default; an answer after that is
-        // thrown away, so the store's deadline sits below it (upstream: 10 s).
-        timeout: env.duration(&var("TIMEOUT"), Duration::from_millis(15))?,
+        // Upstream's 10 s. It bounds only calls whose caller sent no deadline (`/json`, a
+        // gRPC client without `grpc-timeout`): a call with one runs until that deadline less a
+        // margin (`store::deadline`), so Envoy's filter timeout rules, as with upstream.
+        timeout: env.duration(&var("TIMEOUT"), Duration::from_secs(10))?,
         expiration_jitter_max: Duration::from_secs(jitter_secs),
         pinned_clock: None,
     })

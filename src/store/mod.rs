@@ -13,6 +13,7 @@
 
 pub mod algorithms;
 pub mod breaker;
+pub mod deadline;
 pub mod memory;
 pub mod redis;
 

@@ -486,15 +486,19 @@ fn parse_record(fields: RecordFields) -> Result<Option<LimiterRecord>, StoreErro
 }
 
 impl RedisStore {
-    /// Every store call gets the same deadline, connection checkout included. A call that runs
-    /// out of time while Redis keeps answering on its connections is [`StoreError::Late`]
-    /// (slow), otherwise [`StoreError::Timeout`] (nothing heard: down or unreachable).
+    /// Every store call gets one deadline, connection checkout included: its caller's
+    /// (`grpc-timeout` less a margin, see [`super::deadline`]) when it sent one, else
+    /// `REDIS_TIMEOUT`. A call that runs out of time while Redis keeps answering on its
+    /// connections is [`StoreError::Late`] (slow), otherwise [`StoreError::Timeout`] (nothing
+    /// heard: down or unreachable).
     fn bounded<'a, T: Send + 'a>(
         &'a self,
         call: impl Future<Output = Result<T, StoreError>> + Send + 'a,
     ) -> StoreFuture<'a, T> {
-        let timeout = self.options.timeout;
         Box::pin(async move {
+            // Read when the call starts, in the caller's task: the server sets the deadline
+            // around the handler future this is polled in.
+            let timeout = super::deadline::budget(self.options.timeout);
             // Learns which connections the call was written to, to tell slow from down.
             let watch = Watch::default();
             match tokio::time::timeout(timeout, watch.scope(call)).await {
