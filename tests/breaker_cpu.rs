@@ -17,7 +17,6 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -40,37 +39,6 @@ const DEADLINE: Duration = Duration::from_secs(5);
 const BREAKER_FAILURES: usize = 5;
 
 const CONFIG: &str = "domain: b\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n";
-
-/// Both cores kept busy for the test's duration: two shell loops, killed when this drops (and,
-/// should the test process die first, by the watcher `stop_when_this_process_ends` starts).
-struct CpuHog(Vec<Child>);
-
-impl CpuHog {
-    fn start() -> CpuHog {
-        CpuHog(
-            (0..2)
-                .map(|_| {
-                    let child = Command::new("sh")
-                        .args(["-c", "while :; do :; done"])
-                        .stdin(Stdio::null())
-                        .spawn()
-                        .expect("sh");
-                    stop_when_this_process_ends(child.id(), "sh");
-                    child
-                })
-                .collect(),
-        )
-    }
-}
-
-impl Drop for CpuHog {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
 
 /// Sluice on `redis_url`, and its config directory (kept while it runs).
 fn sluice_on(redis_url: &str) -> (Sluice, tempfile::TempDir) {

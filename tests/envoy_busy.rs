@@ -13,11 +13,10 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::envoy::{Envoy, Upstream};
-use common::{Sluice, avoid_window_edge, config_dir, for_each_store};
+use common::{CpuHog, Sluice, avoid_window_edge, config_dir, for_each_store};
 
 const LIMIT: usize = 500;
 const REQUESTS: usize = 5_000;
@@ -28,37 +27,6 @@ fn limits() -> String {
     format!(
         "domain: example\ndescriptors:\n  - key: remote_address\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}}}\n"
     )
-}
-
-/// Both cores kept busy while it lives: two shell loops, killed on drop (and by the watcher
-/// `stop_when_this_process_ends` starts, should the test process die first).
-struct CpuHog(Vec<Child>);
-
-impl CpuHog {
-    fn start() -> CpuHog {
-        CpuHog(
-            (0..2)
-                .map(|_| {
-                    let child = Command::new("sh")
-                        .args(["-c", "while :; do :; done"])
-                        .stdin(Stdio::null())
-                        .spawn()
-                        .expect("sh");
-                    common::stop_when_this_process_ends(child.id(), "sh");
-                    child
-                })
-                .collect(),
-        )
-    }
-}
-
-impl Drop for CpuHog {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 #[tokio::test]

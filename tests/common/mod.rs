@@ -171,6 +171,38 @@ impl Drop for RedisServer {
     }
 }
 
+/// Both cores kept busy while it lives, for tests that must hold on a saturated machine: two
+/// shell loops, killed on drop (and by the watcher [`stop_when_this_process_ends`] starts,
+/// should the test process die first).
+pub struct CpuHog(Vec<Child>);
+
+impl CpuHog {
+    pub fn start() -> CpuHog {
+        CpuHog(
+            (0..2)
+                .map(|_| {
+                    let child = Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .stdin(Stdio::null())
+                        .spawn()
+                        .expect("sh");
+                    stop_when_this_process_ends(child.id(), "sh");
+                    child
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for CpuHog {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Stops process `pid` (still named `name`) when this test process ends. A server that a test
 /// keeps in a `static` (shared by several tests) is never dropped, so `Drop` alone would leave
 /// it running after the test binary exits; a one-line shell watcher ends it instead.
