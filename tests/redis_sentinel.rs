@@ -3,108 +3,23 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::sentinel::SentinelSetup;
 use common::*;
-
-struct Sentinel {
-    port: u16,
-    child: Child,
-    _dir: tempfile::TempDir,
-}
-
-impl Sentinel {
-    fn start(master_port: u16) -> Sentinel {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let conf = dir.path().join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor app 127.0.0.1 {master_port} 2\n\
-                 sentinel down-after-milliseconds app 1000\nsentinel failover-timeout app 5000\n\
-                 sentinel parallel-syncs app 1\n",
-                dir.path().display()
-            ),
-        )
-        .unwrap();
-        let child = Command::new("redis-server")
-            .arg(&conf)
-            .arg("--sentinel")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        Sentinel {
-            port,
-            child,
-            _dir: dir,
-        }
-    }
-
-    fn master(&self) -> Option<u16> {
-        let out = Command::new("redis-cli")
-            .args([
-                "-p",
-                &self.port.to_string(),
-                "SENTINEL",
-                "get-master-addr-by-name",
-                "app",
-            ])
-            .output()
-            .ok()?;
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .nth(1)?
-            .trim()
-            .parse()
-            .ok()
-    }
-}
-
-impl Drop for Sentinel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_service_follows_a_sentinel_failover() {
-    let mut master =
-        RedisServer::start_with(&["--repl-diskless-sync-delay".into(), "0".into()], &[]);
-    let replica = RedisServer::start_with(
-        &[
-            "--replicaof".into(),
-            "127.0.0.1".into(),
-            master.port.to_string(),
-        ],
-        &[],
-    );
-    // The replica must have synced, or it cannot be promoted.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !replica
-        .cli(&["INFO", "replication"])
-        .is_some_and(|i| i.contains("master_link_status:up"))
-    {
-        assert!(Instant::now() < deadline, "replica never synced");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(master.port)).collect();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !sentinels.iter().all(|s| s.master() == Some(master.port)) {
-        assert!(Instant::now() < deadline, "sentinels did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-
+    let setup = SentinelSetup::start();
+    let url = setup.url();
+    let SentinelSetup {
+        mut master,
+        replica,
+        sentinels,
+    } = setup;
     let dir = config_dir(
         "domain: app\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100}\n",
     );
-    let url = std::iter::once("app".to_string())
-        .chain(sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)))
-        .collect::<Vec<_>>()
-        .join(",");
     let mut cmd = sluice_command(dir.path());
     cmd.env("BACKEND_TYPE", "redis")
         .env("REDIS_TYPE", "sentinel")

@@ -9,6 +9,7 @@ pub mod envoy;
 pub mod load;
 pub mod proxy;
 pub mod raw_h2;
+pub mod sentinel;
 pub mod xds;
 
 use std::io::{BufRead, BufReader, Read, Write};
