@@ -20,7 +20,8 @@
 //!
 //! On a Redis Cluster (three masters), each node sits behind its own proxy and announces the
 //! proxy's port (`cluster-announce-port`), so the slot map and redirects lead Sluice to the
-//! proxies; the byte-split and mid-reply reset faults run there too.
+//! proxies; every fault but the restart runs there too (a node's death is a failover:
+//! `tests/failover.rs`).
 
 mod common;
 
@@ -570,5 +571,37 @@ async fn cluster_connections_reset_in_the_middle_of_a_reply() {
         ..Faults::default()
     });
     let name = "cluster: every connection reset 5 bytes into its replies";
+    run_on(Backend::cluster().await, name, fault, FAULT_FOR).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_replies_stalled_past_the_deadline() {
+    let fault = Fault::Proxy(Faults {
+        stall: true,
+        ..Faults::default()
+    });
+    let name = "cluster: replies held 1.5 s (3x the Redis timeout) on every node";
+    run_on(Backend::cluster().await, name, fault, FAULT_FOR).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_reply_direction_half_closed() {
+    let fault = Fault::Proxy(Faults {
+        half_close: true,
+        ..Faults::default()
+    });
+    let name = "cluster: replies stop with a FIN toward Sluice on every node";
+    run_on(Backend::cluster().await, name, fault, FAULT_FOR).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_latency_and_jitter() {
+    let leg = |ms: u64, jitter: u64| Leg {
+        latency: Duration::from_millis(ms),
+        jitter: Duration::from_millis(jitter),
+        chunking: Chunking::Whole,
+    };
+    let fault = both_ways(leg(5, 10), leg(10, 20));
+    let name = "cluster: latency 5 ms up, 10 ms down, jitter 0-20 ms on every node";
     run_on(Backend::cluster().await, name, fault, FAULT_FOR).await;
 }
