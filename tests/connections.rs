@@ -427,6 +427,42 @@ async fn connections_that_never_finish_their_headers_or_preface_are_closed() {
     drop((grpc_flood, http_flood, api_flood, debug_flood));
 }
 
+/// A `/json` request whose headers arrive but whose body never finishes (issue #27's slow
+/// client, one step later than the header timeout catches) is answered 408 once the header
+/// timeout has passed again, and its connection is closed, so the slot comes back; a body over
+/// the limit is answered 413, and an honest request is still decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_body_that_never_arrives_is_answered_408_and_its_connection_closed() {
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(dir.path(), None, &[("HTTP_READ_HEADER_TIMEOUT", "1s")]);
+    let mut slow = TcpStream::connect(sluice.http).await.unwrap();
+    slow.write_all(
+        b"POST /json HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"domain\":",
+    )
+    .await
+    .unwrap();
+    // 30 s: thirty times the timeout.
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), async {
+        use tokio::io::AsyncReadExt;
+        slow.read_to_end(&mut answer).await
+    })
+    .await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        read.is_ok_and(|r| r.is_ok()),
+        "the connection of a body that never finishes was not closed"
+    );
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+
+    let huge = format!("{{\"domain\":\"{}\"}}", "x".repeat(3 * 1024 * 1024));
+    let (status, _) = http_request(sluice.http, "POST", "/json", &huge);
+    assert_eq!(status, 413);
+    let honest = r#"{"domain":"conn","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#;
+    assert_eq!(http_request(sluice.http, "POST", "/json", honest).0, 200);
+}
+
 /// One peer opening every slot of a listener (from 127.0.0.2) must leave room for another peer
 /// (127.0.0.1): the health probe and a new gRPC client. The timeouts are off here, so only the
 /// per-peer cap (by default half of `MAX_CONNECTIONS`) is at work.

@@ -11,9 +11,10 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -35,7 +36,14 @@ struct AppState {
     health: Health,
     json: Arc<JsonMapping>,
     observability: Observability,
+    /// How long a `/json` body may take to arrive once its headers have: the header timeout
+    /// (`HTTP_READ_HEADER_TIMEOUT`). Without it a client that sends headers and then trickles
+    /// (or never sends) the body holds a connection slot for as long as it likes.
+    body_timeout: Option<Duration>,
 }
+
+/// The largest `/json` body read (axum's default limit for a body extractor).
+const JSON_BODY_LIMIT: usize = 2 * 1024 * 1024;
 
 /// What `/metrics` reads.
 #[derive(Clone)]
@@ -100,6 +108,7 @@ pub(crate) fn serve(
         health,
         json: Arc::new(JsonMapping::new()),
         observability,
+        body_timeout: options.header_timeout,
     };
     let app = Router::new()
         .route("/healthcheck", get(healthcheck))
@@ -189,13 +198,43 @@ fn render_metrics(o: &Observability) -> Response {
         .into_response()
 }
 
-async fn json(State(state): State<AppState>, body: Bytes) -> Response {
+/// The whole `/json` body, within `timeout` (408 when it does not arrive in time, 413 over
+/// [`JSON_BODY_LIMIT`], 400 when the connection fails mid-body).
+async fn read_body(body: Body, timeout: Option<Duration>) -> Result<Bytes, Response> {
+    let read = axum::body::to_bytes(body, JSON_BODY_LIMIT);
+    let read = match timeout {
+        Some(timeout) => match tokio::time::timeout(timeout, read).await {
+            Ok(read) => read,
+            Err(_) => {
+                let message = format!("request body not received within {timeout:?}");
+                return Err((StatusCode::REQUEST_TIMEOUT, message).into_response());
+            }
+        },
+        None => read.await,
+    };
+    read.map_err(|error| {
+        let too_large = std::error::Error::source(&error)
+            .is_some_and(|e| e.is::<http_body_util::LengthLimitError>());
+        if too_large {
+            let message = format!("request body over {JSON_BODY_LIMIT} bytes");
+            (StatusCode::PAYLOAD_TOO_LARGE, message).into_response()
+        } else {
+            (StatusCode::BAD_REQUEST, error.to_string()).into_response()
+        }
+    })
+}
+
+async fn json(State(state): State<AppState>, body: Body) -> Response {
     let metrics = &state.observability.metrics;
     metrics.total_requests.with_label_values(&["json"]).inc();
     let _timer = metrics
         .response_time
         .with_label_values(&["json"])
         .start_timer();
+    let body = match read_body(body, state.body_timeout).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
+    };
     let request = match state.json.decode(&body) {
         Ok(request) => request,
         Err(message) => return (StatusCode::BAD_REQUEST, message).into_response(),
