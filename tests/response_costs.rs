@@ -204,9 +204,9 @@ async fn shipped_tokens_example_does_what_its_readme_says() {
 /// at most the charges of the streams admitted but not yet counted when it ran out: the 16 in
 /// flight, and as many charges still on their way (Envoy sends a charge once the client has the
 /// response, so a client's next check can reach Sluice first): 2 × 16 × 300. After it, requests
-/// are refused at request time. The fixed window counts every charge in full; the others, with
-/// `record_refused_hits`, count a charge that does not fit as what was left, so they show the
-/// same admissions but remember only the limit. warm_up is a pace, not a budget: each charge
+/// are refused at request time. The fixed window and the buckets (with `record_refused_hits`)
+/// count every charge in full (the buckets into a debt of at most one bucket); the sliding
+/// windows, with `record_refused_hits`, count a charge that does not fit as what was left. warm_up is a pace, not a budget: each charge
 /// moves its next free time by the charge's spacing (here 300 × 60 s), so it admits only the
 /// streams that were checked before the first charge landed.
 #[tokio::test(flavor = "multi_thread")]
@@ -468,5 +468,68 @@ async fn a_charge_that_does_not_fit_is_counted_when_recorded() {
             _ => &[200, 200, 200, 200, 429, 429, 429, 429],
         };
         assert_eq!(seen, want, "{name}");
+    }
+}
+
+/// Once a budget is spent, what a client that keeps asking gets: one request every 50 ms for
+/// 4 s, each response costing 300, against 6 000 tokens a minute (100 a second), every algorithm
+/// at once (memory store). The budget allows about 6 000 + 4 × 100 tokens in that time, and every
+/// algorithm but warm_up holds to it. The buckets (token_bucket, gcra, leaky_bucket) did not
+/// while a charge that did not fit only drained them to empty: a check passed as soon as one
+/// token was back, and they admitted 78 responses (23 400 tokens), one per token refilled. A
+/// refused charge now puts them in debt, which the refill pays back first.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_keeps_asking_after_the_budget() {
+    const PER_MINUTE: u64 = 6000;
+    const COST: u64 = 300;
+    const REQUESTS: u32 = 80;
+    let mut yaml = String::from("domain: tokens\ndescriptors:\n");
+    for (name, options) in ALGORITHMS {
+        yaml.push_str(&format!(
+            "  - key: user\n    value: \"{name}-*\"\n    rate_limit: {{ unit: minute, \
+             requests_per_unit: {PER_MINUTE}{options} }}\n"
+        ));
+    }
+    avoid_window_edge(60, 15).await;
+    let s = setup(None, &yaml);
+    let pace = std::time::Duration::from_millis(50);
+    let admitted: Vec<(&str, usize)> = std::thread::scope(|scope| {
+        let threads: Vec<_> = ALGORITHMS
+            .iter()
+            .map(|(name, _)| {
+                let envoy = &s.envoy;
+                scope.spawn(move || {
+                    let user = format!("{name}-steady");
+                    let start = std::time::Instant::now();
+                    let mut admitted = 0;
+                    for i in 0..REQUESTS {
+                        std::thread::sleep(
+                            (start + pace * i).saturating_duration_since(std::time::Instant::now()),
+                        );
+                        let r = envoy.request("/", &[("x-user-id", &user), ("x-tokens", "300")]);
+                        admitted += usize::from(r.status == 200);
+                    }
+                    (*name, admitted)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    // 4 s at 100 tokens a second, on top of the minute's 6 000: 21 responses of 300 at most
+    // for a budget; k = 1 here (one stream per user), so one response more at most.
+    let budget = (PER_MINUTE + 4 * PER_MINUTE / 60) / COST + 1;
+    for (name, admitted) in admitted {
+        let spent = admitted as u64 * COST;
+        println!(
+            "{name}: a request every 50 ms for 4 s, 300 each, {PER_MINUTE} a minute: {admitted} \
+             admitted, {spent} tokens"
+        );
+        match name {
+            "warm_up" => assert!(admitted <= 2, "{name}: {admitted}"),
+            _ => assert!(
+                (20..=budget as usize).contains(&admitted),
+                "{name}: {admitted} admitted, at most {budget}"
+            ),
+        }
     }
 }
