@@ -396,7 +396,7 @@ async fn a_charge_when_sluice_is_down_is_lost() {
                 &[
                     ("x-user-id", "fixed_window-lost"),
                     ("x-tokens", "2000"),
-                    ("x-delay-ms", "1500"),
+                    ("x-delay-ms", "3000"),
                 ],
             )
         });
@@ -411,6 +411,21 @@ async fn a_charge_when_sluice_is_down_is_lost() {
     std::thread::sleep(std::time::Duration::from_secs(1));
     let after = s.envoy.ratelimit_stats();
     println!("Envoy's counters across a charge with Sluice down: {before:?} -> {after:?}");
+    // Only the held request's check is counted; the lost charge is in none of them.
+    assert_eq!(
+        (
+            after.ok,
+            after.over_limit,
+            after.error,
+            after.failure_mode_allowed
+        ),
+        (
+            before.ok + 1,
+            before.over_limit,
+            before.error,
+            before.failure_mode_allowed
+        )
+    );
 
     let config = config_dir(&yaml);
     let again = Sluice::start(config.path(), Some(&redis), &[]);
