@@ -508,7 +508,7 @@ async fn a_client_that_keeps_asking_after_the_budget() {
     avoid_window_edge(60, 15).await;
     let s = setup(None, &yaml);
     let pace = std::time::Duration::from_millis(50);
-    let admitted: Vec<(&str, usize)> = std::thread::scope(|scope| {
+    let runs: Vec<(&str, usize, f64)> = std::thread::scope(|scope| {
         let threads: Vec<_> = ALGORITHMS
             .iter()
             .map(|(name, _)| {
@@ -524,25 +524,32 @@ async fn a_client_that_keeps_asking_after_the_budget() {
                         let r = envoy.request("/", &[("x-user-id", &user), ("x-tokens", "300")]);
                         admitted += usize::from(r.status == 200);
                     }
-                    (*name, admitted)
+                    (*name, admitted, start.elapsed().as_secs_f64())
                 })
             })
             .collect();
         threads.into_iter().map(|t| t.join().unwrap()).collect()
     });
-    // 4 s at 100 tokens a second, on top of the minute's 6 000: 21 responses of 300 at most
-    // for a budget; k = 1 here (one stream per user), so one response more at most.
-    let budget = (PER_MINUTE + 4 * PER_MINUTE / 60) / COST + 1;
-    for (name, admitted) in admitted {
+    for (name, admitted, secs) in runs {
         let spent = admitted as u64 * COST;
         println!(
-            "{name}: a request every 50 ms for 4 s, 300 each, {PER_MINUTE} a minute: {admitted} \
-             admitted, {spent} tokens"
+            "{name}: a request every 50 ms for {secs:.1} s, 300 each, {PER_MINUTE} a minute: \
+             {admitted} admitted, {spent} tokens"
         );
+        // The run takes 4 s, longer on a busy machine: the minute's 6 000 and what came back
+        // meanwhile (100 a second), in responses of 300, and the streams not yet counted when
+        // it ran out: one per user, and on a busy machine the last charge may still be on its
+        // way when the next check comes 50 ms later, so k = 2. warm_up: the first, and one per
+        // 3 s (300 spacings of 10 ms) after.
+        let refilled = (secs * PER_MINUTE as f64 / 60.0) as u64;
+        let budget = ((PER_MINUTE + refilled) / COST + 2) as usize;
         match name {
-            "warm_up" => assert!(admitted <= 2, "{name}: {admitted}"),
+            "warm_up" => assert!(
+                (1..=2 + (secs / 3.0) as usize).contains(&admitted),
+                "{name}: {admitted}"
+            ),
             _ => assert!(
-                (20..=budget as usize).contains(&admitted),
+                (20..=budget).contains(&admitted),
                 "{name}: {admitted} admitted, at most {budget}"
             ),
         }
