@@ -14,9 +14,10 @@ local function gcra(key, now, hits, interval, burst, record)
     if backlog > capacity then backlog = capacity end
     return floor((capacity - backlog) / interval)
   end
-  -- Refused, still charged: the bucket is drained by the hits, to empty at most.
+  -- Refused, still charged: the hits are taken in full, past empty into a debt of at most one
+  -- bucket, which the refill pays back before anything is admitted again.
   local function charge()
-    local charged = math.min(tat + hits * interval, now + capacity)
+    local charged = math.min(tat + math.min(hits * interval, capacity), now + 2 * capacity)
     if charged > tat then
       tat = charged
       write('SET', key, string.format('%.0f', tat), 'PX', micros_to_ms(tat - now))

@@ -119,7 +119,7 @@ impl RateLimiter {
                     key,
                     hits: hits(request, descriptor),
                     rule,
-                    record_refused: limit.record_refused_hits,
+                    record_refused: records_refused(&limit, algorithm),
                     group,
                 });
                 let rate = response::Rate {
@@ -249,6 +249,15 @@ impl Refusal {
 
 /// Upstream's precedence: a set per-descriptor `hits_addend` wins (0 = check only); otherwise
 /// the request's, where 0 means 1.
+/// Whether a limit counts the hits of a request it refuses: with `record_refused_hits`, and
+/// always on a fixed window (upstream's rule), in a `rate_limits` list too. There a refused
+/// request charges only the limits that refuse it and count refused hits, so a charge made when
+/// a stream ends (Envoy's `apply_on_stream_done`) that does not fit is still counted where it
+/// overflows, and the zero-cost checks after it are refused (issue #31).
+fn records_refused(limit: &Limit, algorithm: ConfigAlgorithm) -> bool {
+    limit.record_refused_hits || matches!(algorithm, ConfigAlgorithm::FixedWindow)
+}
+
 fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
     let hits = match descriptor.hits_addend {
         Some(h) => h,

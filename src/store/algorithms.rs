@@ -21,8 +21,10 @@
 //! `record_refused` (the per-limit `record_refused_hits: true`) makes a refused request with a
 //! cost still charge it, as upstream's fixed window does, bounded so that one refusal never costs
 //! more than the whole limit: the log is filled up to `limit` hits, the counter's current
-//! window up to `limit`, a bucket is drained to empty (never below), and a warm-up's next free
-//! time moves by the hits' stable cost, at most to one window from now. The outcome is then
+//! window up to `limit`, a bucket gives its tokens past empty into a debt of at most one bucket
+//! (the refill pays it back before anything is admitted again: a cost charged after the fact,
+//! as Envoy's stream-done charge, counts in full), and a warm-up's next free time moves by the
+//! hits' stable cost, at most to one window from now. The outcome is then
 //! computed on the charged state. Zero-cost checks are never recorded.
 
 use std::collections::VecDeque;
@@ -479,11 +481,14 @@ pub fn gcra(
     // A TAT in the future is kept when the clock steps back: no tokens are minted.
     let tat = stored.max(now);
     let capacity = burst * interval;
-    // Refused, still charged: the bucket is drained by the hits, to empty at most.
+    // Refused, still charged: the hits are taken in full, past empty into a debt that the
+    // refill pays back before anything is admitted again, so a cost charged after the fact
+    // (Envoy's stream-done charge) counts as a cost; but one refusal takes at most a whole
+    // bucket, and the debt stays under one bucket (the state then empties within two).
     let charge = |tat: u64| {
         let charged = tat
-            .saturating_add(hits.saturating_mul(interval))
-            .min(now + capacity)
+            .saturating_add(hits.saturating_mul(interval).min(capacity))
+            .min(now + 2 * capacity)
             .max(tat);
         (charged > tat).then_some((State::Tat(charged), charged - now))
     };
@@ -917,14 +922,23 @@ mod tests {
             Some((State::Windows { current: 3, .. }, _))
         ));
 
-        // Bucket, burst 3 at 1 per second: drained to empty (TAT = now + 3 s), not below.
+        // Bucket, burst 3 at 1 per second, one taken: a refused charge of 3 is taken in full,
+        // one token into debt (TAT = now + 4 s); a huge one takes a whole bucket at most, and
+        // the debt never passes one bucket (TAT = now + 6 s).
         let (_, state) = after(|st, h| gcra(st, h, false, S, 3, now), &[1]);
         let step = gcra(state.clone(), 3, true, S, 3, now);
         assert!(!step.outcome.admitted);
         assert_eq!(step.outcome.remaining, 0);
-        assert_eq!(step.keep.map(|(s, _)| s), Some(State::Tat(now + 3 * S)));
+        let in_debt = step.keep.map(|(s, _)| s);
+        assert_eq!(in_debt, Some(State::Tat(now + 4 * S)));
         let huge = gcra(state, 1_000, true, S, 3, now);
-        assert_eq!(huge.keep.map(|(s, _)| s), Some(State::Tat(now + 3 * S)));
+        assert_eq!(huge.keep.map(|(s, _)| s), Some(State::Tat(now + 4 * S)));
+        let deeper = gcra(in_debt.clone(), 3, true, S, 3, now);
+        assert_eq!(deeper.keep.map(|(s, _)| s), Some(State::Tat(now + 6 * S)));
+        // In debt, even a zero-cost check waits until the debt is paid and a token is back.
+        let check = gcra(in_debt, 0, true, S, 3, now);
+        assert!(!check.outcome.admitted);
+        assert_eq!(check.outcome.reset_ms, 2_000);
         // Not recorded unless asked, and never for a zero-cost check.
         let (_, full) = after(|st, h| gcra(st, h, false, S, 3, now), &[3]);
         assert!(gcra(full.clone(), 1, false, S, 3, now).keep.is_none());

@@ -83,8 +83,8 @@ pub struct Check {
     pub hits: u64,
     pub rule: Rule,
     /// Charge the hits even when the request is refused (`record_refused_hits`), bounded as
-    /// `algorithms.rs` describes. The fixed window always does (upstream's rule), except in a
-    /// group.
+    /// `algorithms.rs` describes. A fixed window on its own always does (upstream's rule); the
+    /// RLS path sets this on every fixed window so that it does in a group too (`rls::plan`).
     pub record_refused: bool,
     /// The checks of one call with the same group (the limits of one descriptor's
     /// `rate_limits`) are all or nothing: see [`charged_hits`]. `None`: on its own.
@@ -392,9 +392,9 @@ pub fn trial(checks: &[&Check], mut try_hits: impl FnMut(usize, u64) -> Outcome)
 /// the two together.
 ///
 /// * A group (the checks sharing a [`Check::group`]) in which any check would go over is
-///   refused as a whole and charged nothing: a refused request counts against none of its
-///   descriptor's limits. The fixed window's counting of refused hits does not apply in a
-///   group; a check with `record_refused` that itself goes over is still charged.
+///   refused as a whole: a refused request counts against none of the limits that would have
+///   admitted it. A check with `record_refused` that itself goes over is still charged (every
+///   fixed window is one, `rls::plan`), so a charge too large for a limit is counted there.
 /// * Otherwise a check is charged as [`Charging`] says: every one under `Each`; under
 ///   `StopWhenOver`, when any check of the call would go over, only those that would.
 ///

@@ -64,11 +64,27 @@ pub fn replace_once(text: &str, from: &str, to: &str) -> String {
     text.replacen(from, to, 1)
 }
 
+/// The shipped example of limits on response costs (tokens) and its Sluice config.
+pub const TOKENS_ENVOY_YAML: &str = include_str!("../../deploy/envoy/tokens.yaml");
+pub const TOKENS_LIMITS_YAML: &str = include_str!("../../deploy/envoy/tokens-limits.yaml");
+
 /// The shipped bootstrap rewritten for a test: listener and admin on the given loopback ports,
 /// the `sluice` cluster at `sluice`, the `backend` cluster at `app`, the ratelimit timeout
 /// raised (see RATELIMIT_TIMEOUT). Everything else is as shipped.
 pub fn shipped_config(listener: u16, admin: u16, sluice: SocketAddr, app: SocketAddr) -> String {
-    let mut yaml = SHIPPED_ENVOY_YAML.to_string();
+    example_config(SHIPPED_ENVOY_YAML, listener, admin, sluice, app)
+}
+
+/// One of the shipped examples of deploy/envoy/ (`yaml`, its text) rewritten as
+/// `shipped_config` says; they share the addresses and the one ratelimit `timeout`.
+pub fn example_config(
+    yaml: &str,
+    listener: u16,
+    admin: u16,
+    sluice: SocketAddr,
+    app: SocketAddr,
+) -> String {
+    let mut yaml = yaml.to_string();
     for (from, to) in [
         (
             "{ address: 0.0.0.0, port_value: 10000 }".to_string(),
@@ -93,9 +109,10 @@ pub fn shipped_config(listener: u16, admin: u16, sluice: SocketAddr, app: Socket
     ] {
         yaml = replace_once(&yaml, &from, &to);
     }
+    let timeout = ratelimit_timeout(&yaml);
     replace_once(
         &yaml,
-        &format!("timeout: {}", shipped_ratelimit_timeout()),
+        &format!("timeout: {timeout}"),
         &format!("timeout: {RATELIMIT_TIMEOUT}"),
     )
 }
@@ -301,12 +318,21 @@ pub fn shipped_config_as_is(
 
 /// The ratelimit filter's `timeout` in the shipped bootstrap, as written there.
 pub fn shipped_ratelimit_timeout() -> &'static str {
+    ratelimit_timeout(SHIPPED_ENVOY_YAML)
+}
+
+/// The ratelimit filter's `timeout` in the bootstrap `yaml`.
+fn ratelimit_timeout(yaml: &str) -> &str {
     // The health check's is `- timeout:`, a list item; the filter's is the only plain one.
-    let timeouts: Vec<&str> = SHIPPED_ENVOY_YAML
+    let timeouts: Vec<&str> = yaml
         .lines()
         .filter_map(|l| l.trim().strip_prefix("timeout: "))
         .collect();
-    assert_eq!(timeouts.len(), 1, "the shipped envoy.yaml's filter timeout");
+    assert_eq!(
+        timeouts.len(),
+        1,
+        "the bootstrap's ratelimit filter timeout"
+    );
     timeouts[0]
 }
 
@@ -450,6 +476,18 @@ pub struct Upstream {
 
 impl Upstream {
     pub fn start() -> Upstream {
+        Upstream::serve(axum::Router::new().fallback(|| async { "ok" }))
+    }
+
+    /// An upstream that reports what each response cost, as an LLM backend reports tokens: it
+    /// answers `x-tokens-used: <n>` when the request asked for it with `x-tokens: <n>` (no header
+    /// otherwise), after waiting `x-delay-ms` when given, so a test holds a stream open.
+    pub fn metered() -> Upstream {
+        Upstream::serve(axum::Router::new().fallback(metered_answer))
+    }
+
+    /// Serves `app` on a loopback port on a thread of its own, until dropped.
+    fn serve(app: axum::Router) -> Upstream {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
@@ -462,7 +500,6 @@ impl Upstream {
                 .unwrap();
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                let app = axum::Router::new().fallback(|| async { "ok" });
                 // Stopping drops the runtime, and with it every connection Envoy keeps open.
                 tokio::select! {
                     served = axum::serve(listener, app).into_future() => served.unwrap(),
@@ -475,6 +512,19 @@ impl Upstream {
             stop: Some(stop),
             thread: Some(thread),
         }
+    }
+}
+
+/// `Upstream::metered`'s answer: the count asked for in `x-tokens-used`, after `x-delay-ms`.
+async fn metered_answer(headers: axum::http::HeaderMap) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(ms) = text("x-delay-ms").and_then(|v| v.parse().ok()) {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    match text("x-tokens") {
+        Some(tokens) => ([("x-tokens-used", tokens.to_string())], "ok").into_response(),
+        None => "ok".into_response(),
     }
 }
 
