@@ -247,8 +247,6 @@ impl Refusal {
     }
 }
 
-/// Upstream's precedence: a set per-descriptor `hits_addend` wins (0 = check only); otherwise
-/// the request's, where 0 means 1.
 /// Whether a limit counts the hits of a request it refuses: with `record_refused_hits`, and
 /// always on a fixed window (upstream's rule), in a `rate_limits` list too. There a refused
 /// request charges only the limits that refuse it and count refused hits, so a charge made when
@@ -258,6 +256,8 @@ fn records_refused(limit: &Limit, algorithm: ConfigAlgorithm) -> bool {
     limit.record_refused_hits || matches!(algorithm, ConfigAlgorithm::FixedWindow)
 }
 
+/// Upstream's precedence: a set per-descriptor `hits_addend` wins (0 = check only); otherwise
+/// the request's, where 0 means 1.
 fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
     let hits = match descriptor.hits_addend {
         Some(h) => h,
