@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod services;
+
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,94 @@
+//! Real services behind [`RateLimitLayer`] on real sockets, and a plain HTTP/1.1 client for
+//! them: an axum router (HTTP, the peer address recorded) and a tonic server running the gRPC
+//! health service (gRPC), each on a free port, served by a task of the calling test's runtime.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use axum::{Router, routing::get};
+use sluice_client::RateLimitLayer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+
+/// Serves `GET /` → `hello` behind `layer`, recording each connection's peer address.
+pub async fn serve_http(layer: RateLimitLayer) -> SocketAddr {
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(layer);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
+/// Serves the gRPC health service (`grpc.health.v1.Health/Check` answers SERVING) behind `layer`.
+pub async fn serve_grpc(layer: RateLimitLayer) -> SocketAddr {
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
+    });
+    addr
+}
+
+/// One `Health/Check` call carrying metadata `x-user: user` (when given).
+pub async fn grpc_check(addr: SocketAddr, user: Option<&str>) -> Result<(), tonic::Status> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let mut request = tonic::Request::new(HealthCheckRequest {
+        service: String::new(),
+    });
+    if let Some(user) = user {
+        request
+            .metadata_mut()
+            .insert("x-user", user.parse().unwrap());
+    }
+    client.check(request).await.map(drop)
+}
+
+/// An HTTP response's status and headers (names lower-cased).
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: HashMap<String, String>,
+}
+
+/// `GET /` over a new connection, with `headers` added.
+pub async fn http_get(addr: SocketAddr, headers: &[(&str, &str)]) -> HttpResponse {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let mut request = String::from("GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let head = raw.split("\r\n\r\n").next().unwrap_or_default();
+    let mut lines = head.lines();
+    let status = lines.next().unwrap_or_default()[9..12].parse().unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    HttpResponse { status, headers }
+}
