@@ -6,7 +6,7 @@
 //! hand out clones, rather than connecting per call.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
@@ -226,12 +226,22 @@ impl Client {
     }
 
     /// Runs one call, giving up at `deadline` even if Sluice never answers.
+    ///
+    /// Three timers race for the same deadline: this one, tonic's channel (which enforces the
+    /// `grpc-timeout` it sends) and Sluice's; the last two answer `CANCELLED`. Whichever fires
+    /// first, a call cancelled once its deadline has passed is [`Error::Deadline`].
     pub(crate) async fn call<T>(
         deadline: Duration,
         call: impl Future<Output = Result<tonic::Response<T>, Status>>,
     ) -> Result<T, Error> {
+        let started = Instant::now();
         match tokio::time::timeout(deadline, call).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(status))
+                if status.code() == Code::Cancelled && started.elapsed() >= deadline =>
+            {
+                Err(Error::Deadline(deadline))
+            }
             Ok(Err(status)) => Err(Error::Status(status)),
             Err(_) => Err(Error::Deadline(deadline)),
         }

@@ -2,9 +2,12 @@
 //! `redis-server` processes, each on free ports and killed when its handle drops.
 //!
 //! Cargo gives a package's tests only that package's binaries (`CARGO_BIN_EXE_*`), so the
-//! `sluice` binary is found another way: `SLUICE_BIN` when set, else `cargo build -p sluice
-//! --bin sluice` is run once per test binary (a no-op when `cargo test --workspace` just built
-//! it) and the binary is taken from this test's own target directory.
+//! `sluice` binary is found another way: `SLUICE_BIN` when set; else the one in this test's own
+//! target directory when it is newer than every source it is built from (as after
+//! `cargo test --workspace`, which builds it); else `cargo build -p sluice --bin sluice` is run
+//! once per test binary. The rebuild is not done every time because a build of the `sluice`
+//! package alone unifies dependency features differently from a workspace test build, and would
+//! compile the service again for nothing.
 
 #![allow(dead_code)]
 
@@ -60,6 +63,10 @@ pub fn sluice_binary() -> &'static Path {
         let exe = std::env::current_exe().unwrap();
         let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
         let target_dir = profile_dir.parent().unwrap();
+        let binary = profile_dir.join("sluice");
+        if is_newer_than_sources(&binary, &workspace) {
+            return binary;
+        }
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
             .current_dir(&workspace)
@@ -68,7 +75,6 @@ pub fn sluice_binary() -> &'static Path {
             .arg(target_dir)
             .status()
             .expect("running cargo to build the sluice binary");
-        let binary = profile_dir.join("sluice");
         assert!(
             status.success() && binary.exists(),
             "could not build the sluice binary at {} (set SLUICE_BIN to use another)",
@@ -76,6 +82,35 @@ pub fn sluice_binary() -> &'static Path {
         );
         binary
     })
+}
+
+/// What the service binary is built from (`lua/` is compiled in, `proto/` generated from).
+const SERVICE_SOURCES: &[&str] = &[
+    "src",
+    "lua",
+    "proto",
+    "vendor",
+    "build.rs",
+    "Cargo.toml",
+    "Cargo.lock",
+];
+
+/// True when `binary` exists and was written after every file of the service's sources.
+fn is_newer_than_sources(binary: &Path, workspace: &Path) -> bool {
+    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let Some(built) = modified(binary) else {
+        return false;
+    };
+    let mut pending: Vec<PathBuf> = SERVICE_SOURCES.iter().map(|s| workspace.join(s)).collect();
+    while let Some(path) = pending.pop() {
+        if path.is_dir() {
+            let entries = std::fs::read_dir(&path).into_iter().flatten().flatten();
+            pending.extend(entries.map(|e| e.path()));
+        } else if modified(&path).is_none_or(|m| m > built) {
+            return false;
+        }
+    }
+    true
 }
 
 /// A `redis-server` of the test's own, without persistence.
