@@ -1,19 +1,7 @@
 //! [`RateLimitLayer`]: a `tower` layer that asks Sluice about each request before the service
 //! sees it, so limits are shared by every replica of the service.
 //!
-//! Per request: the [`KeyExtractor`] reads a value from the request's head; the layer sends one
-//! RLS call (the layer's domain, one descriptor: the fixed entries, then `descriptor_key=value`);
-//! then the request goes on to the service, or is answered here:
-//!
-//! | Sluice says | HTTP request | gRPC request (`content-type: application/grpc…`) |
-//! |---|---|---|
-//! | within the limit | the service's response | the service's response |
-//! | over the limit | `429` with `RateLimit`, `RateLimit-Policy`, `Retry-After` | `200`, `grpc-status: 8` (`RESOURCE_EXHAUSTED`), same headers |
-//! | nothing, [`FailurePolicy::Open`](crate::FailurePolicy::Open) | the service's response | the service's response |
-//! | nothing, [`FailurePolicy::Closed`](crate::FailurePolicy::Closed) | `503` | `200`, `grpc-status: 14` (`UNAVAILABLE`) |
-//! | an error about the request (`INVALID_ARGUMENT`) | `503` | `grpc-status: 14` |
-//!
-//! A request whose key is `None` is not limited and costs no call.
+//! What it answers is documented on [`RateLimitLayer`], where users of the crate read it.
 
 pub mod key;
 mod refusal;
@@ -31,7 +19,23 @@ use crate::client::Client;
 use crate::rls::{Decision, Descriptor, RateLimitRequest};
 use key::KeyExtractor;
 
-/// Limits the service it wraps through Sluice; see the [module docs](self).
+/// Limits the service it wraps through Sluice.
+///
+/// Per request: the [`KeyExtractor`] reads a value from the request's head; the layer sends one
+/// RLS call (the layer's domain, one descriptor: the fixed entries, then `descriptor_key=value`);
+/// then the request goes on to the service, or is answered here:
+///
+/// | Sluice says | HTTP request | gRPC request (`content-type: application/grpc…`) |
+/// |---|---|---|
+/// | within the limit | the service's response | the service's response |
+/// | over the limit | `429` with `RateLimit`, `RateLimit-Policy`, `Retry-After` | `200`, `grpc-status: 8` (`RESOURCE_EXHAUSTED`), same headers |
+/// | nothing, [`FailurePolicy::Open`](crate::FailurePolicy::Open) | the service's response | the service's response |
+/// | nothing, [`FailurePolicy::Closed`](crate::FailurePolicy::Closed) | `503` | `200`, `grpc-status: 14` (`UNAVAILABLE`) |
+/// | an error about the request (`INVALID_ARGUMENT`) | `503` | `grpc-status: 14` |
+///
+/// A request whose key is `None` is not limited and costs no call. A refusal's body is the
+/// service's body type's `Default` (empty), which axum's, tonic's and `http_body_util`'s
+/// `Full`/`Empty` bodies have. Each request waits for Sluice at most the client's deadline.
 #[derive(Clone)]
 pub struct RateLimitLayer {
     limit: Arc<Limit>,
