@@ -135,8 +135,10 @@ impl ClientBuilder {
     /// `authorization: Bearer <token>` on every call: the native API needs it when Sluice runs
     /// with `LIMITER_API_TOKEN`. Fails on a token that cannot be a header value.
     pub fn bearer_token(mut self, token: &str) -> Result<Self, Error> {
-        let value =
+        let mut value: AsciiMetadataValue =
             MetadataValue::try_from(format!("Bearer {token}")).map_err(|_| Error::InvalidToken)?;
+        // Kept out of `Debug` output (the builder and the client derive it) and HPACK's table.
+        value.set_sensitive(true);
         self.token = Some(value);
         Ok(self)
     }
@@ -245,5 +247,22 @@ impl Client {
             Ok(Err(status)) => Err(Error::Status(status)),
             Err(_) => Err(Error::Deadline(deadline)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_token_stays_out_of_debug_output() {
+        let builder = Client::builder()
+            .bearer_token("s3cret-token-value")
+            .unwrap();
+        assert!(!format!("{builder:?}").contains("s3cret"));
+        assert!(matches!(
+            Client::builder().bearer_token("line\nbreak"),
+            Err(Error::InvalidToken)
+        ));
     }
 }

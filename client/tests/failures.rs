@@ -4,6 +4,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::Sluice;
@@ -14,6 +15,7 @@ use sluice_client::{
     RateLimitLayer, RateLimitRequest, key,
 };
 use tonic::Code;
+use tower::util::MapRequestLayer;
 
 /// A bound on calls that should end at a short deadline: over 10x what a quiet machine takes.
 const SLACK: Duration = Duration::from_secs(5);
@@ -128,6 +130,71 @@ async fn a_call_sluice_never_answers_ends_at_its_deadline() {
     let started = Instant::now();
     assert_eq!(http_get(http, &[("x-user", "y")]).await.status, 503);
     assert!(started.elapsed() < SLACK);
+}
+
+/// Serves the gRPC health service (so RLS calls get `UNIMPLEMENTED`) and records the
+/// `grpc-timeout` each call arrives with.
+async fn timeout_recorder() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&seen);
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let layer = MapRequestLayer::new(move |request: http::Request<tonic::body::Body>| {
+        let timeout = request.headers().get("grpc-timeout");
+        let timeout = timeout.map(|v| v.to_str().unwrap_or_default().to_string());
+        record.lock().unwrap().push(timeout.unwrap_or_default());
+        request
+    });
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
+    });
+    (addr, seen)
+}
+
+/// A `grpc-timeout` value (digits and a unit) as a duration.
+fn grpc_timeout(value: &str) -> Duration {
+    let (digits, unit) = value.split_at(value.len() - 1);
+    let n: u64 = digits.parse().unwrap();
+    match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => panic!("not a grpc-timeout: {value}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_travels_as_grpc_timeout() {
+    let (addr, seen) = timeout_recorder().await;
+    let client = Client::builder()
+        .deadline(Duration::from_millis(250))
+        .connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    // UNIMPLEMENTED is about the request: an error even under the default fail-open policy.
+    let error = client.should_rate_limit(one_user("z")).await.unwrap_err();
+    assert!(!error.is_unanswered(), "{error:?}");
+    // `acquire` sends its own deadline; `try_acquire` its wait plus the client's deadline.
+    let _ = client.acquire("l", "", 1, Duration::from_secs(7)).await;
+    let _ = client.try_acquire("l", "", 1, Duration::from_secs(2)).await;
+    let seen: Vec<Duration> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|v| grpc_timeout(v))
+        .collect();
+    let expected = [250, 7_000, 2_250].map(Duration::from_millis);
+    assert_eq!(seen, expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
