@@ -57,7 +57,9 @@ fn exactly_the_limit(store: Store) {
             let output = worker.wait_with_output().unwrap();
             let stdout = String::from_utf8_lossy(&output.stdout);
             assert!(output.status.success(), "{api} worker failed:\n{stdout}");
-            admitted += worker_count(&stdout, "admitted");
+            let own = worker_count(&stdout, "admitted");
+            eprintln!("{api} on {store:?}: a client process admitted {own}");
+            admitted += own;
             assert_eq!(worker_count(&stdout, "errors"), 0, "{api}:\n{stdout}");
         }
         assert_eq!(
