@@ -4,18 +4,16 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::Sluice;
-use common::services::{grpc_check, http_get, serve_grpc, serve_http};
+use common::services::{grpc_check, http_get, serve_grpc, serve_grpc_recording, serve_http};
 use sluice_client::limiter::{Algorithm, SetMode};
 use sluice_client::{
     AnsweredBy, Client, Descriptor, Error, FailurePolicy, LimiterConfig, LimiterError,
     RateLimitLayer, RateLimitRequest, key,
 };
 use tonic::Code;
-use tower::util::MapRequestLayer;
 
 /// A bound on calls that should end at a short deadline: over 10x what a quiet machine takes.
 const SLACK: Duration = Duration::from_secs(5);
@@ -132,32 +130,6 @@ async fn a_call_sluice_never_answers_ends_at_its_deadline() {
     assert!(started.elapsed() < SLACK);
 }
 
-/// Serves the gRPC health service (so RLS calls get `UNIMPLEMENTED`) and records the
-/// `grpc-timeout` each call arrives with.
-async fn timeout_recorder() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let record = Arc::clone(&seen);
-    let (_reporter, health) = tonic_health::server::health_reporter();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let layer = MapRequestLayer::new(move |request: http::Request<tonic::body::Body>| {
-        let timeout = request.headers().get("grpc-timeout");
-        let timeout = timeout.map(|v| v.to_str().unwrap_or_default().to_string());
-        record.lock().unwrap().push(timeout.unwrap_or_default());
-        request
-    });
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .layer(layer)
-            .add_service(health)
-            .serve_with_incoming(incoming)
-            .await
-            .unwrap();
-    });
-    (addr, seen)
-}
-
 /// A `grpc-timeout` value (digits and a unit) as a duration.
 fn grpc_timeout(value: &str) -> Duration {
     let (digits, unit) = value.split_at(value.len() - 1);
@@ -175,7 +147,7 @@ fn grpc_timeout(value: &str) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deadline_travels_as_grpc_timeout() {
-    let (addr, seen) = timeout_recorder().await;
+    let (addr, received) = serve_grpc_recording(None).await;
     let client = Client::builder()
         .deadline(Duration::from_millis(250))
         .connect(format!("http://{addr}"))
@@ -187,11 +159,11 @@ async fn the_deadline_travels_as_grpc_timeout() {
     // `acquire` sends its own deadline; `try_acquire` its wait plus the client's deadline.
     let _ = client.acquire("l", "", 1, Duration::from_secs(7)).await;
     let _ = client.try_acquire("l", "", 1, Duration::from_secs(2)).await;
-    let seen: Vec<Duration> = seen
+    let seen: Vec<Duration> = received
         .lock()
         .unwrap()
         .iter()
-        .map(|v| grpc_timeout(v))
+        .map(|headers| grpc_timeout(headers["grpc-timeout"].to_str().unwrap()))
         .collect();
     let expected = [250, 7_000, 2_250].map(Duration::from_millis);
     assert_eq!(seen, expected);

@@ -4,13 +4,16 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 
 use axum::{Router, routing::get};
+use http::HeaderMap;
 use sluice_client::RateLimitLayer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
+use tower::ServiceBuilder;
 
 /// Serves `GET /` → `hello` behind `layer`, recording each connection's peer address.
 pub async fn serve_http(layer: RateLimitLayer) -> SocketAddr {
@@ -32,19 +35,36 @@ pub async fn serve_http(layer: RateLimitLayer) -> SocketAddr {
 
 /// Serves the gRPC health service (`grpc.health.v1.Health/Check` answers SERVING) behind `layer`.
 pub async fn serve_grpc(layer: RateLimitLayer) -> SocketAddr {
+    serve_grpc_recording(Some(layer)).await.0
+}
+
+/// The headers of every call a test server received, in arrival order.
+pub type Received = Arc<Mutex<Vec<HeaderMap>>>;
+
+/// Serves the gRPC health service behind `layer`, if any (other services' calls are
+/// `UNIMPLEMENTED`), and records the headers each call arrives with, before the layer.
+pub async fn serve_grpc_recording(layer: Option<RateLimitLayer>) -> (SocketAddr, Received) {
+    let received = Received::default();
+    let record = Arc::clone(&received);
+    let layers = ServiceBuilder::new()
+        .map_request(move |request: http::Request<tonic::body::Body>| {
+            record.lock().unwrap().push(request.headers().clone());
+            request
+        })
+        .option_layer(layer);
     let (_reporter, health) = tonic_health::server::health_reporter();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     tokio::spawn(async move {
         tonic::transport::Server::builder()
-            .layer(layer)
+            .layer(layers)
             .add_service(health)
             .serve_with_incoming(incoming)
             .await
             .unwrap();
     });
-    addr
+    (addr, received)
 }
 
 /// One `Health/Check` call carrying metadata `x-user: user` (when given).
