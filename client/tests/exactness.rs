@@ -76,7 +76,7 @@ fn create_native_limiter(sluice: &Sluice) {
             NATIVE_LIMITER,
             Algorithm::FixedWindow,
             LIMIT,
-            Duration::from_secs(3600),
+            Duration::from_secs(86_400),
         );
         let set = client
             .set_rate(config, SetMode::UpdateResetState)

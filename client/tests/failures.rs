@@ -226,14 +226,14 @@ async fn acquire_waits_on_the_server_until_its_deadline() {
 async fn the_native_api_answers_with_typed_errors() {
     let sluice = Sluice::start(None, &[("LIMITER_MAX_WAIT", "1s")]);
     let client = sluice.client(FailurePolicy::Open).await;
-    let hourly = LimiterConfig::new(
-        "hourly",
+    let daily = LimiterConfig::new(
+        "daily",
         Algorithm::FixedWindow,
         1,
-        Duration::from_secs(3600),
+        Duration::from_secs(86_400),
     );
     let set = client
-        .set_rate(hourly.clone(), SetMode::TrySet)
+        .set_rate(daily.clone(), SetMode::TrySet)
         .await
         .unwrap();
     assert!(set.applied && set.state_reset);
@@ -241,33 +241,33 @@ async fn the_native_api_answers_with_typed_errors() {
     // TRY_SET leaves an existing limiter alone.
     assert!(
         !client
-            .set_rate(hourly, SetMode::TrySet)
+            .set_rate(daily, SetMode::TrySet)
             .await
             .unwrap()
             .applied
     );
 
-    assert_eq!(client.available_permits("hourly", "").await.unwrap(), 1);
+    assert_eq!(client.available_permits("daily", "").await.unwrap(), 1);
     assert!(
         client
-            .try_acquire("hourly", "", 1, Duration::ZERO)
+            .try_acquire("daily", "", 1, Duration::ZERO)
             .await
             .unwrap()
             .acquired
     );
     let refused = client
-        .try_acquire("hourly", "", 1, Duration::ZERO)
+        .try_acquire("daily", "", 1, Duration::ZERO)
         .await
         .unwrap();
     assert!(
         !refused.acquired && refused.retry_after > Duration::ZERO,
         "{refused:?}"
     );
-    assert_eq!(client.available_permits("hourly", "").await.unwrap(), 0);
+    assert_eq!(client.available_permits("daily", "").await.unwrap(), 0);
 
-    // The next window is an hour away, past LIMITER_MAX_WAIT.
+    // The next window is up to a day away, past LIMITER_MAX_WAIT.
     let waited = client
-        .acquire("hourly", "", 1, Duration::from_secs(30))
+        .acquire("daily", "", 1, Duration::from_secs(30))
         .await;
     assert!(
         matches!(waited, Err(LimiterError::WaitTooLong(_))),
@@ -280,7 +280,7 @@ async fn the_native_api_answers_with_typed_errors() {
         matches!(missing, Err(LimiterError::NotFound(_))),
         "{missing:?}"
     );
-    let too_many = client.try_acquire("hourly", "", 5, Duration::ZERO).await;
+    let too_many = client.try_acquire("daily", "", 5, Duration::ZERO).await;
     assert!(
         matches!(too_many, Err(LimiterError::Invalid(_))),
         "{too_many:?}"
@@ -288,7 +288,7 @@ async fn the_native_api_answers_with_typed_errors() {
     let zero_rate = LimiterConfig::new("bad", Algorithm::TokenBucket, 0, Duration::from_secs(1));
     let bad = client.set_rate(zero_rate, SetMode::TrySet).await;
     assert!(matches!(bad, Err(LimiterError::Invalid(_))), "{bad:?}");
-    assert!(client.delete("hourly").await.unwrap());
+    assert!(client.delete("daily").await.unwrap());
 
     // A request the client can tell is wrong is never sent.
     let empty = client

@@ -46,11 +46,16 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
     }
 }
 
-/// The value of header (or gRPC metadata entry) `name`; `None` when absent or not visible ASCII.
+/// The value of header (or gRPC metadata entry) `name`; `None` when absent.
+///
+/// A value that is not UTF-8 (HTTP allows obs-text bytes) is read with each invalid sequence as
+/// U+FFFD rather than skipped: skipping would let a client escape its limit by sending one such
+/// byte. Values differing only in invalid bytes then share a budget, which errs on the side of
+/// limiting.
 pub fn header(name: &'static str) -> impl KeyExtractor {
     move |request: &Parts| {
-        let value = request.headers.get(name)?.to_str().ok()?;
-        Some(value.to_string())
+        let value = request.headers.get(name)?;
+        Some(String::from_utf8_lossy(value.as_bytes()).into_owned())
     }
 }
 

@@ -23,23 +23,24 @@ use std::time::{Duration, Instant};
 
 use sluice_client::{Client, FailurePolicy};
 
-/// The Sluice config every test of this crate uses: domain `client_test`.
+/// The Sluice config every test of this crate uses: domain `client_test`. Daily windows, so a
+/// test's few seconds almost never straddle a window's end (which would double a budget).
 pub const CONFIG: &str = "\
 domain: client_test
 descriptors:
   - key: shared
     rate_limit:
       name: shared
-      unit: hour
+      unit: day
       requests_per_unit: 40
   - key: user
     rate_limit:
       name: per_user
-      unit: hour
+      unit: day
       requests_per_unit: 2
   - key: peer
     rate_limit:
-      unit: minute
+      unit: day
       requests_per_unit: 2
 ";
 

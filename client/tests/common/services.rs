@@ -94,13 +94,21 @@ pub struct HttpResponse {
 
 /// `GET /` over a new connection, with `headers` added.
 pub async fn http_get(addr: SocketAddr, headers: &[(&str, &str)]) -> HttpResponse {
+    let lines: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
+    http_get_with(addr, lines.as_bytes()).await
+}
+
+/// `GET /` with `header_lines` (each ending in CRLF) sent as they are, bytes that are not
+/// UTF-8 included.
+pub async fn http_get_with(addr: SocketAddr, header_lines: &[u8]) -> HttpResponse {
     let mut stream = TcpStream::connect(addr).await.unwrap();
-    let mut request = String::from("GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut request = b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n".to_vec();
+    request.extend_from_slice(header_lines);
+    request.extend_from_slice(b"\r\n");
+    stream.write_all(&request).await.unwrap();
     let mut raw = String::new();
     stream.read_to_string(&mut raw).await.unwrap();
     let head = raw.split("\r\n\r\n").next().unwrap_or_default();
