@@ -5,7 +5,7 @@
 mod common;
 
 use common::Sluice;
-use common::services::{grpc_check, http_get, http_get_with, serve_grpc, serve_http};
+use common::services::{grpc_check, http_get, http_get_with, serve_grpc, serve_http, serve_hyper};
 use sluice_client::key::{self, KeyExtractor};
 use sluice_client::{FailurePolicy, RateLimitLayer};
 use tonic::Code;
@@ -56,6 +56,21 @@ async fn the_peer_address_can_be_the_key() {
     assert_eq!(statuses, [200, 200, 429]);
     // An explicit header value is another key.
     assert_eq!(http_get(addr, &[("x-peer", "elsewhere")]).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_hyper_service_is_limited_too() {
+    let sluice = Sluice::start(None, &[]);
+    let client = sluice.client(FailurePolicy::Closed).await;
+    let layer = RateLimitLayer::new(client, "client_test", "peer", key::peer_ip());
+    let addr = serve_hyper(layer).await;
+
+    assert_eq!(statuses_of(addr, b"", 3).await, [200, 200, 429]);
+    let refused = http_get(addr, &[]).await;
+    assert_eq!(
+        refused.headers["ratelimit-policy"],
+        "\"default\";q=2;w=86400"
+    );
 }
 
 /// The statuses of `n` requests in a row, each with `header_lines`.

@@ -1,14 +1,21 @@
 //! Real services behind [`RateLimitLayer`] on real sockets, and a plain HTTP/1.1 client for
-//! them: an axum router (HTTP, the peer address recorded) and a tonic server running the gRPC
-//! health service (gRPC), each on a free port, served by a task of the calling test's runtime.
+//! them: an axum router (HTTP, the peer address recorded), a hyper service served by hyper
+//! itself, and a tonic server running the gRPC health service (gRPC), each on a free port,
+//! served by a task of the calling test's runtime.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use axum::{Router, routing::get};
+use bytes::Bytes;
 use http::HeaderMap;
-use sluice_client::RateLimitLayer;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use sluice_client::{RateLimitLayer, key};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tonic_health::pb::HealthCheckRequest;
@@ -29,6 +36,33 @@ pub async fn serve_http(layer: RateLimitLayer) -> SocketAddr {
         )
         .await
         .unwrap();
+    });
+    addr
+}
+
+/// Serves `hello` to every request with hyper alone (no framework) behind `layer`: the layer
+/// turned into hyper's service by `hyper_util`'s adapter, each connection's peer address put
+/// where `key::peer_ip` reads it.
+pub async fn serve_hyper(layer: RateLimitLayer) -> SocketAddr {
+    let hello = tower::service_fn(|_request: http::Request<Incoming>| async {
+        Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"hello"))))
+    });
+    let service = ServiceBuilder::new().layer(layer).service(hello);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, peer)) = listener.accept().await {
+            let service = service.clone();
+            let with_peer = ServiceBuilder::new()
+                .map_request(move |mut request: http::Request<Incoming>| {
+                    key::peer_addr_into_extensions(&mut request, peer);
+                    request
+                })
+                .service(service);
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(with_peer));
+            tokio::spawn(connection);
+        }
     });
     addr
 }
