@@ -270,45 +270,42 @@ impl Client {
         Ok(deleted.deleted)
     }
 
-    /// An acquisition's result under the failure policy.
+    /// An acquisition's result under the failure policy. `waiting` for `Acquire`, whose wait
+    /// ends in answers that look like failures: Sluice's DEADLINE_EXCEEDED (the wait would be
+    /// too long) and the call's own deadline passing (the permits did not come in time). Both
+    /// are refusals, so the policy never turns them into permits.
     fn acquisition(
         &self,
         result: Result<wire::AcquireResponse, Error>,
         waiting: bool,
     ) -> Result<Acquired, LimiterError> {
-        match result {
-            Ok(response) => Ok(Acquired::from_wire(response)),
-            // Sluice's DEADLINE_EXCEEDED from `Acquire` is an answer (the wait is too long),
-            // not a failure to answer.
-            Err(Error::Status(status)) if waiting && status.code() == Code::DeadlineExceeded => {
-                Err(LimiterError::WaitTooLong(status.message().to_string()))
-            }
-            // `Acquire`'s own deadline passed while waiting: not in time, never fail-open.
-            Err(error @ (Error::Deadline(_) | Error::Status(_)))
-                if waiting && passed_deadline(&error) =>
-            {
-                Err(LimiterError::Call(error))
-            }
-            Err(error) if error.is_unanswered() && self.policy == FailurePolicy::Open => {
-                Ok(Acquired {
-                    acquired: true,
-                    waited: Duration::ZERO,
-                    remaining: 0,
-                    retry_after: Duration::ZERO,
-                    answered_by: AnsweredBy::FailurePolicy(error.to_string()),
-                })
-            }
-            Err(error) => Err(LimiterError::from_call(error, waiting)),
+        let error = match result {
+            Ok(response) => return Ok(Acquired::from_wire(response)),
+            Err(error) => error,
+        };
+        let refused_by_waiting = waiting && ends_a_wait(&error);
+        if !refused_by_waiting && error.is_unanswered() && self.policy == FailurePolicy::Open {
+            return Ok(Acquired {
+                acquired: true,
+                waited: Duration::ZERO,
+                remaining: 0,
+                retry_after: Duration::ZERO,
+                answered_by: AnsweredBy::FailurePolicy(error.to_string()),
+            });
         }
+        Err(LimiterError::from_call(error, waiting))
     }
 }
 
-/// The call's deadline passed: on this side, or on Sluice's, which answers `CANCELLED` when a
-/// call's `grpc-timeout` passes.
-fn passed_deadline(error: &Error) -> bool {
+/// How a wait ends without permits: the call's deadline passed (here, or at Sluice, which
+/// answers `CANCELLED` when a call's `grpc-timeout` passes), or Sluice's maximum wait
+/// (`DEADLINE_EXCEEDED`).
+fn ends_a_wait(error: &Error) -> bool {
     match error {
         Error::Deadline(_) => true,
-        Error::Status(status) => status.code() == Code::Cancelled,
+        Error::Status(status) => {
+            matches!(status.code(), Code::Cancelled | Code::DeadlineExceeded)
+        }
         _ => false,
     }
 }
