@@ -8,7 +8,7 @@
 #[path = "common/source.rs"]
 mod source;
 
-use source::{functions, library_files};
+use source::{client_library_files, functions, library_files};
 
 /// Lines of code, before the unit-test module, above which a file must say why it is long.
 const MAX_FILE_LINES: usize = 800;
@@ -43,25 +43,31 @@ fn function_says_why(text: &str, line: usize) -> bool {
         })
 }
 
-/// Everything too long that does not say why, one line each.
+/// Everything too long that does not say why, one line each, in the service's library and the
+/// client crate's.
 fn too_long() -> Vec<String> {
     let mut found = Vec::new();
-    for file in library_files().iter().filter(|f| !f.is_test_file()) {
+    let files = library_files().into_iter().chain(client_library_files());
+    for file in files.filter(|f| !f.is_test_file()) {
+        let shown = file
+            .path
+            .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+            .unwrap_or(&file.path)
+            .display()
+            .to_string();
         let code = file.code();
         let lines = code.lines().count();
         if lines > MAX_FILE_LINES && !file_says_why(&file.text) {
             found.push(format!(
-                "src/{}: {lines} lines of code (over {MAX_FILE_LINES}); split it, or say at its \
-                 top why it is long (`//! Long because …`)",
-                file.relative
+                "{shown}: {lines} lines of code (over {MAX_FILE_LINES}); split it, or say at its \
+                 top why it is long (`//! Long because …`)"
             ));
         }
         for (line, name, length) in functions(&code) {
             if length > MAX_FUNCTION_LINES && !function_says_why(&file.text, line) {
                 found.push(format!(
-                    "src/{}:{line}: fn {name} is {length} lines (over {MAX_FUNCTION_LINES}); split \
-                     it, or say above it why it is long (`// Long because …`)",
-                    file.relative
+                    "{shown}:{line}: fn {name} is {length} lines (over {MAX_FUNCTION_LINES}); \
+                     split it, or say above it why it is long (`// Long because …`)"
                 ));
             }
         }

@@ -11,7 +11,7 @@ mod source;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use source::{library_files, named_paths};
+use source::{SourceFile, client_library_files, library_files, named_paths};
 
 /// A folder's module path (`[]` for `src/` itself, `["store", "redis"]`) → its child modules →
 /// the sibling modules each imports.
@@ -21,7 +21,11 @@ type Graphs = BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>>;
 /// to `a/x/…` is an import of `x` by `b` in folder `a` (and nothing at the top level, where both
 /// are `a`). A folder's own `mod.rs` is the parent of its children, not one of them.
 fn graphs() -> Graphs {
-    let files = library_files();
+    graphs_of(&library_files())
+}
+
+/// The import graphs of one crate's library `files`.
+fn graphs_of(files: &[SourceFile]) -> Graphs {
     let children: BTreeMap<Vec<String>, BTreeSet<String>> =
         files.iter().fold(BTreeMap::new(), |mut map, file| {
             for depth in 0..file.module.len() {
@@ -147,14 +151,34 @@ fn modules_inside_every_folder_import_each_other_in_one_direction() {
         "the folders of src/ were not found: {:?}",
         graphs.keys()
     );
+    let folders = graphs.into_iter().filter(|(f, _)| !f.is_empty()).collect();
+    let cycles = cycles_in(&folders, "src");
+    assert!(cycles.is_empty(), "module cycles:\n{}", cycles.join("\n"));
+}
+
+/// Every cycle in every folder of `graphs`, named from `src`.
+fn cycles_in(graphs: &Graphs, src: &str) -> Vec<String> {
     let mut cycles = Vec::new();
-    for (folder, graph) in graphs.iter().filter(|(f, _)| !f.is_empty()) {
+    for (folder, graph) in graphs {
         for module in graph.keys() {
             if let Some(path) = cycle_through(graph, module) {
-                cycles.push(format!("{}/: {}", folder.join("/"), path.join(" -> ")));
+                let folder = folder.join("/");
+                cycles.push(format!("{src}/{folder}: {}", path.join(" -> ")));
             }
         }
     }
+    cycles
+}
+
+/// The client crate (`client/`) is held to the same rule, at the top and in every folder.
+#[test]
+fn the_client_crate_imports_in_one_direction_too() {
+    let graphs = graphs_of(&client_library_files());
+    assert!(
+        graphs.get(&Vec::new()).is_some_and(|top| top.len() >= 4),
+        "client/src was not found: {graphs:?}"
+    );
+    let cycles = cycles_in(&graphs, "client/src");
     assert!(cycles.is_empty(), "module cycles:\n{}", cycles.join("\n"));
 }
 

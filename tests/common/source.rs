@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 /// One `.rs` file of the library.
 pub struct SourceFile {
     pub path: PathBuf,
-    /// Relative to `src/`, e.g. `server/named.rs`.
+    /// Relative to its crate's `src/`, e.g. `server/named.rs`.
     pub relative: String,
     /// The module it defines: `["server", "named"]`; a `mod.rs` is its folder's module.
     pub module: Vec<String>,
@@ -50,7 +50,17 @@ pub fn before_unit_tests(text: &str) -> &str {
 
 /// Every `.rs` file under `src/` that belongs to the library (not `main.rs`, `lib.rs`, `bin/`).
 pub fn library_files() -> Vec<SourceFile> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    library_files_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+}
+
+/// The same for the workspace's client crate (`client/src/`), held to the same shape.
+pub fn client_library_files() -> Vec<SourceFile> {
+    library_files_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("client/src"))
+}
+
+/// Every `.rs` file of the library whose source folder is `src`.
+fn library_files_in(src: &Path) -> Vec<SourceFile> {
+    let src = src.to_path_buf();
     let mut files = Vec::new();
     let mut stack = vec![src.clone()];
     while let Some(dir) = stack.pop() {

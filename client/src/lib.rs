@@ -1,0 +1,86 @@
+//! A Rust client for Sluice, the Envoy-compatible rate limit service: typed calls to both of
+//! its APIs, and a [`tower`](https://docs.rs/tower) layer that limits any tonic, axum or hyper
+//! service with limits shared by all of its replicas.
+//!
+//! - [`Client`]: one gRPC channel shared by every call and clone, a deadline on each call (sent
+//!   as `grpc-timeout` and enforced here), and a [`FailurePolicy`] for when Sluice cannot answer.
+//! - Envoy's API, [`Client::should_rate_limit`]: a [`RateLimitRequest`] of [`Descriptor`]s
+//!   matched against Sluice's config, answered by a [`Decision`].
+//! - Sluice's native API (named limiters, no config file; served with
+//!   `LIMITER_API_ENABLED=true`): [`Client::set_rate`], [`Client::try_acquire`],
+//!   [`Client::acquire`], [`Client::available_permits`], failing with a [`LimiterError`].
+//! - [`RateLimitLayer`]: one RLS call per request, keyed by a value read from the request
+//!   ([`key::header`], [`key::peer_ip`], [`key::method_path`], or any closure); refuses with
+//!   `429` and `RateLimit`/`Retry-After` headers, or `RESOURCE_EXHAUSTED` for gRPC.
+//!
+//! # Quick start
+//!
+//! Ask about one descriptor (Sluice running on `127.0.0.1:8081` with a config for the domain
+//! `api`):
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use sluice_client::{Client, Descriptor, FailurePolicy, RateLimitRequest};
+//!
+//! # async fn run() -> Result<(), sluice_client::Error> {
+//! let client = Client::builder()
+//!     .deadline(Duration::from_millis(200))
+//!     .failure_policy(FailurePolicy::Closed)
+//!     .connect("http://127.0.0.1:8081")
+//!     .await?;
+//! let decision = client
+//!     .should_rate_limit(
+//!         RateLimitRequest::new("api").descriptor(Descriptor::new().entry("user", "alice")),
+//!     )
+//!     .await?;
+//! if !decision.allowed {
+//!     println!("over the limit; retry in {:?}", decision.retry_after());
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Limit an axum service by the `x-api-key` header, or the peer's address without one:
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use axum::{Router, routing::get};
+//! use sluice_client::{Client, RateLimitLayer, key::{self, KeyExtractor}};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::builder().connect_lazy("http://127.0.0.1:8081")?;
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(
+//!         client,
+//!         "api",
+//!         "user",
+//!         key::header("x-api-key").or(key::peer_ip()),
+//!     ));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The same layer goes on a tonic server (`Server::builder().layer(...)`), where
+//! [`key::header`] reads gRPC metadata and [`key::method_path`] the method.
+//!
+//! # Failures
+//!
+//! Every call ends by its deadline ([`ClientBuilder::deadline`], 500 ms unless set). When Sluice
+//! cannot answer (down, `UNAVAILABLE`, deadline passed), [`FailurePolicy::Open`] (the default,
+//! as Envoy's) admits and marks the answer [`AnsweredBy::FailurePolicy`];
+//! [`FailurePolicy::Closed`] returns the [`Error`], and the layer answers 503 / `UNAVAILABLE`.
+
+mod client;
+mod layer;
+pub mod limiter;
+pub mod proto;
+pub mod rls;
+
+pub use client::{AnsweredBy, Client, ClientBuilder, DEFAULT_DEADLINE, Error, FailurePolicy};
+pub use layer::key;
+pub use layer::{RateLimitLayer, RateLimitService};
+pub use limiter::{Acquired, LimiterConfig, LimiterError, RateSet};
+pub use rls::{Decision, Descriptor, DescriptorDecision, RateLimitRequest};

@@ -1,0 +1,315 @@
+//! Sluice's native API (`sluice.v1.Limiter`) from Rust: named limiters that live in Sluice's
+//! store, created with [`Client::set_rate`] and spent with [`Client::try_acquire`] and
+//! [`Client::acquire`]. Sluice serves it only with `LIMITER_API_ENABLED=true`.
+//!
+//! Each of Sluice's answers that is about the request maps to one [`LimiterError`] variant, so
+//! a caller can match on "no such limiter" or "would wait too long" without reading status codes.
+
+use std::time::Duration;
+
+use tonic::Code;
+
+use crate::client::{AnsweredBy, Client, Error, FailurePolicy};
+use crate::proto::sluice::v1 as wire;
+
+pub use wire::{Algorithm, Mode, SetMode};
+
+/// Why a native API call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LimiterError {
+    /// `NOT_FOUND`: no limiter of that name (create it with [`Client::set_rate`]).
+    #[error("no such limiter: {0}")]
+    NotFound(String),
+    /// `INVALID_ARGUMENT`: a config Sluice refuses, more permits than the limiter can ever
+    /// grant, a per-client limiter called without a client id.
+    #[error("refused by Sluice: {0}")]
+    Invalid(String),
+    /// `DEADLINE_EXCEEDED` from [`Client::acquire`]: the wait would pass Sluice's
+    /// `LIMITER_MAX_WAIT`.
+    #[error("the wait would be longer than Sluice allows: {0}")]
+    WaitTooLong(String),
+    /// `RESOURCE_EXHAUSTED`: `LIMITER_MAX_COUNT` limiters exist, or a per-client limiter holds
+    /// `LIMITER_MAX_CLIENTS` clients.
+    #[error("Sluice holds no more limiters or clients: {0}")]
+    TooMany(String),
+    /// `UNAUTHENTICATED`: the bearer token is missing or wrong.
+    #[error("Sluice refused the bearer token: {0}")]
+    Unauthenticated(String),
+    /// Any other failure, including those the failure policy covers ([`Error::is_unanswered`]).
+    #[error(transparent)]
+    Call(#[from] Error),
+}
+
+impl LimiterError {
+    fn from_call(error: Error, waiting: bool) -> Self {
+        let Error::Status(status) = &error else {
+            return LimiterError::Call(error);
+        };
+        let message = status.message().to_string();
+        match status.code() {
+            Code::NotFound => LimiterError::NotFound(message),
+            Code::InvalidArgument => LimiterError::Invalid(message),
+            // Only `Acquire` answers DEADLINE_EXCEEDED for its maximum wait; elsewhere it is a
+            // deadline like any other.
+            Code::DeadlineExceeded if waiting => LimiterError::WaitTooLong(message),
+            Code::ResourceExhausted => LimiterError::TooMany(message),
+            Code::Unauthenticated => LimiterError::Unauthenticated(message),
+            _ => LimiterError::Call(error),
+        }
+    }
+}
+
+/// A limiter's config: `rate` permits per `interval` under `algorithm`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimiterConfig {
+    pub name: String,
+    pub algorithm: Algorithm,
+    pub rate: u64,
+    pub interval: Duration,
+    /// Bucket algorithms: most permits taken at once; 0 means `rate`.
+    pub burst: u64,
+    pub mode: Mode,
+    /// `WARM_UP` only: how long the rate takes to climb, and how much slower it starts.
+    pub warm_up: Option<(Duration, f64)>,
+}
+
+impl LimiterConfig {
+    /// `rate` per `interval` under `algorithm`, one budget for every caller.
+    pub fn new(
+        name: impl Into<String>,
+        algorithm: Algorithm,
+        rate: u64,
+        interval: Duration,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            algorithm,
+            rate,
+            interval,
+            burst: 0,
+            mode: Mode::Overall,
+            warm_up: None,
+        }
+    }
+
+    fn into_wire(self) -> wire::LimiterConfig {
+        let (warmup, cold_factor) = self.warm_up.unzip();
+        wire::LimiterConfig {
+            name: self.name,
+            algorithm: self.algorithm as i32,
+            rate: self.rate,
+            interval: wire_duration(self.interval),
+            burst: self.burst,
+            mode: self.mode as i32,
+            warmup_period: warmup.and_then(wire_duration),
+            cold_factor: cold_factor.unwrap_or_default(),
+        }
+    }
+
+    fn from_wire(config: wire::LimiterConfig) -> Self {
+        let duration = |d: Option<prost_types::Duration>| {
+            d.and_then(|d| Duration::try_from(d).ok())
+                .unwrap_or_default()
+        };
+        let warm_up = config
+            .warmup_period
+            .map(|w| (duration(Some(w)), config.cold_factor));
+        Self {
+            algorithm: Algorithm::try_from(config.algorithm).unwrap_or_default(),
+            mode: Mode::try_from(config.mode).unwrap_or_default(),
+            interval: duration(config.interval),
+            name: config.name,
+            rate: config.rate,
+            burst: config.burst,
+            warm_up,
+        }
+    }
+}
+
+/// The answer to [`Client::set_rate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateSet {
+    /// False when `TRY_SET` found a limiter and left it alone.
+    pub applied: bool,
+    /// The config in force after the call.
+    pub config: Option<LimiterConfig>,
+    /// The limiter starts from an empty state because of this call.
+    pub state_reset: bool,
+}
+
+/// The answer to an acquisition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acquired {
+    /// The permits were taken.
+    pub acquired: bool,
+    /// How long Sluice waited before answering.
+    pub waited: Duration,
+    /// Permits left after the call.
+    pub remaining: u64,
+    /// When refused: how long until the same request would succeed.
+    pub retry_after: Duration,
+    pub answered_by: AnsweredBy,
+}
+
+impl Acquired {
+    fn from_wire(response: wire::AcquireResponse) -> Self {
+        let duration = |d: Option<prost_types::Duration>| {
+            d.and_then(|d| d.try_into().ok()).unwrap_or_default()
+        };
+        Self {
+            acquired: response.acquired,
+            waited: duration(response.waited),
+            remaining: response.remaining,
+            retry_after: duration(response.retry_after),
+            answered_by: AnsweredBy::Sluice,
+        }
+    }
+}
+
+/// In the calls below, `client_id` names the caller of a `PER_CLIENT` limiter (its own budget);
+/// `OVERALL` limiters ignore it, so pass `""`.
+impl Client {
+    /// Creates or changes limiter `config.name` (see [`SetMode`]).
+    pub async fn set_rate(
+        &self,
+        config: LimiterConfig,
+        mode: SetMode,
+    ) -> Result<RateSet, LimiterError> {
+        let message = wire::SetRateRequest {
+            config: Some(config.into_wire()),
+            set_mode: mode as i32,
+        };
+        let mut api = self.limiter.clone();
+        let deadline = self.deadline();
+        let call = api.set_rate(self.request(message, deadline));
+        let set = Client::call(deadline, call)
+            .await
+            .map_err(|e| LimiterError::from_call(e, false))?;
+        Ok(RateSet {
+            applied: set.applied,
+            config: set.config.map(LimiterConfig::from_wire),
+            state_reset: set.state_reset,
+        })
+    }
+
+    /// Takes `permits` (0 means 1) if Sluice can grant them within `wait`; Sluice waits, so a
+    /// refusal comes after at most `wait`. The call's deadline is `wait` plus the client's
+    /// deadline. A refusal takes nothing.
+    pub async fn try_acquire(
+        &self,
+        name: &str,
+        client_id: &str,
+        permits: u64,
+        wait: Duration,
+    ) -> Result<Acquired, LimiterError> {
+        let message = wire::TryAcquireRequest {
+            name: name.to_string(),
+            permits,
+            timeout: wire_duration(wait),
+            client_id: client_id.to_string(),
+        };
+        let mut api = self.limiter.clone();
+        let deadline = wait.saturating_add(self.deadline());
+        let call = api.try_acquire(self.request(message, deadline));
+        self.acquisition(Client::call(deadline, call).await, false)
+    }
+
+    /// Takes `permits`, letting Sluice wait as long as needed within `deadline` (sent as
+    /// `grpc-timeout`: Sluice stops waiting when it passes, and nothing is taken).
+    /// [`LimiterError::WaitTooLong`] when the wait would pass Sluice's `LIMITER_MAX_WAIT`;
+    /// [`Error::Deadline`] (or Sluice's `CANCELLED`) when `deadline` passes first. A deadline
+    /// passing is an answer here (the permits did not come in time), so the failure policy never
+    /// turns it into permits; it covers the other failures.
+    pub async fn acquire(
+        &self,
+        name: &str,
+        client_id: &str,
+        permits: u64,
+        deadline: Duration,
+    ) -> Result<Acquired, LimiterError> {
+        let message = wire::AcquireRequest {
+            name: name.to_string(),
+            permits,
+            client_id: client_id.to_string(),
+        };
+        let mut api = self.limiter.clone();
+        let call = api.acquire(self.request(message, deadline));
+        self.acquisition(Client::call(deadline, call).await, true)
+    }
+
+    /// The most permits a `try_acquire` would get now, taking none.
+    pub async fn available_permits(
+        &self,
+        name: &str,
+        client_id: &str,
+    ) -> Result<u64, LimiterError> {
+        let message = wire::AvailablePermitsRequest {
+            name: name.to_string(),
+            client_id: client_id.to_string(),
+        };
+        let mut api = self.limiter.clone();
+        let deadline = self.deadline();
+        let call = api.available_permits(self.request(message, deadline));
+        let available = Client::call(deadline, call)
+            .await
+            .map_err(|e| LimiterError::from_call(e, false))?;
+        Ok(available.permits)
+    }
+
+    /// Removes limiter `name` and its state; false when there was none.
+    pub async fn delete(&self, name: &str) -> Result<bool, LimiterError> {
+        let message = wire::DeleteRequest {
+            name: name.to_string(),
+        };
+        let mut api = self.limiter.clone();
+        let deadline = self.deadline();
+        let call = api.delete(self.request(message, deadline));
+        let deleted = Client::call(deadline, call)
+            .await
+            .map_err(|e| LimiterError::from_call(e, false))?;
+        Ok(deleted.deleted)
+    }
+
+    /// An acquisition's result under the failure policy. `waiting` for `Acquire`, whose wait
+    /// ends in answers that look like failures: Sluice's DEADLINE_EXCEEDED (the wait would be
+    /// too long) and the call's own deadline passing (the permits did not come in time). Both
+    /// are refusals, so the policy never turns them into permits.
+    fn acquisition(
+        &self,
+        result: Result<wire::AcquireResponse, Error>,
+        waiting: bool,
+    ) -> Result<Acquired, LimiterError> {
+        let error = match result {
+            Ok(response) => return Ok(Acquired::from_wire(response)),
+            Err(error) => error,
+        };
+        let refused_by_waiting = waiting && ends_a_wait(&error);
+        if !refused_by_waiting && error.is_unanswered() && self.policy == FailurePolicy::Open {
+            return Ok(Acquired {
+                acquired: true,
+                waited: Duration::ZERO,
+                remaining: 0,
+                retry_after: Duration::ZERO,
+                answered_by: AnsweredBy::FailurePolicy(error.to_string()),
+            });
+        }
+        Err(LimiterError::from_call(error, waiting))
+    }
+}
+
+/// How a wait ends without permits: the call's deadline passed (here, or at Sluice, which
+/// answers `CANCELLED` when a call's `grpc-timeout` passes), or Sluice's maximum wait
+/// (`DEADLINE_EXCEEDED`).
+fn ends_a_wait(error: &Error) -> bool {
+    match error {
+        Error::Deadline(_) => true,
+        Error::Status(status) => {
+            matches!(status.code(), Code::Cancelled | Code::DeadlineExceeded)
+        }
+        _ => false,
+    }
+}
+
+fn wire_duration(d: Duration) -> Option<prost_types::Duration> {
+    prost_types::Duration::try_from(d).ok()
+}
