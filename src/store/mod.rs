@@ -14,6 +14,7 @@
 pub mod algorithms;
 pub mod breaker;
 pub mod deadline;
+pub mod degraded;
 pub mod memory;
 pub mod redis;
 
