@@ -61,6 +61,9 @@ pub struct Metrics {
     /// outage (they do not count toward a circuit breaker).
     pub script_errors: IntCounterVec,
     pub failed_open: IntCounter,
+    /// Store calls decided locally with this replica's share while the store was down or late
+    /// (`FAILURE_POLICY=local_share`), by store.
+    pub degraded_decisions: IntCounterVec,
     pub breaker_open: IntGaugeVec,
     pub memory_entries: IntGauge,
     pub memory_evictions: IntCounter,
@@ -188,6 +191,7 @@ impl Metrics {
             script_errors: stores.script_errors,
             store_errors: stores.store_errors,
             failed_open: stores.failed_open,
+            degraded_decisions: stores.degraded_decisions,
             breaker_open: stores.breaker_open,
             memory_entries: stores.memory_entries,
             memory_evictions: stores.memory_evictions,
@@ -529,6 +533,7 @@ struct StoreMetrics {
     script_errors: IntCounterVec,
     store_errors: IntCounterVec,
     failed_open: IntCounter,
+    degraded_decisions: IntCounterVec,
     breaker_open: IntGaugeVec,
     memory_entries: IntGauge,
     memory_evictions: IntCounter,
@@ -556,6 +561,13 @@ impl StoreMetrics {
                 r,
                 "sluice_failed_open_total",
                 "Requests answered OK because the store failed (FAILURE_POLICY=fail_open)",
+            ),
+            degraded_decisions: counter_vec(
+                r,
+                "sluice_degraded_decisions_total",
+                "Store calls decided in process with this replica's share of each limit because \
+                 the store was down or late (FAILURE_POLICY=local_share), by store",
+                &["store"],
             ),
             breaker_open: gauge_vec(
                 r,

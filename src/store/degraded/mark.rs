@@ -9,24 +9,27 @@
 //! the whole call, set by any of them, is exactly what the mark means. A store call outside
 //! [`noting`] (a background task) sets nothing.
 
+use std::cell::Cell;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 tokio::task_local! {
-    static DEGRADED: Arc<AtomicBool>;
+    static DEGRADED: Cell<bool>;
 }
 
-/// Runs `call` and says whether any store call in it was decided locally.
+/// Runs `call` and says whether any store call in it was decided locally. Costs no allocation:
+/// the flag lives in the returned future and is read before its scope ends.
 pub async fn noting<F: Future>(call: F) -> (F::Output, bool) {
-    let flag = Arc::new(AtomicBool::new(false));
-    let output = DEGRADED.scope(flag.clone(), call).await;
-    (output, flag.load(Ordering::Relaxed))
+    DEGRADED
+        .scope(Cell::new(false), async {
+            let output = call.await;
+            (output, DEGRADED.with(Cell::get))
+        })
+        .await
 }
 
 /// Marks the call being served as decided locally (nothing outside [`noting`]).
 pub(super) fn set() {
-    let _ = DEGRADED.try_with(|flag| flag.store(true, Ordering::Relaxed));
+    let _ = DEGRADED.try_with(|flag| flag.set(true));
 }
 
 #[cfg(test)]
