@@ -6,6 +6,7 @@
 //! answer, RLS health or RLS latency.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::watch;
 
@@ -53,7 +54,7 @@ struct LocalShareParts {
     /// The key replicas count themselves under (`prefix{sluice_replicas}`).
     replicas_key: String,
     /// Whether a Redis store already learns the replica count (one is enough: same Redis).
-    learning: std::sync::atomic::AtomicBool,
+    learning: AtomicBool,
 }
 
 impl LocalShareParts {
@@ -67,16 +68,17 @@ impl LocalShareParts {
         }
     }
 
-    /// Starts learning the replica count from `store`'s Redis, unless configured or learning.
-    fn learn_from(&self, store: &Arc<Breaker<RedisStore>>) {
-        if !self
-            .learning
-            .swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
+    /// Starts learning the replica count from `store`'s Redis, unless configured or learning;
+    /// `sluice_degraded_replicas` shows the count in use.
+    fn learn_from(&self, store: &Arc<Breaker<RedisStore>>, metrics: &Arc<Metrics>) {
+        let gauge = metrics.degraded_replicas.clone();
+        gauge.set(self.replicas.count() as i64);
+        if !self.learning.swap(true, Ordering::Relaxed) {
             let learn = self.replicas.clone().learn_forever(
                 Arc::downgrade(store),
                 Breaker::inner,
                 self.replicas_key.clone(),
+                move |count| gauge.set(count as i64),
             );
             tokio::spawn(learn);
         }
@@ -111,7 +113,7 @@ impl Layers<'_> {
         let Some(parts) = &self.local_share else {
             return self.counters(store, name);
         };
-        parts.learn_from(&store);
+        parts.learn_from(&store, self.metrics);
         let measured = Instrumented::new(store, name, self.metrics.clone());
         Arc::new(parts.over(measured, name, self.metrics))
     }
@@ -127,7 +129,7 @@ impl Layers<'_> {
         let Some(parts) = &self.local_share else {
             return self.limiters(store, name);
         };
-        parts.learn_from(&store);
+        parts.learn_from(&store, self.metrics);
         let measured = Instrumented::new(store, name, self.metrics.clone());
         Arc::new(parts.over(measured, "redis_limiter_api", self.metrics))
     }

@@ -64,6 +64,8 @@ pub struct Metrics {
     /// Store calls decided locally with this replica's share while the store was down or late
     /// (`FAILURE_POLICY=local_share`), by store.
     pub degraded_decisions: IntCounterVec,
+    /// The replica count `local_share` divides each limit by (configured or learnt).
+    pub degraded_replicas: IntGauge,
     pub breaker_open: IntGaugeVec,
     pub memory_entries: IntGauge,
     pub memory_evictions: IntCounter,
@@ -192,6 +194,7 @@ impl Metrics {
             store_errors: stores.store_errors,
             failed_open: stores.failed_open,
             degraded_decisions: stores.degraded_decisions,
+            degraded_replicas: stores.degraded_replicas,
             breaker_open: stores.breaker_open,
             memory_entries: stores.memory_entries,
             memory_evictions: stores.memory_evictions,
@@ -534,6 +537,7 @@ struct StoreMetrics {
     store_errors: IntCounterVec,
     failed_open: IntCounter,
     degraded_decisions: IntCounterVec,
+    degraded_replicas: IntGauge,
     breaker_open: IntGaugeVec,
     memory_entries: IntGauge,
     memory_evictions: IntCounter,
@@ -568,6 +572,12 @@ impl StoreMetrics {
                 "Store calls decided in process with this replica's share of each limit because \
                  the store was down or late (FAILURE_POLICY=local_share), by store",
                 &["store"],
+            ),
+            degraded_replicas: gauge(
+                r,
+                "sluice_degraded_replicas",
+                "The replica count FAILURE_POLICY=local_share divides each limit by while the \
+                 store is down (DEGRADED_REPLICAS, or learnt from Redis)",
             ),
             breaker_open: gauge_vec(
                 r,

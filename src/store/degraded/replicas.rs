@@ -57,12 +57,14 @@ impl Replicas {
 
     /// Refreshes this replica's member every [`BEAT`] and keeps the count, until the store is
     /// dropped. `key` is `prefix{sluice_replicas}`; `redis` reaches the Redis store inside
-    /// `store` (the beat bypasses the breaker: it is not a decision).
+    /// `store` (the beat bypasses the breaker: it is not a decision); `publish` is told each
+    /// count learnt (the metric `sluice_degraded_replicas`).
     pub async fn learn_forever<T: Send + Sync + 'static>(
         self: Arc<Self>,
         store: std::sync::Weak<T>,
         redis: fn(&T) -> &RedisStore,
         key: String,
+        publish: impl Fn(u64) + Send + 'static,
     ) {
         let member = format!("{:016x}", rand::random::<u64>());
         let live_ms = LIVE.as_millis() as u64;
@@ -74,6 +76,7 @@ impl Replicas {
             match tokio::time::timeout(BEAT_TIMEOUT, beat).await {
                 Ok(Ok(count)) => {
                     let before = self.learnt.swap(count, Ordering::Relaxed);
+                    publish(count);
                     if before != count {
                         tracing::info!(replicas = count, "replica count learnt from redis");
                     }
@@ -84,5 +87,23 @@ impl Replicas {
             drop(layer);
             tokio::time::sleep(BEAT).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configured_wins_and_nothing_learnt_means_one() {
+        let configured = Replicas::new(Some(4));
+        configured.learnt.store(7, Ordering::Relaxed);
+        assert_eq!(configured.count(), 4);
+        assert!(configured.is_configured());
+        let learning = Replicas::new(None);
+        assert_eq!(learning.count(), 1, "nothing learnt yet");
+        learning.learnt.store(3, Ordering::Relaxed);
+        assert_eq!(learning.count(), 3);
+        assert!(!Replicas::new(Some(0)).is_configured(), "0 means learn");
     }
 }
