@@ -249,6 +249,11 @@ pub(super) async fn open_stores(
 /// (the memory store cannot fail).
 fn local_share_parts(settings: &Settings, clock: &Arc<SystemClock>) -> Option<LocalShareParts> {
     let Backend::Redis { degraded, .. } = &settings.backend else {
+        if settings.rls.failure_policy == FailurePolicy::LocalShare {
+            tracing::info!(
+                "FAILURE_POLICY=local_share has nothing to do: the memory store does not fail"
+            );
+        }
         return None;
     };
     (settings.rls.failure_policy == FailurePolicy::LocalShare)

@@ -60,7 +60,7 @@ pub fn current() -> Option<Instant> {
 
 /// `call` run with the store's deadline brought forward by what `reserve` keeps of the time
 /// left, when the caller sent a deadline: a layer that answers on its own after the store gave
-/// up (`degraded.rs`) needs that time. Without a caller deadline, `call` runs as it is.
+/// up (`degraded/`) needs that time. Without a caller deadline, `call` runs as it is.
 pub async fn sooner<F: Future>(reserve: impl FnOnce(Duration) -> Duration, call: F) -> F::Output {
     match current() {
         Some(deadline) => {
