@@ -1,18 +1,22 @@
 //! Opening the stores: the one the RLS path counts in, the per-second one (`REDIS_PERSECOND`),
 //! the native API's, and the breakers health follows. Every store is wrapped the same way, in
-//! one place ([`Layers`]): measured, then (Redis) behind a circuit breaker. The native API gets
+//! one place ([`Layers`]): with `FAILURE_POLICY=local_share` (Redis) decided locally while the
+//! store fails, measured, then (Redis) behind a circuit breaker. The native API gets
 //! a Redis store (pool, batcher and breaker) of its own, so nothing it does can change an RLS
 //! answer, RLS health or RLS latency.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::watch;
 
 use crate::clock::SystemClock;
 use crate::metrics::{Instrumented, Metrics};
+use crate::rls::FailurePolicy;
 use crate::server::{Health, ServeError};
-use crate::settings::{Backend, Settings};
+use crate::settings::{Backend, DegradedOptions, Settings};
 use crate::store::breaker::Breaker;
+use crate::store::degraded::{LocalShare, OnDegraded, Replicas};
 use crate::store::redis::StartupRetry;
 use crate::store::{CounterStore, LimiterStore, MemoryStore, RedisOptions, RedisStore};
 
@@ -30,15 +34,106 @@ pub(super) struct Stores {
     pub(super) health: StoreHealth,
 }
 
-/// How every store is wrapped, outermost first: measured ([`Instrumented`], per-operation
-/// latency and errors under the store's name) → circuit breaker ([`Breaker`], Redis only) → the
-/// store. The one place where store layers are stacked: a new layer goes here.
+/// How every store is wrapped, outermost first: decided locally while it fails ([`LocalShare`],
+/// Redis with `FAILURE_POLICY=local_share` only) → measured ([`Instrumented`], per-operation
+/// latency and errors under the store's name, so Redis's failures still show while the layer
+/// above answers) → circuit breaker ([`Breaker`], Redis only) → the store. The one place where
+/// store layers are stacked: a new layer goes here.
 struct Layers<'a> {
     metrics: &'a Arc<Metrics>,
     settings: &'a Settings,
+    /// With `FAILURE_POLICY=local_share`: what its layers share.
+    local_share: Option<LocalShareParts>,
+}
+
+/// What every `local_share` layer of one process shares: the in-process store the decisions
+/// run on (one bound for all) and the replica count.
+struct LocalShareParts {
+    local: Arc<MemoryStore>,
+    replicas: Arc<Replicas>,
+    /// The key replicas count themselves under (`prefix{sluice_replicas}`).
+    replicas_key: String,
+    /// Whether a Redis store already learns the replica count (one is enough: same Redis).
+    learning: AtomicBool,
+}
+
+impl LocalShareParts {
+    fn new(options: &DegradedOptions, prefix: &str, clock: &Arc<SystemClock>) -> Self {
+        let replicas = Replicas::new(options.replicas);
+        Self {
+            local: Arc::new(MemoryStore::new(options.memory.clone(), clock.clone())),
+            replicas_key: format!("{prefix}{{sluice_replicas}}"),
+            learning: (replicas.is_configured()).into(),
+            replicas,
+        }
+    }
+
+    /// Starts learning the replica count from `store`'s Redis, unless configured or learning;
+    /// `sluice_degraded_replicas` shows the count in use.
+    fn learn_from(&self, store: &Arc<Breaker<RedisStore>>, metrics: &Arc<Metrics>) {
+        let gauge = metrics.degraded_replicas.clone();
+        gauge.set(self.replicas.count() as i64);
+        if !self.learning.swap(true, Ordering::Relaxed) {
+            let learn = self.replicas.clone().learn_forever(
+                Arc::downgrade(store),
+                Breaker::inner,
+                self.replicas_key.clone(),
+                move |count| gauge.set(count as i64),
+            );
+            tokio::spawn(learn);
+        }
+    }
+
+    /// `store` decided locally while it fails, counted under `name`.
+    fn over<S: crate::store::Store>(
+        &self,
+        store: S,
+        name: &'static str,
+        metrics: &Arc<Metrics>,
+    ) -> LocalShare<S> {
+        let counter = metrics.degraded_decisions.with_label_values(&[name]);
+        let on_degraded: OnDegraded = Arc::new(move || counter.inc());
+        LocalShare::new(
+            store,
+            self.local.clone(),
+            self.replicas.clone(),
+            on_degraded,
+        )
+    }
 }
 
 impl Layers<'_> {
+    /// A Redis store (behind its breaker) as the RLS path sees it: all its layers.
+    fn counters_on_redis(
+        &self,
+        store: Breaker<RedisStore>,
+        name: &'static str,
+    ) -> Arc<dyn CounterStore> {
+        let store = Arc::new(store);
+        let Some(parts) = &self.local_share else {
+            return self.counters(store, name);
+        };
+        parts.learn_from(&store, self.metrics);
+        let measured = Instrumented::new(store, name, self.metrics.clone());
+        Arc::new(parts.over(measured, name, self.metrics))
+    }
+
+    /// A Redis store (behind its breaker) as the named limiters see it: all its layers. Its
+    /// local decisions are counted as `redis_limiter_api`, apart from the RLS path's.
+    fn limiters_on_redis(
+        &self,
+        store: Breaker<RedisStore>,
+        name: &'static str,
+    ) -> Arc<dyn LimiterStore> {
+        let store = Arc::new(store);
+        let Some(parts) = &self.local_share else {
+            return self.limiters(store, name);
+        };
+        parts.learn_from(&store, self.metrics);
+        let measured = Instrumented::new(store, name, self.metrics.clone());
+        Arc::new(parts.over(measured, "redis_limiter_api", self.metrics))
+    }
+
     /// A store as the RLS path sees it: measured, as a counter store.
     fn counters(&self, store: Arc<dyn CounterStore>, name: &'static str) -> Arc<dyn CounterStore> {
         Arc::new(Instrumented::new(store, name, self.metrics.clone()))
@@ -82,7 +177,11 @@ pub(super) async fn open_stores(
     metrics: &Arc<Metrics>,
     clock: &Arc<SystemClock>,
 ) -> Result<Stores, ServeError> {
-    let layers = Layers { metrics, settings };
+    let layers = Layers {
+        metrics,
+        settings,
+        local_share: local_share_parts(settings, clock),
+    };
     let mut store_usable = Vec::new();
     let mut per_second_store = None;
     let mut memory_store = None;
@@ -101,6 +200,7 @@ pub(super) async fn open_stores(
             startup,
             start_degraded,
             health_follows_redis,
+            ..
         } => {
             health_follows_store = *health_follows_redis;
             // Starting degraded means not blocking on Redis: without a wait limit, try once.
@@ -123,14 +223,14 @@ pub(super) async fn open_stores(
                 let store = layers.redis(options, &wait, degraded).await?;
                 metrics.observe_redis_pool("redis_per_second_pool", store.inner().connections());
                 store_usable.push(("redis_per_second", store.usable(), HealthRole::Counts));
-                per_second_store = Some(layers.counters(Arc::new(store), "redis_per_second"));
+                per_second_store = Some(layers.counters_on_redis(store, "redis_per_second"));
             }
             if settings.limiter_api.is_some() {
                 let store = layers.redis(options, &wait, true).await?;
                 store_usable.push(("redis_limiter_api", store.usable(), HealthRole::Ignored));
-                named_store = Some(layers.limiters(Arc::new(store), "redis"));
+                named_store = Some(layers.limiters_on_redis(store, "redis"));
             }
-            layers.counters(Arc::new(main), "redis")
+            layers.counters_on_redis(main, "redis")
         }
     };
     Ok(Stores {
@@ -143,6 +243,21 @@ pub(super) async fn open_stores(
             follows: health_follows_store,
         },
     })
+}
+
+/// The parts of `FAILURE_POLICY=local_share`'s layers, when it is on and the store is Redis
+/// (the memory store cannot fail).
+fn local_share_parts(settings: &Settings, clock: &Arc<SystemClock>) -> Option<LocalShareParts> {
+    let Backend::Redis { degraded, .. } = &settings.backend else {
+        if settings.rls.failure_policy == FailurePolicy::LocalShare {
+            tracing::info!(
+                "FAILURE_POLICY=local_share has nothing to do: the memory store does not fail"
+            );
+        }
+        return None;
+    };
+    (settings.rls.failure_policy == FailurePolicy::LocalShare)
+        .then(|| LocalShareParts::new(degraded, &settings.cache_key_prefix, clock))
 }
 
 /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` is decided per store call: says so when a

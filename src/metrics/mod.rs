@@ -17,6 +17,7 @@ mod instrumented;
 mod mapper;
 mod stats;
 mod statsd;
+mod store_metrics;
 
 pub use instrumented::Instrumented;
 pub use mapper::{Mapper, MapperError};
@@ -33,6 +34,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use self::store_metrics::StoreMetrics;
 use crate::config::{Algorithm, Limit, Quota};
 use crate::proto::DescriptorEntry;
 use crate::store::{ConnectionCounts, Outcome};
@@ -61,6 +63,11 @@ pub struct Metrics {
     /// outage (they do not count toward a circuit breaker).
     pub script_errors: IntCounterVec,
     pub failed_open: IntCounter,
+    /// Store calls decided locally with this replica's share while the store was down or late
+    /// (`FAILURE_POLICY=local_share`), by store.
+    pub degraded_decisions: IntCounterVec,
+    /// The replica count `local_share` divides each limit by (configured or learnt).
+    pub degraded_replicas: IntGauge,
     pub breaker_open: IntGaugeVec,
     pub memory_entries: IntGauge,
     pub memory_evictions: IntCounter,
@@ -188,6 +195,8 @@ impl Metrics {
             script_errors: stores.script_errors,
             store_errors: stores.store_errors,
             failed_open: stores.failed_open,
+            degraded_decisions: stores.degraded_decisions,
+            degraded_replicas: stores.degraded_replicas,
             breaker_open: stores.breaker_open,
             memory_entries: stores.memory_entries,
             memory_evictions: stores.memory_evictions,
@@ -520,72 +529,6 @@ impl ConfigCounters {
 impl fmt::Debug for ConfigCounters {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "ConfigCounters({} limits)", self.0.len())
-    }
-}
-
-/// Sluice's own Prometheus metrics of the stores: errors, breakers and the memory store's
-/// tables ([`Metrics::with_stats`] registers them).
-struct StoreMetrics {
-    script_errors: IntCounterVec,
-    store_errors: IntCounterVec,
-    failed_open: IntCounter,
-    breaker_open: IntGaugeVec,
-    memory_entries: IntGauge,
-    memory_evictions: IntCounter,
-    memory_limiter_states: IntGauge,
-    limiter_clients_refused: IntCounter,
-}
-
-impl StoreMetrics {
-    fn register(r: &Registry) -> Self {
-        Self {
-            script_errors: counter_vec(
-                r,
-                "sluice_script_errors_total",
-                "Store operations answered with an error reply by the script (a bug or an input it \
-                 cannot represent; never counted toward a circuit breaker), by store and operation",
-                &["store", "operation"],
-            ),
-            store_errors: counter_vec(
-                r,
-                "sluice_store_errors_total",
-                "Store operations that failed, by store, operation and error kind",
-                &["store", "operation", "error"],
-            ),
-            failed_open: counter(
-                r,
-                "sluice_failed_open_total",
-                "Requests answered OK because the store failed (FAILURE_POLICY=fail_open)",
-            ),
-            breaker_open: gauge_vec(
-                r,
-                "sluice_circuit_breaker_open",
-                "1 while the store's circuit breaker is open",
-                &["store"],
-            ),
-            memory_entries: gauge(
-                r,
-                "sluice_memory_store_entries",
-                "Entries held by the memory store",
-            ),
-            memory_evictions: counter(
-                r,
-                "sluice_memory_store_evictions_total",
-                "Live entries evicted because the memory store was full",
-            ),
-            memory_limiter_states: gauge(
-                r,
-                "sluice_memory_limiter_states",
-                "Client states of named limiters held by the memory store (a table of their own, \
-                 at most MEMORY_MAX_LIMITER_STATES)",
-            ),
-            limiter_clients_refused: counter(
-                r,
-                "sluice_limiter_clients_refused_total",
-                "New clients of named limiters refused on the memory store because a limiter \
-                 (LIMITER_MAX_CLIENTS) or the table (MEMORY_MAX_LIMITER_STATES) was full",
-            ),
-        }
     }
 }
 

@@ -30,14 +30,14 @@ use arc_swap::ArcSwapOption;
 
 pub use key::{KeyBuilder, LongParts, PrefixError};
 pub use plan::Refusal;
-pub use response::HeaderNames;
+pub use response::{DEGRADED_HEADER, DEGRADED_METADATA, HeaderNames};
 
 use self::local_cache::OverLimitCache;
 use crate::clock::Clock;
 use crate::config::{Algorithm as ConfigAlgorithm, RateLimitConfig};
 use crate::metrics::{ConfigCounters, Metrics};
 use crate::proto::{RateLimitRequest, RateLimitResponse};
-use crate::store::{CounterStore, Rule, StoreError};
+use crate::store::{self, CounterStore, Rule, StoreError};
 use crate::util::{self, LogThrottle};
 
 /// Remaining count reported for `unlimited` descriptors, as upstream does.
@@ -104,6 +104,10 @@ pub enum FailurePolicy {
     FailClosed,
     /// Answer OK here, counted and logged (at most once a second).
     FailOpen,
+    /// `local_share`: while the store is down or late, each replica decides alone with its
+    /// share of every limit (`store::degraded`, stacked by `app`), and the answer is marked
+    /// ([`DEGRADED_HEADER`]). What still fails (a script error) is answered as `FailClosed`.
+    LocalShare,
 }
 
 /// Why a request got no decision. Each maps to one gRPC status (see `server::rls`).
@@ -223,7 +227,8 @@ impl RateLimiter {
         };
 
         let plan = self.plan(name, domain, request);
-        let outcomes = match self.ask_store(&plan).await {
+        let (asked, degraded) = store::degraded::noting(self.ask_store(&plan)).await;
+        let outcomes = match asked {
             Ok(outcomes) => outcomes,
             Err(e) if self.options.failure_policy == FailurePolicy::FailOpen => {
                 return Ok(self.fail_open(request, &e));
@@ -236,7 +241,11 @@ impl RateLimiter {
             }
         };
         let answers = self.answer(request, counters, &plan, &outcomes);
-        Ok(self.finish(request, answers))
+        let mut reply = self.finish(request, answers);
+        if degraded {
+            response::mark_degraded(&mut reply);
+        }
+        Ok(reply)
     }
 
     /// The fail-open answer: OK, and each descriptor OK with no limit (nothing was counted).

@@ -105,6 +105,30 @@ impl Default for HeaderNames {
     }
 }
 
+/// The response header on every answer decided locally while the store was down
+/// (`FAILURE_POLICY=local_share`), whatever `LIMIT_RESPONSE_HEADERS_ENABLED` says: whoever
+/// reads the response can tell an approximate limit from an exact one.
+pub const DEGRADED_HEADER: &str = "x-sluice-degraded";
+
+/// The dynamic metadata field that says the same, with `RESPONSE_DYNAMIC_METADATA`.
+pub const DEGRADED_METADATA: &str = "sluice_degraded";
+
+/// Marks `reply` as decided locally: [`DEGRADED_HEADER`], and [`DEGRADED_METADATA`] when the
+/// reply carries dynamic metadata.
+pub(super) fn mark_degraded(reply: &mut RateLimitResponse) {
+    reply.response_headers_to_add.push(HeaderValue {
+        key: DEGRADED_HEADER.into(),
+        value: "true".into(),
+        raw_value: Vec::new(),
+    });
+    if let Some(metadata) = &mut reply.dynamic_metadata {
+        let yes = Value {
+            kind: Some(Kind::BoolValue(true)),
+        };
+        metadata.fields.insert(DEGRADED_METADATA.into(), yes);
+    }
+}
+
 impl HeaderNames {
     pub fn headers(&self, status: &DescriptorStatus) -> Vec<HeaderValue> {
         let header = |key: &str, value: u64| HeaderValue {

@@ -818,3 +818,67 @@ async fn stop_increment_counts_nothing_once_the_local_cache_refuses() {
         2
     );
 }
+
+/// A store that is always down.
+#[derive(Debug)]
+struct Down;
+
+impl crate::store::Store for Down {
+    fn kind(&self) -> &'static str {
+        "down"
+    }
+}
+
+impl CounterStore for Down {
+    fn check_with<'a>(&'a self, _: &'a [&'a Check], _: Charging) -> crate::store::StoreFuture<'a> {
+        Box::pin(async { Err(StoreError::Unavailable("breaker open".into())) })
+    }
+}
+
+#[tokio::test]
+async fn answers_decided_locally_carry_the_mark() {
+    use crate::store::degraded::{LocalShare, Replicas};
+    let clock = Arc::new(ManualClock::new(1_000_039_500_000));
+    let local = Arc::new(MemoryStore::new(
+        MemoryStoreOptions::default(),
+        clock.clone(),
+    ));
+    let layer = LocalShare::new(Down, local, Replicas::new(Some(2)), Arc::new(|| {}));
+    let options = RlsOptions {
+        failure_policy: FailurePolicy::LocalShare,
+        dynamic_metadata: true,
+        ..Default::default()
+    };
+    let limiter = RateLimiter::new(Arc::new(layer), KeyBuilder::default(), clock, options);
+    let h = harness(RlsOptions::default());
+    limiter.set_config(h.limiter.config().unwrap());
+    let alice = request(vec![descriptor(&[("user", "alice")])]);
+    let marked = |r: &RateLimitResponse| {
+        let header = r
+            .response_headers_to_add
+            .iter()
+            .any(|h| h.key == DEGRADED_HEADER && h.value == "true");
+        let metadata = r
+            .dynamic_metadata
+            .as_ref()
+            .unwrap()
+            .fields
+            .get(DEGRADED_METADATA);
+        header && metadata.is_some()
+    };
+    // 2 a minute over 2 replicas: 1 here, then refused; both marked.
+    let first = limiter.should_rate_limit(&alice).await.unwrap();
+    assert_eq!(first.overall_code, Code::Ok as i32);
+    assert!(marked(&first), "{first:?}");
+    let second = limiter.should_rate_limit(&alice).await.unwrap();
+    assert_eq!(second.overall_code, Code::OverLimit as i32);
+    assert!(marked(&second), "{second:?}");
+    // The store's own answers are not marked.
+    let exact = h.ask(&alice).await;
+    assert!(
+        !exact
+            .response_headers_to_add
+            .iter()
+            .any(|h| h.key == DEGRADED_HEADER)
+    );
+}

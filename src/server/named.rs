@@ -30,7 +30,7 @@ use crate::proto::sluice::v1::{
     DeleteRequest, DeleteResponse, GetConfigRequest, LimiterConfig, SetMode as ApiSetMode,
     SetRateRequest, SetRateResponse, TryAcquireRequest, limiter_server,
 };
-use crate::store::SetMode;
+use crate::store::{SetMode, degraded};
 use crate::util::LogThrottle;
 
 pub(crate) struct NamedApi {
@@ -133,12 +133,15 @@ fn duration(d: Duration) -> Option<prost_types::Duration> {
     prost_types::Duration::try_from(d).ok()
 }
 
-fn response(a: Acquired) -> Response<AcquireResponse> {
+/// The answer to an acquisition; `degraded`: a store call in it was decided locally
+/// (`FAILURE_POLICY=local_share`).
+fn response(a: Acquired, degraded: bool) -> Response<AcquireResponse> {
     Response::new(AcquireResponse {
         acquired: a.acquired,
         waited: duration(a.waited),
         remaining: a.remaining,
         retry_after: duration(a.retry_after),
+        degraded,
     })
 }
 
@@ -192,12 +195,11 @@ impl limiter_server::Limiter for NamedApi {
             Some(Ok(d)) => d,
             Some(Err(_)) => return Err(Status::invalid_argument("timeout must not be negative")),
         };
-        let acquired = self
+        let acquiring = self
             .limiters
-            .try_acquire(&r.name, &r.client_id, r.permits.max(1), timeout)
-            .await
-            .map_err(to_status)?;
-        Ok(response(acquired))
+            .try_acquire(&r.name, &r.client_id, r.permits.max(1), timeout);
+        let (acquired, degraded) = degraded::noting(acquiring).await;
+        Ok(response(acquired.map_err(to_status)?, degraded))
     }
 
     async fn acquire(
@@ -205,12 +207,11 @@ impl limiter_server::Limiter for NamedApi {
         request: Request<AcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
         let r = request.into_inner();
-        let acquired = self
+        let acquiring = self
             .limiters
-            .acquire(&r.name, &r.client_id, r.permits.max(1))
-            .await
-            .map_err(to_status)?;
-        Ok(response(acquired))
+            .acquire(&r.name, &r.client_id, r.permits.max(1));
+        let (acquired, degraded) = degraded::noting(acquiring).await;
+        Ok(response(acquired.map_err(to_status)?, degraded))
     }
 
     async fn available_permits(

@@ -36,7 +36,7 @@ pub use config_source::{ConfigSource, ConfigSourceSettings};
 pub use env::{Env, SettingsError};
 pub use native_api::LimiterApiSettings;
 pub use stats::{PrometheusListener, StatsSettings, StatsdSink};
-pub use stores::{Backend, redis_url};
+pub use stores::{Backend, DegradedOptions, redis_url};
 
 /// Everything `sluice serve` needs.
 #[derive(Debug, Clone)]
@@ -249,5 +249,37 @@ mod tests {
         ])
         .unwrap_err();
         assert!(!err.to_string().contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn local_share_is_a_failure_policy_with_a_replica_count() {
+        let s = settings(&[
+            ("REDIS_URL", "redis.local:6379"),
+            ("FAILURE_POLICY", "local_share"),
+            ("DEGRADED_REPLICAS", "3"),
+            ("MEMORY_MAX_COUNTERS", "5000"),
+        ])
+        .unwrap();
+        assert_eq!(s.rls.failure_policy, crate::rls::FailurePolicy::LocalShare);
+        let Backend::Redis { degraded, .. } = &s.backend else {
+            panic!("not redis")
+        };
+        assert_eq!(degraded.replicas, Some(3));
+        assert_eq!(degraded.memory.max_counters, 5000);
+        let learnt = settings(&[("REDIS_URL", "redis.local:6379")]).unwrap();
+        let Backend::Redis { degraded, .. } = &learnt.backend else {
+            panic!("not redis")
+        };
+        assert_eq!(degraded.replicas, None, "unset: learnt from Redis");
+        assert_eq!(
+            learnt.rls.failure_policy,
+            crate::rls::FailurePolicy::FailClosed,
+            "not the default"
+        );
+        let err = settings(&[("FAILURE_POLICY", "degrade")]).unwrap_err();
+        assert_eq!(err.variable, "FAILURE_POLICY");
+        assert!(err.reason.contains("local_share"), "{err}");
+        let err = settings(&[("REDIS_URL", "h:1"), ("DEGRADED_REPLICAS", "three")]).unwrap_err();
+        assert_eq!(err.variable, "DEGRADED_REPLICAS");
     }
 }

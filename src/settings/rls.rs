@@ -35,8 +35,12 @@ pub(super) fn rls_options<F: Fn(&str) -> Option<String>>(
         failure_policy: match env.string("FAILURE_POLICY", "fail_closed").as_str() {
             "fail_closed" => FailurePolicy::FailClosed,
             "fail_open" => FailurePolicy::FailOpen,
+            "local_share" => FailurePolicy::LocalShare,
             _ => {
-                return Err(env.error("FAILURE_POLICY", "expected fail_closed or fail_open"));
+                return Err(env.error(
+                    "FAILURE_POLICY",
+                    "expected fail_closed, fail_open or local_share",
+                ));
             }
         },
         local_cache_bytes: env.number("LOCAL_CACHE_SIZE_IN_BYTES", 0usize)?,

@@ -30,7 +30,20 @@ pub enum Backend {
         /// while a Redis store's circuit breaker is open). Off, as upstream: once Redis has
         /// answered, health no longer depends on it.
         health_follows_redis: bool,
+        /// What `FAILURE_POLICY=local_share` decides with while Redis is down.
+        degraded: DegradedOptions,
     },
+}
+
+/// The in-process decisions of `FAILURE_POLICY=local_share` (`store::degraded`).
+#[derive(Debug, Clone)]
+pub struct DegradedOptions {
+    /// `DEGRADED_REPLICAS`: the replica count each limit is divided by; unset (or 0), it is
+    /// learnt from Redis while it answers.
+    pub replicas: Option<u64>,
+    /// The bounds of the in-process store the decisions run on: the memory store's
+    /// (`MEMORY_MAX_COUNTERS`, `MEMORY_MAX_LIMITER_STATES`).
+    pub memory: MemoryStoreOptions,
 }
 
 impl Backend {
@@ -48,14 +61,7 @@ pub(super) fn backend<F: Fn(&str) -> Option<String>>(
 ) -> Result<(Backend, String), SettingsError> {
     let (backend_type, backend_reason) = backend_type(env);
     let backend = match backend_type.as_str() {
-        "memory" => Backend::Memory(MemoryStoreOptions {
-            max_counters: env.number("MEMORY_MAX_COUNTERS", 1_000_000usize)?,
-            max_limiter_states: env.number(
-                "MEMORY_MAX_LIMITER_STATES",
-                MemoryStoreOptions::default().max_limiter_states,
-            )?,
-            ..MemoryStoreOptions::default()
-        }),
+        "memory" => Backend::Memory(memory_options(env)?),
         "redis" => redis_backend(env)?,
         "memcache" => {
             return Err(env.error(
@@ -66,6 +72,20 @@ pub(super) fn backend<F: Fn(&str) -> Option<String>>(
         _ => return Err(env.error("BACKEND_TYPE", "expected memory or redis")),
     };
     Ok((backend, backend_reason))
+}
+
+/// The memory store's bounds, for the memory backend and for `local_share`'s decisions.
+fn memory_options<F: Fn(&str) -> Option<String>>(
+    env: &Env<F>,
+) -> Result<MemoryStoreOptions, SettingsError> {
+    Ok(MemoryStoreOptions {
+        max_counters: env.number("MEMORY_MAX_COUNTERS", 1_000_000usize)?,
+        max_limiter_states: env.number(
+            "MEMORY_MAX_LIMITER_STATES",
+            MemoryStoreOptions::default().max_limiter_states,
+        )?,
+        ..MemoryStoreOptions::default()
+    })
 }
 
 /// The Redis store's circuit breaker.
@@ -126,6 +146,13 @@ fn redis_backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend,
         },
         start_degraded: env.bool("REDIS_STARTUP_DEGRADED", false)?,
         health_follows_redis: env.bool("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", false)?,
+        degraded: DegradedOptions {
+            replicas: match env.number("DEGRADED_REPLICAS", 0u64)? {
+                0 => None,
+                n => Some(n),
+            },
+            memory: memory_options(env)?,
+        },
     })
 }
 

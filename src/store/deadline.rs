@@ -58,6 +58,20 @@ pub fn current() -> Option<Instant> {
     CALLER_DEADLINE.try_with(|deadline| *deadline).ok()
 }
 
+/// `call` run with the store's deadline brought forward by what `reserve` keeps of the time
+/// left, when the caller sent a deadline: a layer that answers on its own after the store gave
+/// up (`degraded/`) needs that time. Without a caller deadline, `call` runs as it is.
+pub async fn sooner<F: Future>(reserve: impl FnOnce(Duration) -> Duration, call: F) -> F::Output {
+    match current() {
+        Some(deadline) => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let sooner = deadline.checked_sub(reserve(left)).unwrap_or(deadline);
+            CALLER_DEADLINE.scope(sooner, call).await
+        }
+        None => call.await,
+    }
+}
+
 /// How long a store call starting now may take: until the caller's deadline when there is one
 /// (whatever `default` says: the caller's wait rules), else `default` (`REDIS_TIMEOUT`).
 pub fn budget(default: Duration) -> Duration {
@@ -103,5 +117,24 @@ mod tests {
         assert!(short < Duration::from_millis(5), "{short:?}");
         assert_eq!(scope(arrived, None, async { current() }).await, None);
         assert_eq!(budget(default), default);
+    }
+
+    #[tokio::test]
+    async fn sooner_keeps_time_back_only_under_a_caller_deadline() {
+        let default = Duration::from_millis(15);
+        let kept = sooner(|_| Duration::from_secs(1), async { budget(default) }).await;
+        assert_eq!(
+            kept, default,
+            "no caller deadline: nothing to bring forward"
+        );
+        let left = scope(Instant::now(), Some(Duration::from_secs(2)), async {
+            sooner(|left| left / 2, async { budget(default) }).await
+        })
+        .await;
+        // 2 s less the 20 ms margin, halved.
+        assert!(
+            left > Duration::from_millis(500) && left <= Duration::from_millis(990),
+            "{left:?}"
+        );
     }
 }

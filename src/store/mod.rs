@@ -1,7 +1,8 @@
 //! Where counters live: the store traits and their two implementations (memory, Redis).
 //!
 //! [`CounterStore`] is what the Envoy decision path needs, [`LimiterStore`] what the named
-//! limiters need; both stores implement both, and wrappers (the circuit breaker, the metrics)
+//! limiters need; both stores implement both, and wrappers (the circuit breaker, the metrics,
+//! `degraded::LocalShare` for `FAILURE_POLICY=local_share`)
 //! implement whichever they wrap. A counter store receives every counted descriptor of one
 //! request as a batch of [`Check`]s and answers them in one atomic step per key (one Lua script
 //! call on Redis, one shard lock per key in memory), or for the whole batch under
@@ -14,6 +15,7 @@
 pub mod algorithms;
 pub mod breaker;
 pub mod deadline;
+pub mod degraded;
 pub mod memory;
 pub mod redis;
 

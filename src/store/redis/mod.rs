@@ -243,6 +243,29 @@ impl RedisStore {
         parse(self.route(slot, cmd).await?)
     }
 
+    /// Marks `member` as a live replica in the sorted set `key` (score: Redis's clock, in
+    /// milliseconds), drops members not seen for `live_ms`, and returns how many are left: the
+    /// replica count of the `local_share` failure policy (`store::degraded::replicas`). One
+    /// key, so one slot on a cluster; Redis's clock, so the replicas' clocks need not agree.
+    pub async fn count_replicas(
+        &self,
+        key: &str,
+        member: &str,
+        live_ms: u64,
+    ) -> Result<u64, StoreError> {
+        const SCRIPT: &str = "local t = redis.call('TIME') \
+            local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+            redis.call('ZADD', KEYS[1], now, ARGV[1]) \
+            redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2])) \
+            redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2])) \
+            return redis.call('ZCARD', KEYS[1])";
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(SCRIPT).arg(1).arg(key).arg(member).arg(live_ms);
+        let slot = slot::slot(key.as_bytes());
+        self.bounded(async move { parse(self.route(slot, cmd).await?) })
+            .await
+    }
+
     /// The time tests pin instead of Redis's clock, in microseconds.
     fn pinned_now(&self) -> Option<u64> {
         self.options.pinned_clock.as_ref().map(|c| c.now_micros())
