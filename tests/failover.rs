@@ -13,6 +13,10 @@
 //!   way, so the figure is a floor of the loss;
 //! - recovery: from the kill to the last error Envoy counted.
 //!
+//! With `FAILURE_POLICY=local_share` (issue #28's degraded decisions) the same runs show what
+//! the policy changes: the replica decides the failover window alone, so Envoy lets nothing
+//! through undecided.
+//!
 //! The limit (a million an hour) is never reached, so every decided request is admitted and
 //! the counter is the whole record of what Sluice counted.
 
@@ -114,23 +118,32 @@ fn run_through_failover(envoy: &Envoy, warm_up: Duration, kill: impl FnOnce()) -
     }
 }
 
-/// The value of the one counter in `node`, if it holds it.
+/// The value of the test's counter in `node`, if it holds it (the one integer key: under
+/// `local_share` the replicas' sorted set is there too).
 fn counter_on(node: &RedisServer) -> Option<u64> {
     let keys = node.cli(&["KEYS", "*"])?;
-    let key = keys.lines().map(str::trim).find(|k| !k.is_empty())?;
-    node.cli(&["GET", key])?.trim().parse().ok()
+    keys.lines()
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .find_map(|key| node.cli(&["GET", key])?.trim().parse().ok())
 }
 
+/// Prints the run's figures. Under `local_share` the answers decided locally are in no Redis
+/// counter, so the difference between answers and counter is not a loss there.
 fn report(topology: &str, run: &Run, counted: u64) {
     let decided = run.decided();
+    let lost = if topology.contains("local_share") {
+        "(local answers are counted in no Redis)".to_string()
+    } else {
+        decided.saturating_sub(counted).to_string()
+    };
     println!(
         "FAILOVER {topology}: {} requests through Envoy ({CALLERS} callers), {} not 200; \
          Envoy errors (let through undecided) {}; decided {decided}, counter {counted}, \
-         increments lost {}; recovery {:.2} s after the kill",
+         increments lost {lost}; recovery {:.2} s after the kill",
         run.requests,
         run.not_ok,
         run.errors(),
-        decided.saturating_sub(counted),
         run.recovery.as_secs_f64()
     );
 }
@@ -152,23 +165,26 @@ fn assert_recovered(topology: &str, run: &Run, counted: u64) {
     );
 }
 
+/// Sluice on `redis_type` at `url` with `FAILURE_POLICY=policy`, and Envoy in front of it.
 fn start_sluice_and_envoy(
     redis_type: &str,
     url: &str,
+    policy: &str,
 ) -> (tempfile::TempDir, Sluice, Upstream, Envoy) {
     let config = config_dir(&limits());
     let mut cmd = sluice_command(config.path());
     cmd.env("BACKEND_TYPE", "redis")
         .env("REDIS_TYPE", redis_type)
-        .env("REDIS_URL", url);
+        .env("REDIS_URL", url)
+        .env("FAILURE_POLICY", policy);
     let sluice = Sluice::spawn(cmd);
     let app = Upstream::start();
     let envoy = Envoy::start(sluice.grpc, app.addr, &[("timeout: 5s", "timeout: 0.25s")]);
     (config, sluice, app, envoy)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn sentinel_failover_under_load_through_envoy() {
+/// A Sentinel failover under load with `policy`: the run and the promoted replica's count.
+async fn sentinel_failover(policy: &str) -> (Run, u64) {
     let setup = SentinelSetup::start();
     let url = setup.url();
     let SentinelSetup {
@@ -176,20 +192,19 @@ async fn sentinel_failover_under_load_through_envoy() {
         replica,
         sentinels: _sentinels,
     } = setup;
-    let (_config, _sluice, _app, envoy) = start_sluice_and_envoy("sentinel", &url);
+    let (_config, _sluice, _app, envoy) = start_sluice_and_envoy("sentinel", &url, policy);
     avoid_window_edge(3600, 120).await;
     let run = tokio::task::block_in_place(|| {
         run_through_failover(&envoy, Duration::from_secs(2), || master.kill())
     });
-    let counted = counter_on(&replica).unwrap_or(0);
-    report("sentinel (master killed, replica promoted)", &run, counted);
-    assert_recovered("sentinel", &run, counted);
+    (run, counter_on(&replica).unwrap_or(0))
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn cluster_failover_under_load_through_envoy() {
+/// A Cluster failover (the counter's master killed) under load with `policy`: the run and the
+/// counter on whichever master holds it afterwards.
+async fn cluster_failover(policy: &str) -> (Run, u64) {
     let mut cluster = RedisCluster::start(3, 1);
-    let (_config, _sluice, _app, envoy) = start_sluice_and_envoy("cluster", &cluster.url());
+    let (_config, _sluice, _app, envoy) = start_sluice_and_envoy("cluster", &cluster.url(), policy);
     avoid_window_edge(3600, 120).await;
     let masters_before = cluster.master_ports();
     let run = tokio::task::block_in_place(|| {
@@ -202,15 +217,62 @@ async fn cluster_failover_under_load_through_envoy() {
             cluster.node_mut(holder).kill();
         })
     });
-    let counted = cluster
-        .master_ports()
+    // Whether Redis itself failed over: without a promoted replica no client could recover,
+    // and a failure below must say which side it was.
+    let masters = cluster.master_ports();
+    println!(
+        "cluster after the run: {} masters alive of 3 ({masters:?})",
+        masters.len()
+    );
+    let counted = masters
         .iter()
         .find_map(|&port| counter_on(cluster.node(port)))
         .unwrap_or(0);
+    (run, counted)
+}
+
+/// With `FAILURE_POLICY=local_share` the failover window is decided by the replica alone: Envoy
+/// lets nothing through undecided. A call can still miss Envoy's 250 ms on a machine busy enough
+/// (issue #28's degraded decisions keep a reserve for the local answer, not a guarantee), so
+/// the bound is under 1 % of the requests, where `fail_closed` lets about 40 % through.
+fn assert_decided_throughout(topology: &str, run: &Run) {
+    assert_eq!(run.not_ok, 0, "{topology}: every request answered 200");
+    assert!(
+        run.errors() * 100 < run.requests as u64,
+        "{topology}: Envoy let {} of {} requests through undecided",
+        run.errors(),
+        run.requests
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sentinel_failover_under_load_through_envoy() {
+    let (run, counted) = sentinel_failover("fail_closed").await;
+    report("sentinel (master killed, replica promoted)", &run, counted);
+    assert_recovered("sentinel", &run, counted);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_failover_under_load_through_envoy() {
+    let (run, counted) = cluster_failover("fail_closed").await;
     report(
         "cluster (3 masters; the counter's master killed)",
         &run,
         counted,
     );
     assert_recovered("cluster", &run, counted);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sentinel_failover_with_local_share_lets_nothing_through_undecided() {
+    let (run, counted) = sentinel_failover("local_share").await;
+    report("sentinel, local_share", &run, counted);
+    assert_decided_throughout("sentinel, local_share", &run);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_failover_with_local_share_lets_nothing_through_undecided() {
+    let (run, counted) = cluster_failover("local_share").await;
+    report("cluster, local_share", &run, counted);
+    assert_decided_throughout("cluster, local_share", &run);
 }
