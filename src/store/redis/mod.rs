@@ -39,9 +39,9 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
+use redis::{RedisError, Value};
 
 use crate::clock::Clock;
-use redis::{RedisError, Value};
 
 pub use coalesce::PipelineCounts;
 pub use conn::ConnectionCounts;
@@ -251,13 +251,21 @@ impl RedisStore {
             if matches!(self.connector, Connector::Single(_)) {
                 // The plain path needs Redis 7.0; a failover to an older server is caught by
                 // the first refused `PEXPIRE .. NX` (see [`RedisStore::run_plain`]).
-                let info: String = redis::cmd("INFO")
+                let info: Result<String, RedisError> = redis::cmd("INFO")
                     .arg("server")
                     .query_async(&mut conn.redis)
-                    .await
-                    .map_err(|e| fail(&conn, e))?;
-                self.takes_expire_nx
-                    .store(plain::takes_expire_nx(&info), Ordering::Relaxed);
+                    .await;
+                let takes_nx = match info {
+                    Ok(info) => plain::takes_expire_nx(&info),
+                    Err(e) if e.is_io_error() => return Err(fail(&conn, e)),
+                    // INFO is in ACL's @dangerous, which a managed Redis may deny: the lean
+                    // script works on every version.
+                    Err(e) => {
+                        tracing::info!(error = %e, "INFO refused; deciding with the lean script");
+                        false
+                    }
+                };
+                self.takes_expire_nx.store(takes_nx, Ordering::Relaxed);
             }
             for script in script::all() {
                 let sha = load(&mut conn.redis, script)
