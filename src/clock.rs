@@ -1,7 +1,8 @@
 //! Time as the service sees it: the system clock in production, a hand-driven clock in tests.
 //!
 //! The limiter uses it to pick the fixed window a key names; the memory store uses the same clock
-//! for expiry and reset, so the two agree. The Redis store uses Redis's own clock (`TIME`).
+//! for expiry and reset, so the two agree. The Redis store's scripts use Redis's own clock
+//! (`TIME`); its plain fixed-window commands (Redis 7) judge on this clock, as upstream does.
 
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -213,7 +213,7 @@ const REDIS_LAYERS: &[&[&str]] = &[
     &["options", "slot", "script"],
     &["wire"],
     &["conn"],
-    &["coalesce"],
+    &["coalesce", "plain"],
     &["cluster"],
 ];
 

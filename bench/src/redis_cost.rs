@@ -6,7 +6,8 @@
 //! run Redis's statistics are reset (`CONFIG RESETSTAT`), so `INFO commandstats` gives the
 //! decision script's own time per call (`usec_per_call` of `evalsha`) for that run alone. It also
 //! reports Redis's CPU per decision (`used_cpu_sys + used_cpu_user`, which RESETSTAT leaves
-//! alone, so as a difference), and the batch depth: script calls per pipelined write the
+//! alone, so as a difference), and the batch depth: store calls (a script call, or one
+//! decision's plain commands on Redis 7) per pipelined write the
 //! coalescer made (`RedisStore::pipeline_counts`), and per read and per write Redis made
 //! (`total_reads_processed`, `total_writes_processed` of `INFO stats`), each a wake-up of Redis.
 //!
@@ -155,7 +156,7 @@ struct Run {
     seconds: f64,
     evalsha_calls: u64,
     usec_per_call: f64,
-    /// All commands Redis ran (the scripts' own included), per script call.
+    /// All commands Redis ran (the scripts' own included), per store call.
     commands_per_call: f64,
     redis_cpu_us_per_decision: f64,
     calls_per_pipeline: f64,
@@ -269,7 +270,8 @@ async fn measure(
     let seconds = started.elapsed().as_secs_f64();
     let pipes = delta(store.pipeline_counts(), pipes_before);
     let after = info(admin).await?;
-    let calls = after.evalsha_calls.max(1) as f64;
+    // The store's calls: a script call each, or one decision's plain commands (Redis 7).
+    let calls = pipes.calls.max(1) as f64;
     Ok(Run {
         workload,
         concurrency,

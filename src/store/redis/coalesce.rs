@@ -1,4 +1,4 @@
-//! Coalescing: the script calls of concurrent requests leave in one pipelined write.
+//! Coalescing: the calls of concurrent requests leave in one pipelined write.
 //!
 //! Profiling the Redis path showed Sluice spending its CPU on syscalls rather than on deciding:
 //! every `EVALSHA` went out in its own `writev` (which, on a loopback or a busy host, also pays for
@@ -11,7 +11,9 @@
 //!
 //! Redis runs a pipeline's commands one after another, each script atomically, so a script sees
 //! exactly what it would have seen had its command been sent alone; each reply, error or not,
-//! belongs to its own command.
+//! belongs to its own command. A call is usually one command (a script call); a decision made of
+//! plain commands (`plain.rs`: `INCRBY` and `PEXPIRE` per check) is one call of several, which
+//! stay together in the batch's write and come back as that call's replies, in order.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -69,8 +71,8 @@ pub(super) struct Coalescer<C: Connect> {
     counts: Arc<Counts>,
 }
 
-/// How deep the pipelines are: script calls sent, and the pipelined writes they left in (a
-/// call that goes alone is a pipeline of one). Read by the benchmark; calls ÷ pipelines is the
+/// How deep the pipelines are: calls sent (a script call, or one decision's plain commands),
+/// and the pipelined writes they left in (a call that goes alone is a pipeline of one). Read by the benchmark; calls ÷ pipelines is the
 /// batch depth the coalescer achieves.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PipelineCounts {
@@ -99,8 +101,10 @@ impl Counts {
 }
 
 struct Call {
-    cmd: Cmd,
-    reply: oneshot::Sender<Result<Value, CallError>>,
+    /// One or more commands, sent one after another in the same write.
+    cmds: Vec<Cmd>,
+    /// Their replies, one per command, or why there are none.
+    reply: oneshot::Sender<Result<Vec<Value>, CallError>>,
     /// The caller's watch: told which connection the call was written to.
     watch: Option<Watch>,
 }
@@ -130,16 +134,26 @@ impl<C: Connect> Coalescer<C> {
     /// an error reply (`Value::ServerError`). A script that Redis has forgotten is loaded again
     /// and the call resent, so callers never see `NOSCRIPT`.
     pub(super) async fn call(&self, cmd: Cmd) -> Result<Value, CallError> {
+        let mut replies = self.call_all(vec![cmd]).await?;
+        Ok(replies.pop().expect("one reply per command"))
+    }
+
+    /// Sends `cmds` one after another in the next batch and waits for their replies, one per
+    /// command, each of which may be an error reply. If the connection fails, the whole call is
+    /// [`CallError::Lost`]: some of the commands may have run.
+    pub(super) async fn call_all(&self, cmds: Vec<Cmd>) -> Result<Vec<Value>, CallError> {
         let entered = InFlight::enter(&self.in_flight);
         if entered.alone {
             // Nothing to share a write with: send at once, without the two task hops (batcher,
             // sender) that a batch costs. This keeps an idle service's latency what it was.
-            let mut pipe = Pipeline::with_capacity(1);
-            pipe.add_command(cmd);
+            let mut pipe = Pipeline::with_capacity(cmds.len());
+            for cmd in cmds {
+                pipe.add_command(cmd);
+            }
             self.counts.sent(1);
             let watch = Watch::current();
-            let mut answers = exchange(&*self.source, &pipe, watch.as_slice()).await;
-            return answers.pop().expect("one answer per command");
+            let answers = exchange(&*self.source, &pipe, watch.as_slice()).await;
+            return answers.into_iter().collect();
         }
         let queue = self.queue.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
@@ -149,7 +163,7 @@ impl<C: Connect> Coalescer<C> {
         let (reply, answer) = oneshot::channel();
         queue
             .send(Call {
-                cmd,
+                cmds,
                 reply,
                 watch: Watch::current(),
             })
@@ -187,18 +201,25 @@ async fn batcher<C: Connect>(
     }
 }
 
-/// Sends one batch as a pipeline and hands each caller its reply.
+/// Sends one batch as a pipeline and hands each caller its replies.
 async fn send<C: Connect>(source: Arc<C>, batch: Vec<Call>) {
-    let mut pipe = Pipeline::with_capacity(batch.len());
+    let commands = batch.iter().map(|call| call.cmds.len()).sum();
+    let mut pipe = Pipeline::with_capacity(commands);
+    // Each caller and how many of the pipeline's replies are its.
     let mut replies = Vec::with_capacity(batch.len());
     let mut watches = Vec::new();
     for call in batch {
-        pipe.add_command(call.cmd);
-        replies.push(call.reply);
+        replies.push((call.reply, call.cmds.len()));
+        for cmd in call.cmds {
+            pipe.add_command(cmd);
+        }
         watches.extend(call.watch);
     }
-    let answers = exchange(&*source, &pipe, &watches).await;
-    for (reply, answer) in replies.into_iter().zip(answers) {
+    let mut answers = exchange(&*source, &pipe, &watches).await.into_iter();
+    for (reply, commands) in replies {
+        // Taken whole before judging, so an error cannot leave this call's replies to the next.
+        let mine: Vec<_> = answers.by_ref().take(commands).collect();
+        let answer: Result<Vec<Value>, CallError> = mine.into_iter().collect();
         // A caller that gave up (deadline) has dropped its receiver; its answer is discarded.
         let _ = reply.send(answer);
     }

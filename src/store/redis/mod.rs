@@ -1,6 +1,8 @@
-//! The Redis store: one `EVALSHA` of the decision script per request (its lean twin when every
-//! check is a plain fixed window charged each; see `script::fits_lean`); on a Redis Cluster one
-//! per master the request's slots are on (see [`RedisStore::run`]).
+//! The Redis store: one `EVALSHA` of the decision script per request; on a Redis Cluster one
+//! per master the request's slots are on (see [`RedisStore::run`]). The common request, every
+//! check a plain fixed window charged each (`script::fits_lean`), takes the cheapest path the
+//! server allows ([`DecisionPath`]): plain `INCRBY` and `PEXPIRE .. NX` (`plain.rs`) on a single
+//! server or Sentinel master of Redis 7.0 or later, else the lean script.
 //!
 //! Connections come from a `bb8` pool of Sluice's own pipelined connections (`wire.rs`: callers
 //! write to the socket, one reader task hands out the replies in order). Script calls go
@@ -17,12 +19,14 @@
 //!
 //! Its parts import in one direction: `options`, `slot` and `script` are leaves; `wire` (one
 //! connection) ← `conn` (pools, connection settings, errors) ← `coalesce` (one pipelined write for concurrent calls) ← `cluster` (the
-//! slot map and a pool and batcher per master) ← this module (the [`Store`] implementation).
+//! slot map and a pool and batcher per master) ← this module (the [`Store`] implementation);
+//! `plain` (the common decision in plain commands) takes from `conn` and `script`.
 
 mod cluster;
 mod coalesce;
 mod conn;
 mod options;
+mod plain;
 mod script;
 pub mod slot;
 mod wire;
@@ -31,11 +35,13 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
 use redis::{RedisError, Value};
+
+use crate::clock::Clock;
 
 pub use coalesce::PipelineCounts;
 pub use conn::ConnectionCounts;
@@ -67,9 +73,28 @@ pub struct RedisStore {
     /// ran out of time before reaching a connection.
     heard: Arc<Heard>,
     options: RedisOptions,
-    /// Whether calls that fit the lean script go to it (always, but for tests that compare it
-    /// with the full script: [`RedisStore::use_lean_script`]).
-    lean: AtomicBool,
+    /// The cheapest [`DecisionPath`] calls may take (all of them, but for tests that compare
+    /// the paths: [`RedisStore::use_path`]).
+    fastest: AtomicU8,
+    /// Whether the server takes `PEXPIRE .. NX` (Redis 7.0 and later), which the plain path
+    /// needs: learnt when the scripts are loaded, unlearnt when a `PEXPIRE .. NX` is refused.
+    takes_expire_nx: AtomicBool,
+}
+
+/// How a call whose checks are all plain fixed windows charged each (`script::fits_lean`) is
+/// decided, from the dearest for Redis to the cheapest; any other call takes the full script.
+/// All three give the same answers and leave the same counters (`tests/redis_store.rs`).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum DecisionPath {
+    /// The full decision script (`lua/decide.lua`).
+    FullScript = 0,
+    /// The lean script that only counts (`lua/fixed_window_lean.lua`): Redis older than 7.0,
+    /// and Redis Cluster, whose redirections the plain path does not follow.
+    LeanScript = 1,
+    /// `INCRBY` and `PEXPIRE .. NX` per check, no Lua (`plain.rs`).
+    PlainCommands = 2,
 }
 
 /// How calls reach Redis.
@@ -141,16 +166,25 @@ impl RedisStore {
             connections,
             heard,
             options,
-            lean: AtomicBool::new(true),
+            fastest: AtomicU8::new(DecisionPath::PlainCommands as u8),
+            takes_expire_nx: AtomicBool::new(false),
         })
     }
 
-    /// Sends every decision to the full script when `false`, for tests that compare the lean
-    /// script's answers and writes with the full one's; they are the same, so nothing else
-    /// should call this.
+    /// Keeps decisions off paths cheaper than `fastest`, for tests that compare the paths'
+    /// answers and writes; they are the same, so nothing else should call this.
     #[doc(hidden)]
-    pub fn use_lean_script(&self, lean: bool) {
-        self.lean.store(lean, Ordering::Relaxed);
+    pub fn use_path(&self, fastest: DecisionPath) {
+        self.fastest.store(fastest as u8, Ordering::Relaxed);
+    }
+
+    /// Whether calls that fit it may take `path`: the tests' cap, and for the plain commands a
+    /// single server (or Sentinel master) that takes `PEXPIRE .. NX`.
+    fn may_take(&self, path: DecisionPath) -> bool {
+        self.fastest.load(Ordering::Relaxed) >= path as u8
+            && (path != DecisionPath::PlainCommands
+                || (matches!(self.connector, Connector::Single(_))
+                    && self.takes_expire_nx.load(Ordering::Relaxed)))
     }
 
     /// The SHA1 of the lean decision script (`lua/fixed_window_lean.lua`), as `EVALSHA` names it;
@@ -214,6 +248,25 @@ impl RedisStore {
             }
         };
         for mut conn in connections {
+            if matches!(self.connector, Connector::Single(_)) {
+                // The plain path needs Redis 7.0; a failover to an older server is caught by
+                // the first refused `PEXPIRE .. NX` (see [`RedisStore::run_plain`]).
+                let info: Result<String, RedisError> = redis::cmd("INFO")
+                    .arg("server")
+                    .query_async(&mut conn.redis)
+                    .await;
+                let takes_nx = match info {
+                    Ok(info) => plain::takes_expire_nx(&info),
+                    Err(e) if e.is_io_error() => return Err(fail(&conn, e)),
+                    // INFO is in ACL's @dangerous, which a managed Redis may deny: the lean
+                    // script works on every version.
+                    Err(e) => {
+                        tracing::info!(error = %e, "INFO refused; deciding with the lean script");
+                        false
+                    }
+                };
+                self.takes_expire_nx.store(takes_nx, Ordering::Relaxed);
+            }
             for script in script::all() {
                 let sha = load(&mut conn.redis, script)
                     .await
@@ -298,7 +351,13 @@ impl RedisStore {
     /// master answers exactly what one call per slot would.
     async fn run(&self, checks: &[&Check], charging: Charging) -> Result<Vec<Outcome>, StoreError> {
         let cluster = match &self.connector {
-            Connector::Single(_) => return self.run_batch(0, checks, charging).await,
+            Connector::Single(coalescer) => {
+                if self.may_take(DecisionPath::PlainCommands) && script::fits_lean(checks, charging)
+                {
+                    return self.run_plain(coalescer, checks).await;
+                }
+                return self.run_batch(0, checks, charging).await;
+            }
             Connector::Cluster(cluster) => cluster,
         };
         // Each slot's checks, as indexes in request order.
@@ -387,26 +446,53 @@ impl RedisStore {
         layout.decode(&reply, checks)
     }
 
+    /// Decides `checks` ([`script::fits_lean`]) with plain commands on one server, in one
+    /// call of the coalescer; the counts are judged on the service's clock (or the pinned one).
+    async fn run_plain(
+        &self,
+        coalescer: &Coalescer<bb8::Pool<Manager>>,
+        checks: &[&Check],
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let replies = coalescer
+            .call_all(plain::commands(checks, self.ttl_jitter()))
+            .await?;
+        let now_micros = self
+            .pinned_now()
+            .unwrap_or_else(|| crate::clock::SystemClock.now_micros());
+        let counted = plain::read(&replies, checks, now_micros / 1000);
+        if let Some(refusal) = counted.expiry_refused
+            && self.takes_expire_nx.swap(false, Ordering::Relaxed)
+        {
+            // The counts stand; keys left without a TTL get one from the lean script's repair.
+            tracing::warn!(%refusal, "redis refused PEXPIRE NX; deciding with the lean script");
+        }
+        counted.outcomes
+    }
+
     /// The script call deciding `checks`, with each new counter's expiry jittered, and how its
     /// reply is laid out.
     fn decision(&self, checks: &[&Check], charging: Charging, keys: Keys) -> (redis::Cmd, Reply) {
+        script::decision_call(
+            checks,
+            charging,
+            self.may_take(DecisionPath::LeanScript),
+            keys,
+            self.pinned_now(),
+            self.ttl_jitter(),
+        )
+    }
+
+    /// Draws the jitter added to each new counter's expiry (`EXPIRATION_JITTER_MAX_SECONDS`).
+    fn ttl_jitter(&self) -> impl FnMut() -> u64 + use<> {
         let jitter_ms = self.options.expiration_jitter_max.as_millis() as u64;
         let mut rng = rand::rng();
-        let jitter = move || {
+        move || {
             if jitter_ms == 0 {
                 0
             } else {
                 rng.random_range(0..jitter_ms)
             }
-        };
-        script::decision_call(
-            checks,
-            charging,
-            self.lean.load(Ordering::Relaxed),
-            keys,
-            self.pinned_now(),
-            jitter,
-        )
+        }
     }
 
     /// One operation of `lua/limiter.lua` on a limiter's keys: the config, the shared state and

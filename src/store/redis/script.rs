@@ -324,7 +324,7 @@ fn fixed_window_args(
 }
 
 /// The expiry a new fixed-window counter gets: its window plus the jitter drawn for it.
-fn fixed_window_ttl_ms(window_secs: u64, ttl_jitter_ms: u64) -> u64 {
+pub(super) fn fixed_window_ttl_ms(window_secs: u64, ttl_jitter_ms: u64) -> u64 {
     window_secs * 1000 + ttl_jitter_ms
 }
 
