@@ -5,7 +5,9 @@
 
 #![allow(dead_code)]
 
+pub mod container;
 pub mod envoy;
+pub mod envoy_gateway;
 pub mod load;
 pub mod proxy;
 pub mod raw_h2;
