@@ -159,7 +159,7 @@ async fn limits_mounted_as_a_config_map_update_in_place() {
     let running = sluice_in_container("configmap", Ports::any(), &[], &["-v", &mount]);
     let mut client = running.sluice.client().await;
     let alice = || request("image", vec![descriptor(&[("user", "alice")])]);
-    let codes: Vec<i32> = futures_codes(&mut client, alice, 3).await;
+    let codes: Vec<i32> = overall_codes(&mut client, alice, 3).await;
     assert_eq!(
         codes,
         [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
@@ -190,7 +190,7 @@ async fn limits_mounted_as_a_config_map_update_in_place() {
 }
 
 /// The overall codes of `n` calls, one after another.
-async fn futures_codes(
+async fn overall_codes(
     client: &mut sluice::proto::RateLimitServiceClient<tonic::transport::Channel>,
     make: impl Fn() -> sluice::proto::RateLimitRequest,
     n: usize,
