@@ -1,7 +1,6 @@
-"""Renders the Helm chart with Helm's own engine (the helm-python-sdk package embeds it) and
-checks the result: every object validates against the Kubernetes schema, the rendered limits pass
-`sluice check-config`, the environment carries the chosen settings, and bad values refuse to
-render. Run through scripts/check_chart.sh, which provides the Python packages.
+"""Renders the Helm chart (render_chart.py, Helm's own engine) and checks the result: every
+object validates against the Kubernetes schema, the rendered limits pass `sluice check-config`,
+the environment carries the chosen settings, and bad values refuse to render. Run through scripts/check_chart.sh, which provides the Python packages.
 
 Usage: check_chart.py SLUICE_BINARY
 """
@@ -11,10 +10,8 @@ import sys
 import tempfile
 
 import yaml
-from helm_python.chart import Chart
+from render_chart import render
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHART = os.path.join(ROOT, "deploy", "helm", "sluice")
 SLUICE = sys.argv[1]
 KUBE_VERSION = "1.30.0"
 failures = []
@@ -24,16 +21,6 @@ def check(ok, what):
     print(("ok   " if ok else "FAIL ") + what)
     if not ok:
         failures.append(what)
-
-
-def render(values):
-    manifests = Chart.load(CHART).render(values, name="sluice", namespace="sluice", is_install=True)
-    docs = []
-    for path in sorted(manifests):
-        if path.endswith("NOTES.txt") or not manifests[path].strip():
-            continue
-        docs.extend(d for d in yaml.safe_load_all(manifests[path]) if d)
-    return docs
 
 
 def validate(docs, label):

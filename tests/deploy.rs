@@ -1245,7 +1245,8 @@ struct Dockerfile {
     env: BTreeMap<String, String>,
     expose: Vec<String>,
     copy_destinations: Vec<String>,
-    /// The `RUN` commands of the last stage (the runtime image), as written.
+    /// The `RUN` commands of the last stage (the runtime image) and the stages it starts from,
+    /// as written.
     runtime_runs: Vec<String>,
     /// The last `USER` (of the runtime image).
     user: Option<String>,
@@ -1278,12 +1279,36 @@ impl Dockerfile {
             runtime_runs: Vec::new(),
             user: None,
         };
+        // Each named stage's RUNs, its parent stage's included.
+        let mut current_stage: Option<String> = None;
+        let mut stages: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for ins in instructions {
             let mut words = ins.split_whitespace();
             match words.next().map(str::to_ascii_uppercase).as_deref() {
-                // A new stage: only the last one's RUNs shape the image.
-                Some("FROM") => file.runtime_runs.clear(),
-                Some("RUN") => file.runtime_runs.push(words.collect::<Vec<_>>().join(" ")),
+                // A new stage: only the last one's RUNs shape the image, with those of the
+                // stage it starts from (`FROM runtime-base AS runtime`).
+                Some("FROM") => {
+                    let rest: Vec<&str> = words.collect();
+                    let parent = rest.iter().find(|w| !w.starts_with("--")).copied();
+                    file.runtime_runs = parent
+                        .and_then(|p| stages.get(p).cloned())
+                        .unwrap_or_default();
+                    if let [.., as_word, name] = rest[..]
+                        && as_word.eq_ignore_ascii_case("AS")
+                    {
+                        stages.insert(name.to_string(), file.runtime_runs.clone());
+                        current_stage = Some(name.to_string());
+                    } else {
+                        current_stage = None;
+                    }
+                }
+                Some("RUN") => {
+                    let run = words.collect::<Vec<_>>().join(" ");
+                    if let Some(stage) = &current_stage {
+                        stages.get_mut(stage).unwrap().push(run.clone());
+                    }
+                    file.runtime_runs.push(run);
+                }
                 Some("USER") => file.user = words.next().map(str::to_string),
                 Some("ENV") => {
                     for w in words {

@@ -348,8 +348,8 @@ fn decode(type_url: &str, resources: &[prost_types::Any]) -> Result<Vec<ConfigRe
         .collect()
 }
 
-/// The client side of TLS to the xDS server: system roots plus the configured CA, the client
-/// certificate when given, and the name to verify.
+/// The client side of TLS to the xDS server: system roots plus the configured CA (as upstream),
+/// the client certificate when given, and the name to verify.
 fn client_tls(tls: &XdsTls, authority: &str) -> Result<ClientTlsConfig, XdsError> {
     let read = |what: &'static str, path: &std::path::Path| {
         std::fs::read(path).map_err(|source| XdsError::File {
@@ -362,12 +362,18 @@ fn client_tls(tls: &XdsTls, authority: &str) -> Result<ClientTlsConfig, XdsError
         Some((host, _)) => host.trim_matches(['[', ']']),
         None => authority,
     };
-    let mut config = ClientTlsConfig::new()
-        .with_native_roots()
+    let config = ClientTlsConfig::new()
         .domain_name(tls.server_name.clone().unwrap_or_else(|| host.to_string()));
-    if let Some(ca) = &tls.ca {
-        config = config.ca_certificate(Certificate::from_pem(read("CA certificate", ca)?));
-    }
+    let mut config = match &tls.ca {
+        // The system's roots only where there are some: a container base without a CA bundle
+        // (debian:bookworm-slim, distroless/static) still trusts the CA it was given, as
+        // upstream does. tonic's own `with_native_roots` refuses to connect without any.
+        Some(ca) => config
+            .trust_anchors(system_roots())
+            .ca_certificate(Certificate::from_pem(read("CA certificate", ca)?)),
+        // No CA given: the system's roots are all there is to trust (none: tonic says so).
+        None => config.with_native_roots(),
+    };
     if let Some((cert, key)) = &tls.cert_and_key {
         config = config.identity(Identity::from_pem(
             read("client certificate", cert)?,
@@ -375,4 +381,14 @@ fn client_tls(tls: &XdsTls, authority: &str) -> Result<ClientTlsConfig, XdsError
         ));
     }
     Ok(config)
+}
+
+/// The system's CA roots, none when the system has no bundle (or none readable).
+fn system_roots() -> Vec<rustls_pki_types::TrustAnchor<'static>> {
+    rustls_native_certs::load_native_certs()
+        .certs
+        .iter()
+        .filter_map(|der| webpki::anchor_from_trusted_cert(der).ok())
+        .map(|anchor| anchor.to_owned())
+        .collect()
 }

@@ -5,7 +5,9 @@
 
 #![allow(dead_code)]
 
+pub mod container;
 pub mod envoy;
+pub mod envoy_gateway;
 pub mod load;
 pub mod proxy;
 pub mod raw_h2;
@@ -31,6 +33,13 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The Redis server the tests run: the binary `SLUICE_TEST_REDIS_SERVER` names (scripts/test.sh
+/// runs the store suites again with Valkey 9 and Redis 6.2 this way), else Debian's
+/// `redis-server` (Redis 7).
+pub fn redis_server_binary() -> String {
+    std::env::var("SLUICE_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_string())
 }
 
 /// A `redis-server` of our own, without persistence.
@@ -77,7 +86,8 @@ impl RedisServer {
         let _ = self.child.wait();
         let port = self.port.to_string();
         let tls = self.server_args.iter().any(|a| a == "--tls-port");
-        let mut cmd = Command::new("redis-server");
+        let binary = redis_server_binary();
+        let mut cmd = Command::new(&binary);
         cmd.args([
             "--port",
             if tls { "0" } else { &port },
@@ -92,10 +102,11 @@ impl RedisServer {
         .arg(self.dir.path().join("redis.log"))
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-        self.child = cmd
-            .spawn()
-            .expect("redis-server must be installed (scripts/test.sh installs it)");
-        stop_when_this_process_ends(self.child.id(), "redis-server");
+        self.child = cmd.spawn().unwrap_or_else(|e| {
+            panic!("cannot run {binary} ({e}): scripts/test.sh installs the Redis servers")
+        });
+        let name = Path::new(&binary).file_name().unwrap().to_string_lossy();
+        stop_when_this_process_ends(self.child.id(), &name);
     }
 
     /// Kills the server (as a crash would) and leaves it down.
