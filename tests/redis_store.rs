@@ -500,6 +500,57 @@ async fn degraded_start_serves_once_redis_arrives() {
     assert_eq!(health(&sluice), 200);
 }
 
+/// A replica whose health follows Redis is taken out of its Service while Redis is down, so it
+/// gets no calls; its breaker must find Redis back on its own, or the replica stays unready for
+/// good (issue #29: seen with the image under podman). Both ways in: a degraded start, and an
+/// outage later with `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`. No decision is asked for while
+/// waiting.
+#[tokio::test(flavor = "multi_thread")]
+async fn health_comes_back_when_redis_does_without_a_single_call() {
+    let mut redis = RedisServer::start();
+    redis.kill();
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(
+        dir.path(),
+        Some(&redis),
+        &[
+            ("REDIS_TIMEOUT", "200ms"),
+            ("REDIS_STARTUP_MAX_ELAPSED_TIME", "300ms"),
+            ("REDIS_STARTUP_DEGRADED", "true"),
+            ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true"),
+        ],
+    );
+    assert_eq!(health(&sluice), 500, "not serving without its store");
+    // 30 s: thirty times the breaker's longest cool-down.
+    let wait_for_health = |what: &str| {
+        let back = Instant::now();
+        while health(&sluice) != 200 {
+            assert!(
+                back.elapsed() < Duration::from_secs(30),
+                "{what}: health never came back without calls"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        println!(
+            "{what}: healthy {:?} after redis came back, with no call",
+            back.elapsed()
+        );
+    };
+    redis.restart();
+    wait_for_health("degraded start");
+
+    redis.kill();
+    let mut c = sluice.client().await;
+    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
+    for _ in 0..10 {
+        let _ = c.should_rate_limit(alice()).await;
+    }
+    assert_eq!(health(&sluice), 500, "health follows the open breaker");
+    redis.restart();
+    wait_for_health("outage");
+    assert!(c.should_rate_limit(alice()).await.is_ok());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn second_limits_go_to_the_per_second_redis() {
     let main = RedisServer::start();

@@ -109,7 +109,7 @@ impl Layers<'_> {
         store: Breaker<RedisStore>,
         name: &'static str,
     ) -> Arc<dyn CounterStore> {
-        let store = Arc::new(store);
+        let store = probed(store);
         let Some(parts) = &self.local_share else {
             return self.counters(store, name);
         };
@@ -125,7 +125,7 @@ impl Layers<'_> {
         store: Breaker<RedisStore>,
         name: &'static str,
     ) -> Arc<dyn LimiterStore> {
-        let store = Arc::new(store);
+        let store = probed(store);
         let Some(parts) = &self.local_share else {
             return self.limiters(store, name);
         };
@@ -169,6 +169,17 @@ impl Layers<'_> {
         }
         Ok(breaker)
     }
+}
+
+/// A Redis store's breaker, shared, with its own probe running while it is open: a replica
+/// taken out of service by its health (which follows the breaker) gets no calls to probe with.
+fn probed(breaker: Breaker<RedisStore>) -> Arc<Breaker<RedisStore>> {
+    let breaker = Arc::new(breaker);
+    tokio::spawn(Breaker::probe_while_open(
+        Arc::downgrade(&breaker),
+        RedisStore::probe,
+    ));
+    breaker
 }
 
 /// Opens the store `BACKEND_TYPE` names, waiting for Redis as configured.

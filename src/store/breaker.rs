@@ -14,12 +14,17 @@
 //! ([`StoreError::Late`]: a busy CPU, a slow script) shows Redis is up, so it counts as an
 //! answer: opening the breaker for slowness would turn a slow store into no store.
 //!
+//! A breaker that waited for calls to probe would stay open on a service that gets none: a pod
+//! whose readiness follows the breaker (`REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`, or a degraded
+//! start) is taken out of its Service, so no call comes, so it never becomes ready again.
+//! [`Breaker::probe_while_open`] probes on its own after each cool-down (issue #29).
+//!
 //! While open or half-open only the probe's result counts: calls that were already in flight
 //! when the breaker opened fail late (they wait out their deadline), and counting them would
 //! push the reopening out and double the cool-down for failures it already knows about
 //! (issue #28: the breaker stayed shut about a second after Redis answered again).
 
-use std::sync::Mutex;
+use std::sync::{Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -105,6 +110,52 @@ impl<S: Store> Breaker<S> {
 
     pub fn inner(&self) -> &S {
         &self.store
+    }
+
+    /// How long until the breaker would let a probe through: `None` while closed; while a probe
+    /// is in flight (half-open), its cool-down, to look again after it.
+    fn until_probe(&self) -> Option<Duration> {
+        match *self.state.lock().unwrap_or_else(|p| p.into_inner()) {
+            State::Closed { .. } => None,
+            State::Open { until, .. } => Some(until.saturating_duration_since(Instant::now())),
+            State::HalfOpen { cool_down } => Some(cool_down),
+        }
+    }
+
+    /// Runs for as long as `breaker` lives: whenever it is open, sends `probe` as the breaker's
+    /// probe after each cool-down (unless a call got there first), so that it closes once the
+    /// store answers even when no call comes. `probe` is a cheap call that shows the store
+    /// answers (for Redis: loading the scripts, which also restores them after a restart).
+    pub async fn probe_while_open<F>(breaker: Weak<Self>, probe: F)
+    where
+        S: Send + Sync,
+        F: for<'a> Fn(&'a S) -> StoreFuture<'a, ()> + Send + Sync,
+    {
+        let Some(mut usable) = breaker.upgrade().map(|b| b.usable()) else {
+            return;
+        };
+        loop {
+            while *usable.borrow_and_update() {
+                if usable.changed().await.is_err() {
+                    return;
+                }
+            }
+            loop {
+                let Some(b) = breaker.upgrade() else {
+                    return;
+                };
+                let Some(wait) = b.until_probe() else {
+                    break;
+                };
+                drop(b);
+                // Not before the cool-down has passed: `guarded` refuses an early probe anyway.
+                tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
+                let Some(b) = breaker.upgrade() else {
+                    return;
+                };
+                let _ = b.guarded(|| probe(&b.store)).await;
+            }
+        }
     }
 
     /// Whether a call may go to the store now, and as what.

@@ -233,6 +233,16 @@ impl RedisStore {
         }
     }
 
+    /// The circuit breaker's own probe ([`crate::store::breaker::Breaker::probe_while_open`]):
+    /// loads the scripts (a Redis back from a restart has none), within [`PROBE_TIMEOUT`].
+    pub fn probe(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async {
+            tokio::time::timeout(PROBE_TIMEOUT, self.load_script())
+                .await
+                .unwrap_or(Err(StoreError::Timeout(PROBE_TIMEOUT)))
+        })
+    }
+
     /// Loads every script (on every master of a cluster); Redis must compute the SHA1s we call
     /// them by.
     async fn load_script(&self) -> Result<(), StoreError> {
@@ -554,6 +564,11 @@ impl StartupRetry {
 
 /// How much each retry interval grows.
 const RETRY_MULTIPLIER: f64 = 1.5;
+
+/// How long the breaker's own probe may take: a Redis that cannot load a script within a
+/// second is not back yet, and a probe held longer would keep the breaker half-open (every
+/// call refused) after Redis had recovered.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// `interval` moved by up to half of itself either way, so replicas that lost Redis together
 /// do not retry in step.
