@@ -37,7 +37,7 @@ use crate::clock::Clock;
 use crate::config::{Algorithm as ConfigAlgorithm, RateLimitConfig};
 use crate::metrics::{ConfigCounters, Metrics};
 use crate::proto::{RateLimitRequest, RateLimitResponse};
-use crate::store::{self, CounterStore, Rule, StoreError};
+use crate::store::{CounterStore, Rule, StoreError};
 use crate::util::{self, LogThrottle};
 
 /// Remaining count reported for `unlimited` descriptors, as upstream does.
@@ -227,7 +227,7 @@ impl RateLimiter {
         };
 
         let plan = self.plan(name, domain, request);
-        let (asked, degraded) = store::degraded::noting(self.ask_store(&plan)).await;
+        let (asked, degraded) = self.ask_store_noting(&plan).await;
         let outcomes = match asked {
             Ok(outcomes) => outcomes,
             Err(e) if self.options.failure_policy == FailurePolicy::FailOpen => {

@@ -6,11 +6,25 @@
 
 use tracing::Instrument;
 
-use super::RateLimiter;
 use super::plan::RequestPlan;
+use super::{FailurePolicy, RateLimiter};
 use crate::store::{Charging, Check, Outcome, Rule, StoreError};
 
 impl RateLimiter {
+    /// [`Self::ask_store`], and whether any of its store calls was decided locally
+    /// (`FAILURE_POLICY=local_share`). Only that policy can decide locally, so only under it
+    /// does the call carry the mark's task-local, which costs every request a little.
+    pub(super) async fn ask_store_noting(
+        &self,
+        plan: &RequestPlan<'_>,
+    ) -> (Result<Vec<(Outcome, bool)>, StoreError>, bool) {
+        if self.options.failure_policy == FailurePolicy::LocalShare {
+            crate::store::degraded::noting(self.ask_store(plan)).await
+        } else {
+            (self.ask_store(plan).await, false)
+        }
+    }
+
     /// Step 2: one store call (or two, with a per-second store) for every counted descriptor;
     /// none when nothing is counted.
     pub(super) async fn ask_store(
