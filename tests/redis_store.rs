@@ -469,20 +469,24 @@ async fn fail_open_answers_ok_while_redis_is_down() {
     }
 }
 
+/// Sluice started degraded (`REDIS_STARTUP_DEGRADED`) on `redis`, which the caller has killed:
+/// it gives up waiting after 300 ms, and calls time out after 200 ms; `extra` adds settings.
+fn start_degraded(dir: &tempfile::TempDir, redis: &RedisServer, extra: &[(&str, &str)]) -> Sluice {
+    let mut env = vec![
+        ("REDIS_TIMEOUT", "200ms"),
+        ("REDIS_STARTUP_MAX_ELAPSED_TIME", "300ms"),
+        ("REDIS_STARTUP_DEGRADED", "true"),
+    ];
+    env.extend_from_slice(extra);
+    Sluice::start(dir.path(), Some(redis), &env)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn degraded_start_serves_once_redis_arrives() {
     let mut redis = RedisServer::start();
     redis.kill();
     let dir = config_dir(CONFIG);
-    let sluice = Sluice::start(
-        dir.path(),
-        Some(&redis),
-        &[
-            ("REDIS_TIMEOUT", "200ms"),
-            ("REDIS_STARTUP_MAX_ELAPSED_TIME", "300ms"),
-            ("REDIS_STARTUP_DEGRADED", "true"),
-        ],
-    );
+    let sluice = start_degraded(&dir, &redis, &[]);
     assert_eq!(health(&sluice), 500, "not serving without its store");
     let mut c = sluice.client().await;
     let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
@@ -510,15 +514,10 @@ async fn health_comes_back_when_redis_does_without_a_single_call() {
     let mut redis = RedisServer::start();
     redis.kill();
     let dir = config_dir(CONFIG);
-    let sluice = Sluice::start(
-        dir.path(),
-        Some(&redis),
-        &[
-            ("REDIS_TIMEOUT", "200ms"),
-            ("REDIS_STARTUP_MAX_ELAPSED_TIME", "300ms"),
-            ("REDIS_STARTUP_DEGRADED", "true"),
-            ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true"),
-        ],
+    let sluice = start_degraded(
+        &dir,
+        &redis,
+        &[("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true")],
     );
     assert_eq!(health(&sluice), 500, "not serving without its store");
     // 30 s: thirty times the breaker's longest cool-down.
