@@ -3,7 +3,7 @@
 -- share of the trailing window that still overlaps it. Twin of sliding_window_counter in
 -- src/store/algorithms.rs; the float expressions are written in the same order so both round
 -- alike.
-local function sliding_window_counter(key, now, hits, limit, window, record)
+local function sliding_window_counter(key, now, hits, record, limit, window)
   hits, limit, window = tonumber(hits), tonumber(limit), tonumber(window)
   local state = call('HMGET', key, 's', 'c', 'p')
   local start = tonumber(state[1]) or 0

@@ -48,7 +48,7 @@ local function log_upgrade(key)
   if ttl > 0 then call('PEXPIRE', key, ttl) end
 end
 
-local function sliding_window_log(key, now, hits, limit, window, record)
+local function sliding_window_log(key, now, hits, record, limit, window)
   hits, limit, window = tonumber(hits), tonumber(limit), tonumber(window)
   local newest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
   -- Changes no answer, so it runs in a dry run too (as the pruning below does).

@@ -4,7 +4,7 @@
 -- request may cost at most `permits` (one unit's worth). Twin of warm_up in
 -- src/store/algorithms.rs; the float expressions are written in the same order so both round
 -- alike.
-local function warm_up(key, now, hits, permits, window, warmup, cold_factor, record)
+local function warm_up(key, now, hits, record, permits, window, warmup, cold_factor)
   hits, permits, window = tonumber(hits), tonumber(permits), tonumber(window)
   warmup, cold_factor = tonumber(warmup), tonumber(cold_factor)
   local stable = window / permits

@@ -853,6 +853,139 @@ async fn the_three_paths_decide_and_write_alike() {
     }
 }
 
+/// Each algorithm's lean script (lua/decide_each.lua: one algorithm's functions, no trial pass,
+/// no flags) stands in for the full script only because it decides the same: for one sequence of
+/// calls of every algorithm other than the fixed window (one to three checks of one algorithm
+/// per call, the same key twice in one call, zero hits, hits beyond the limit, refused hits
+/// charged or not, time moving on between calls), both give the same replies and leave the same
+/// keys, with the same contents (`DUMP`) and TTLs.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_algorithms_lean_script_decides_and_writes_as_the_full_one() {
+    use sluice::store::CounterStore;
+    use sluice::store::redis::DecisionPath;
+    let redis = RedisServer::start();
+    let clock = std::sync::Arc::new(sluice::clock::ManualClock::new(1_700_000_000_200_000));
+    let mut stores = Vec::new();
+    for (prefix, path) in [
+        ("lean:", DecisionPath::LeanScript),
+        ("full:", DecisionPath::FullScript),
+    ] {
+        let store = pinned_store(&redis, clock.clone()).await;
+        store.use_path(path);
+        stores.push((prefix, store));
+    }
+    redis
+        .cli(&["CONFIG", "SET", "slowlog-log-slower-than", "0"])
+        .unwrap();
+    redis
+        .cli(&["CONFIG", "SET", "slowlog-max-len", "100000"])
+        .unwrap();
+    redis.cli(&["SLOWLOG", "RESET"]).unwrap();
+    let mut rng: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    const SECOND: u64 = 1_000_000;
+    let (mut admitted, mut refused) = (0, 0);
+    for step in 0..400 {
+        let algorithm = next(4);
+        let checks: Vec<(String, u64, Rule, bool)> = (0..1 + next(3))
+            .map(|_| {
+                let small = next(2) == 0;
+                let (limit, window) = if small {
+                    (3, 10 * SECOND)
+                } else {
+                    (50, 60 * SECOND)
+                };
+                let rule = match algorithm {
+                    0 => Rule::SlidingWindowLog { limit, window },
+                    1 => Rule::SlidingWindowCounter { limit, window },
+                    2 => Rule::Gcra {
+                        interval: window / limit,
+                        burst: limit,
+                    },
+                    _ => Rule::WarmUp {
+                        permits_per_window: limit,
+                        window,
+                        warmup: window / 2,
+                        cold_factor: if small { 3.0 } else { 2.5 },
+                    },
+                };
+                // The key names the algorithm and the rule, as the service's keys do.
+                let name = format!("{algorithm}_{small}_{}", ["a", "b"][next(2) as usize]);
+                let hits = [0, 1, 1, 1, 2, 5, 60, 1 << 40][next(8) as usize];
+                (name, hits, rule, next(2) == 1)
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for (prefix, store) in &stores {
+            let made: Vec<Check> = checks
+                .iter()
+                .map(|(name, hits, rule, record_refused)| Check {
+                    key: format!("{prefix}{name}"),
+                    hits: *hits,
+                    rule: rule.clone(),
+                    record_refused: *record_refused,
+                    group: None,
+                })
+                .collect();
+            let refs: Vec<&Check> = made.iter().collect();
+            answers.push(store.check(&refs).await.unwrap());
+        }
+        assert_eq!(answers[0], answers[1], "step {step}: {checks:?}");
+        for outcome in &answers[0] {
+            if outcome.admitted {
+                admitted += 1;
+            } else {
+                refused += 1;
+            }
+        }
+        // Whole tenths of a second, so no state is left with a TTL of a few milliseconds that
+        // could run out in real time between the two stores' calls.
+        clock.advance_micros((1 + next(7)) * 100_000);
+    }
+    assert!(
+        admitted > 100 && refused > 100,
+        "the sequence was one-sided: {admitted} admitted, {refused} refused"
+    );
+    // The calls alternate, lean store first: the full store's all went to one script, the lean
+    // store's to four others, one per algorithm.
+    let shas = scripts_run(&redis);
+    assert_eq!(shas.len(), 800);
+    let full_sha = &shas[1];
+    let lean_shas: std::collections::BTreeSet<&String> = shas.iter().step_by(2).collect();
+    assert!(shas.iter().skip(1).step_by(2).all(|sha| sha == full_sha));
+    assert_eq!(lean_shas.len(), 4, "{lean_shas:?}");
+    assert!(!lean_shas.contains(full_sha));
+
+    let state = |prefix: &str| -> Vec<(String, Vec<u8>, i64)> {
+        let mut conn = redis.connection();
+        let mut keys: Vec<String> = conn.keys(format!("{prefix}*")).unwrap();
+        keys.sort();
+        keys.into_iter()
+            .map(|key| {
+                let dump: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut conn).unwrap();
+                let ttl: i64 = conn.pttl(&key).unwrap();
+                (key[prefix.len()..].to_string(), dump, ttl)
+            })
+            .collect()
+    };
+    let (lean, full) = (state("lean:"), state("full:"));
+    assert!(lean.len() >= 8, "the sequence wrote few keys: {lean:?}");
+    assert_eq!(lean.len(), full.len(), "{lean:?}\n{full:?}");
+    for (a, b) in lean.iter().zip(&full) {
+        assert_eq!((&a.0, &a.1), (&b.0, &b.1));
+        // Set from the same pinned numbers; read a moment apart.
+        assert!(
+            a.2 > 0 && (a.2 - b.2).abs() <= 10_000,
+            "TTLs {a:?} vs {b:?}"
+        );
+    }
+}
+
 /// What the lean script sends back: the time it read (the pinned one here, in microseconds),
 /// then each check's count after its hits, a zero-hit check only looking; Rust judges them.
 /// Its writes are the full script's: a new counter gets the TTL it was given.
@@ -938,9 +1071,10 @@ async fn unpinned_the_reset_is_the_rest_of_the_window() {
 }
 
 /// EVALSHA SHA1s of the script calls Redis ran since `SLOWLOG RESET` (every command is logged:
-/// the threshold is 0).
+/// the threshold is 0; the commands a script runs are logged too, and as many entries are kept
+/// as `slowlog-max-len` says).
 fn scripts_run(redis: &RedisServer) -> Vec<String> {
-    let log = redis.cli(&["SLOWLOG", "GET", "1000"]).unwrap();
+    let log = redis.cli(&["SLOWLOG", "GET", "-1"]).unwrap();
     let lines: Vec<&str> = log.lines().map(str::trim).collect();
     let mut shas: Vec<String> = lines
         .windows(2)

@@ -270,7 +270,7 @@ fn burst(envoy: &Envoy, user: &str, cost: u64, streams: usize, requests: usize) 
                     if i >= requests {
                         return;
                     }
-                    let path = if i % 2 == 0 {
+                    let path = if i.is_multiple_of(2) {
                         "/v1/chat/completions"
                     } else {
                         "/"

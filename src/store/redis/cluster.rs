@@ -24,13 +24,13 @@
 //! Scripts are loaded on every master at start-up; a master that joins or is promoted later
 //! answers `NOSCRIPT` once and gets them then (see `coalesce.rs`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use redis::{
-    ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value,
+    Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value,
 };
 
 use super::coalesce::{CallError, Coalescer, Connect, PipelineCounts, send_on};
@@ -243,6 +243,158 @@ impl Cluster {
         Err(StoreError::Unavailable(format!(
             "slot {slot}: more than {MAX_REDIRECTS} redirections"
         )))
+    }
+
+    /// Runs single-key commands (the key is each command's first argument): one pipelined call
+    /// per master the slot map names, coalesced with other requests' calls to it; the replies
+    /// come back in the order of `cmds`. A command the cluster redirects (`MOVED`, `ASK`) or
+    /// asks to retry (`TRYAGAIN`, `CLUSTERDOWN`) did not run, and neither did any command sent
+    /// to a node that could not be reached: those are sent again where the cluster says, each
+    /// slot's in their order (so a key's `INCRBY` stays before its `PEXPIRE`), within
+    /// [`MAX_REDIRECTS`] rounds. Other error replies are replies like any other. A call whose
+    /// connection broke after it was sent is an error, never resent: its commands may have run.
+    pub(super) async fn run_commands(&self, cmds: Vec<Cmd>) -> Result<Vec<Value>, StoreError> {
+        let mut replies: Vec<Option<Value>> = vec![None; cmds.len()];
+        // What is still to run: (index into cmds, slot), each slot's in order; and per slot
+        // where the cluster last sent it (the node, and whether with ASKING).
+        let mut pending: Vec<(usize, u16)> = Vec::with_capacity(cmds.len());
+        for (index, cmd) in cmds.iter().enumerate() {
+            let key = match cmd.args_iter().nth(1) {
+                Some(redis::Arg::Simple(key)) => key,
+                _ => return Err(StoreError::Protocol("a command without a key".into())),
+            };
+            pending.push((index, super::slot::slot(key)));
+        }
+        let mut sent_to: HashMap<u16, (String, bool)> = HashMap::new();
+        for _ in 0..=MAX_REDIRECTS {
+            if pending.is_empty() {
+                return Ok(replies
+                    .into_iter()
+                    .map(|r| r.expect("every command answered"))
+                    .collect());
+            }
+            // One pipeline per (node, asking), in the order of `cmds`.
+            let mut groups: BTreeMap<(String, bool), Vec<(usize, u16)>> = BTreeMap::new();
+            for (index, slot) in pending.drain(..) {
+                let target = match sent_to.get(&slot) {
+                    Some(target) => target.clone(),
+                    None => (self.master_of(slot).await?, false),
+                };
+                groups.entry(target).or_default().push((index, slot));
+            }
+            let cmds = &cmds;
+            let rounds = groups
+                .into_iter()
+                .map(|((node, asking), items)| async move {
+                    let batch: Vec<Cmd> = items.iter().map(|&(i, _)| cmds[i].clone()).collect();
+                    let answers = self.send_commands(&node, asking, batch).await?;
+                    Ok::<_, StoreError>((node, items, answers))
+                });
+            sent_to.clear();
+            for (node, items, answers) in futures::future::try_join_all(rounds).await? {
+                let answers = match answers {
+                    Ok(answers) => answers,
+                    Err(unreachable) => {
+                        // Nothing was sent: as in `run`, retry once the map names another node.
+                        let _ = self.refresh().await;
+                        if items
+                            .iter()
+                            .any(|&(_, s)| self.owner(s).is_none_or(|o| o == node))
+                        {
+                            tokio::time::sleep(RETRY_PAUSE).await;
+                            let _ = self.refresh().await;
+                            if items
+                                .iter()
+                                .any(|&(_, s)| self.owner(s).is_none_or(|o| o == node))
+                            {
+                                return Err(unreachable);
+                            }
+                        }
+                        pending.extend(items);
+                        continue;
+                    }
+                };
+                let mut retry_later = false;
+                for ((index, slot), answer) in items.into_iter().zip(answers) {
+                    let attempt = match &answer {
+                        Value::ServerError(e) => classify::<()>(RedisError::from(e.clone())).ok(),
+                        _ => None,
+                    };
+                    match attempt {
+                        Some(Attempt::Moved(to)) => {
+                            log_attempt(slot, &node, &Attempt::<()>::Moved(to.clone()));
+                            // An ASK for another command of the slot keeps its ASKING: a node
+                            // that owns the slot ignores it.
+                            let asking = sent_to.get(&slot).is_some_and(|t| t.1);
+                            sent_to.insert(slot, (to, asking));
+                            pending.push((index, slot));
+                        }
+                        Some(Attempt::Ask(to)) => {
+                            log_attempt(slot, &node, &Attempt::<()>::Ask(to.clone()));
+                            sent_to.insert(slot, (to, true));
+                            pending.push((index, slot));
+                        }
+                        Some(_) => {
+                            retry_later = true;
+                            pending.push((index, slot));
+                        }
+                        None => replies[index] = Some(answer),
+                    }
+                }
+                if retry_later {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+            }
+            if sent_to.values().any(|(_, asking)| !asking) {
+                // A MOVED: the map is stale; refresh it for everyone else.
+                let _ = self.refresh().await;
+            }
+            // Each slot's commands in their order again (a group may have mixed slots).
+            pending.sort_unstable();
+        }
+        Err(StoreError::Unavailable(format!(
+            "more than {MAX_REDIRECTS} redirections"
+        )))
+    }
+
+    /// One pipeline of single-key `cmds` on `node`: coalesced with other calls, or after an
+    /// `ASK` on a connection of its own with `ASKING` before each command (it holds for one
+    /// command only). `Err` inside when the node could not be reached: nothing was sent.
+    async fn send_commands(
+        &self,
+        node: &str,
+        asking: bool,
+        cmds: Vec<Cmd>,
+    ) -> Result<Result<Vec<Value>, StoreError>, StoreError> {
+        if !asking {
+            return match self.node(node)?.call_all(cmds).await {
+                Ok(answers) => Ok(Ok(answers)),
+                Err(CallError::NotSent(e)) => Ok(Err(e)),
+                Err(CallError::Lost(e)) => Err(e),
+            };
+        }
+        let mut conn = match self.connection(node).await {
+            Ok(conn) => conn,
+            Err(e) => return Ok(Err(e)),
+        };
+        if let Some(watch) = Watch::current() {
+            watch.written_to(&conn.redis);
+        }
+        let mut pipe = Pipeline::with_capacity(2 * cmds.len());
+        for cmd in cmds {
+            pipe.cmd("ASKING").add_command(cmd);
+        }
+        let answers = send_on(&mut conn, &pipe)
+            .await
+            .map_err(|e| fail(&conn, e))?;
+        if answers.len() != pipe.len() {
+            return Err(StoreError::Protocol(format!(
+                "{} replies to {} commands",
+                answers.len(),
+                pipe.len()
+            )));
+        }
+        Ok(Ok(answers.into_iter().skip(1).step_by(2).collect()))
     }
 
     /// The master the slot map names for `slot`, refreshing the map once when it names none.

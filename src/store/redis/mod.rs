@@ -1,8 +1,9 @@
 //! The Redis store: one `EVALSHA` of the decision script per request; on a Redis Cluster one
 //! per master the request's slots are on (see [`RedisStore::run`]). The common request, every
 //! check a plain fixed window charged each (`script::fits_lean`), takes the cheapest path the
-//! server allows ([`DecisionPath`]): plain `INCRBY` and `PEXPIRE .. NX` (`plain.rs`) on a single
-//! server or Sentinel master of Redis 7.0 or later, else the lean script.
+//! server allows ([`DecisionPath`]): plain `INCRBY` and `PEXPIRE .. NX` (`plain.rs`) on Redis 7.0
+//! or later (a single server, a Sentinel master, or every master of a cluster), else the lean
+//! script. A request whose checks all use one other algorithm takes that algorithm's lean script.
 //!
 //! Connections come from a `bb8` pool of Sluice's own pipelined connections (`wire.rs`: callers
 //! write to the socket, one reader task hands out the replies in order). Script calls go
@@ -90,8 +91,8 @@ pub struct RedisStore {
 pub enum DecisionPath {
     /// The full decision script (`lua/decide.lua`).
     FullScript = 0,
-    /// The lean script that only counts (`lua/fixed_window_lean.lua`): Redis older than 7.0,
-    /// and Redis Cluster, whose redirections the plain path does not follow.
+    /// The lean script that only counts (`lua/fixed_window_lean.lua`), for Redis older than 7.0;
+    /// and for the other algorithms, their lean scripts (`lua/decide_each.lua`).
     LeanScript = 1,
     /// `INCRBY` and `PEXPIRE .. NX` per check, no Lua (`plain.rs`).
     PlainCommands = 2,
@@ -178,13 +179,11 @@ impl RedisStore {
         self.fastest.store(fastest as u8, Ordering::Relaxed);
     }
 
-    /// Whether calls that fit it may take `path`: the tests' cap, and for the plain commands a
-    /// single server (or Sentinel master) that takes `PEXPIRE .. NX`.
+    /// Whether calls that fit it may take `path`: the tests' cap, and for the plain commands
+    /// servers (every master of a cluster) that take `PEXPIRE .. NX`.
     fn may_take(&self, path: DecisionPath) -> bool {
         self.fastest.load(Ordering::Relaxed) >= path as u8
-            && (path != DecisionPath::PlainCommands
-                || (matches!(self.connector, Connector::Single(_))
-                    && self.takes_expire_nx.load(Ordering::Relaxed)))
+            && (path != DecisionPath::PlainCommands || self.takes_expire_nx.load(Ordering::Relaxed))
     }
 
     /// The SHA1 of the lean decision script (`lua/fixed_window_lean.lua`), as `EVALSHA` names it;
@@ -257,26 +256,25 @@ impl RedisStore {
                 connections
             }
         };
+        // The plain path needs Redis 7.0 on the server, or on every master of a cluster; a
+        // failover to an older server is caught by the first refused `PEXPIRE .. NX` (see
+        // [`RedisStore::run_plain`]).
+        let mut takes_nx = true;
         for mut conn in connections {
-            if matches!(self.connector, Connector::Single(_)) {
-                // The plain path needs Redis 7.0; a failover to an older server is caught by
-                // the first refused `PEXPIRE .. NX` (see [`RedisStore::run_plain`]).
-                let info: Result<String, RedisError> = redis::cmd("INFO")
-                    .arg("server")
-                    .query_async(&mut conn.redis)
-                    .await;
-                let takes_nx = match info {
-                    Ok(info) => plain::takes_expire_nx(&info),
-                    Err(e) if e.is_io_error() => return Err(fail(&conn, e)),
-                    // INFO is in ACL's @dangerous, which a managed Redis may deny: the lean
-                    // script works on every version.
-                    Err(e) => {
-                        tracing::info!(error = %e, "INFO refused; deciding with the lean script");
-                        false
-                    }
-                };
-                self.takes_expire_nx.store(takes_nx, Ordering::Relaxed);
-            }
+            let info: Result<String, RedisError> = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut conn.redis)
+                .await;
+            takes_nx &= match info {
+                Ok(info) => plain::takes_expire_nx(&info),
+                Err(e) if e.is_io_error() => return Err(fail(&conn, e)),
+                // INFO is in ACL's @dangerous, which a managed Redis may deny: the lean
+                // script works on every version.
+                Err(e) => {
+                    tracing::info!(error = %e, "INFO refused; deciding with the lean script");
+                    false
+                }
+            };
             for script in script::all() {
                 let sha = load(&mut conn.redis, script)
                     .await
@@ -289,6 +287,7 @@ impl RedisStore {
                 }
             }
         }
+        self.takes_expire_nx.store(takes_nx, Ordering::Relaxed);
         Ok(())
     }
 
@@ -360,14 +359,11 @@ impl RedisStore {
     /// master serves them; the other checks are each decided on their own, so one call per
     /// master answers exactly what one call per slot would.
     async fn run(&self, checks: &[&Check], charging: Charging) -> Result<Vec<Outcome>, StoreError> {
+        if self.may_take(DecisionPath::PlainCommands) && script::fits_lean(checks, charging) {
+            return self.run_plain(checks).await;
+        }
         let cluster = match &self.connector {
-            Connector::Single(coalescer) => {
-                if self.may_take(DecisionPath::PlainCommands) && script::fits_lean(checks, charging)
-                {
-                    return self.run_plain(coalescer, checks).await;
-                }
-                return self.run_batch(0, checks, charging).await;
-            }
+            Connector::Single(_) => return self.run_batch(0, checks, charging).await,
             Connector::Cluster(cluster) => cluster,
         };
         // Each slot's checks, as indexes in request order.
@@ -456,16 +452,16 @@ impl RedisStore {
         layout.decode(&reply, checks)
     }
 
-    /// Decides `checks` ([`script::fits_lean`]) with plain commands on one server, in one
-    /// call of the coalescer; the counts are judged on the service's clock (or the pinned one).
-    async fn run_plain(
-        &self,
-        coalescer: &Coalescer<bb8::Pool<Manager>>,
-        checks: &[&Check],
-    ) -> Result<Vec<Outcome>, StoreError> {
-        let replies = coalescer
-            .call_all(plain::commands(checks, self.ttl_jitter()))
-            .await?;
+    /// Decides `checks` ([`script::fits_lean`]) with plain commands: on one server in one call
+    /// of the coalescer, on a cluster in one per master (following redirections command by
+    /// command, [`Cluster::run_commands`]); the counts are judged on the service's clock (or the
+    /// pinned one).
+    async fn run_plain(&self, checks: &[&Check]) -> Result<Vec<Outcome>, StoreError> {
+        let cmds = plain::commands(checks, self.ttl_jitter());
+        let replies = match &self.connector {
+            Connector::Single(coalescer) => coalescer.call_all(cmds).await?,
+            Connector::Cluster(cluster) => cluster.run_commands(cmds).await?,
+        };
         let now_micros = self
             .pinned_now()
             .unwrap_or_else(|| crate::clock::SystemClock.now_micros());

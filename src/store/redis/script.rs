@@ -115,8 +115,9 @@ impl Reply {
 }
 
 /// One call deciding `checks` with their keys laid out as `keys` says: `EVALSHA`, the SHA1 of
-/// the lean script when [`fits_lean`] (and `lean`, which only tests turn off) or else of the
-/// full one, and its arguments; and how to read its reply. `pinned_now_micros` and
+/// the lean fixed-window script when [`fits_lean`], of an algorithm's lean script when
+/// [`fits_each`] (both only with `lean`, which only tests turn off), or else of the full one,
+/// and its arguments; and how to read its reply. `pinned_now_micros` and
 /// `ttl_jitter_ms` as [`encode`] takes them.
 pub(super) fn decision_call(
     checks: &[&Check],
@@ -134,6 +135,14 @@ pub(super) fn decision_call(
         let mut cmd = evalsha(script, capacity_lean(checks, keys));
         encode_lean(&mut cmd, checks, keys, pinned_now_micros, ttl_jitter_ms);
         (cmd, Reply::Counted)
+    } else if let Some(each) = fits_each(checks, charging).filter(|_| lean) {
+        let script = match keys {
+            Keys::Declared => &each.declared,
+            Keys::AcrossSlots => &each.across_slots,
+        };
+        let mut cmd = evalsha(script, capacity_each(checks, each, keys));
+        encode_each(&mut cmd, checks, each, keys, pinned_now_micros);
+        (cmd, Reply::Decided)
     } else {
         let script = match keys {
             Keys::Declared => &DECISION,
@@ -215,15 +224,122 @@ pub(super) static REGISTRY: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::assemble(include_str!("../../../lua/registry.lua")));
 
 /// Every script, for loading at start-up.
-pub(super) fn all() -> [&'static LuaScript; 6] {
-    [
-        &DECISION,
-        &FIXED_WINDOW_LEAN,
-        &DECISION_ACROSS_SLOTS,
-        &FIXED_WINDOW_LEAN_ACROSS_SLOTS,
-        &LIMITER,
-        &REGISTRY,
-    ]
+pub(super) fn all() -> Vec<&'static LuaScript> {
+    let mut all = vec![
+        &*DECISION,
+        &*FIXED_WINDOW_LEAN,
+        &*DECISION_ACROSS_SLOTS,
+        &*FIXED_WINDOW_LEAN_ACROSS_SLOTS,
+        &*LIMITER,
+        &*REGISTRY,
+    ];
+    for each in EACH.iter() {
+        all.push(&each.declared);
+        all.push(&each.across_slots);
+    }
+    all
+}
+
+/// An algorithm's lean decision script (`lua/decide_each.lua`), with its keys declared and
+/// across slots ([`Keys`]).
+pub(super) struct EachScript {
+    /// The algorithm, as [`rule_name`] spells it and as its Lua function is named.
+    algorithm: &'static str,
+    /// Its arguments after the hits, the first of [`stored_args`].
+    arguments: usize,
+    declared: LuaScript,
+    across_slots: LuaScript,
+}
+
+/// The algorithms that [`EACH`] has a script for: the name, the file, and how many of
+/// [`stored_args`] the function takes (after key, now, hits and record, `lua/dispatch.lua`).
+/// The one place that says how many arguments each takes in the lean scripts.
+const EACH_ALGORITHMS: [(&str, &str, usize); 4] = [
+    (
+        "sliding_window_log",
+        include_str!("../../../lua/sliding_window_log.lua"),
+        2,
+    ),
+    (
+        "sliding_window_counter",
+        include_str!("../../../lua/sliding_window_counter.lua"),
+        2,
+    ),
+    ("gcra", include_str!("../../../lua/gcra.lua"), 2),
+    ("warm_up", include_str!("../../../lua/warm_up.lua"), 4),
+];
+
+/// One lean decision script per algorithm other than the fixed window: `lua/common.lua`, the
+/// algorithm's file, the line naming its function and argument count, `lua/decide_each.lua`.
+/// A call then defines only the functions it runs (the full script defines every algorithm's
+/// on every call) and carries no charging mode, flags or unused arguments.
+pub(super) static EACH: LazyLock<Vec<EachScript>> = LazyLock::new(|| {
+    EACH_ALGORITHMS
+        .iter()
+        .map(|&(algorithm, file, arguments)| {
+            let binding = format!("local decide_one, ALGORITHM_ARGS = {algorithm}, {arguments}\n");
+            let parts = [
+                include_str!("../../../lua/common.lua"),
+                file,
+                binding.as_str(),
+                include_str!("../../../lua/decide_each.lua"),
+            ];
+            EachScript {
+                algorithm,
+                arguments,
+                declared: LuaScript::join(&parts),
+                across_slots: LuaScript::across_slots(&parts),
+            }
+        })
+        .collect()
+});
+
+/// The lean script of [`EACH`] that decides `checks` exactly as [`DECISION`] would, if one
+/// does: every check is charged on its own (no trial pass, as for [`fits_lean`]) and every check
+/// uses the same algorithm, other than the fixed window. The one place that decides it.
+pub(super) fn fits_each(checks: &[&Check], charging: Charging) -> Option<&'static EachScript> {
+    if charging != Charging::Each || crate::store::needs_trial(checks, charging) {
+        return None;
+    }
+    let algorithm = rule_name(&checks.first()?.rule);
+    let each = EACH.iter().find(|each| each.algorithm == algorithm)?;
+    checks
+        .iter()
+        .all(|check| rule_name(&check.rule) == algorithm)
+        .then_some(each)
+}
+
+/// Appends the KEYS count, KEYS and ARGV of one call of `each` deciding `checks` ([`fits_each`]):
+/// per check its hits, the algorithm's arguments, and whether refused hits are charged.
+pub(super) fn encode_each(
+    cmd: &mut redis::Cmd,
+    checks: &[&Check],
+    each: &EachScript,
+    keys: Keys,
+    pinned_now_micros: Option<u64>,
+) {
+    keys_and_clock(cmd, checks, keys, pinned_now_micros);
+    for check in checks {
+        cmd.arg(check.hits)
+            .arg(&stored_args(&check.rule)[..each.arguments])
+            .arg(if check.record_refused { "1" } else { "" });
+    }
+}
+
+/// [`capacity`] for [`encode_each`].
+fn capacity_each(checks: &[&Check], each: &EachScript, keys: Keys) -> (usize, usize) {
+    const NUMBER: usize = 20;
+    let key_bytes: usize = checks.iter().map(|c| c.key.len()).sum();
+    // The key count and the pinned time, then per check its key, hits, arguments and flag.
+    let per_check = 2 + each.arguments;
+    let arguments = 2 + checks.len() * (1 + per_check);
+    with_layout(
+        keys,
+        (
+            arguments,
+            2 * NUMBER + key_bytes + checks.len() * per_check * NUMBER,
+        ),
+    )
 }
 
 /// Appends the KEYS count, KEYS and ARGV of one script call deciding `checks` to `cmd`.
@@ -576,9 +692,115 @@ mod tests {
                 fixed_window,
                 format!("local TTL_REPAIR_PERIOD = {TTL_REPAIR_PERIOD}\n"),
             ),
+            (
+                include_str!("../../../lua/decide_each.lua"),
+                format!("local REPLY_PER_CHECK = {REPLY_PER_CHECK}\n"),
+            ),
             (ACROSS_SLOTS, format!("redis.status_reply('{ELSEWHERE} '")),
         ] {
             assert!(source.contains(&line), "the Lua source lacks {line:?}");
+        }
+    }
+
+    /// A check of `rule` on its own key, charged on its own.
+    fn check_of(rule: Rule) -> Check {
+        Check {
+            key: format!("k_{}", rule_name(&rule)),
+            hits: 2,
+            rule,
+            record_refused: false,
+            group: None,
+        }
+    }
+
+    #[test]
+    fn an_algorithms_lean_script_takes_its_checks_charged_each() {
+        let gcra = check_of(Rule::Gcra {
+            interval: 7,
+            burst: 9,
+        });
+        let recorded = Check {
+            record_refused: true,
+            ..gcra.clone()
+        };
+        let grouped = Check {
+            group: Some(0),
+            ..gcra.clone()
+        };
+        let warm_up = check_of(Rule::WarmUp {
+            permits_per_window: 4,
+            window: 8,
+            warmup: 9,
+            cold_factor: 2.5,
+        });
+        let fixed = fixed_window_check(false);
+        let name = |each: Option<&EachScript>| each.map(|e| e.algorithm);
+        assert_eq!(
+            name(fits_each(&[&gcra, &recorded], Charging::Each)),
+            Some("gcra")
+        );
+        assert_eq!(
+            name(fits_each(&[&warm_up], Charging::Each)),
+            Some("warm_up")
+        );
+        assert_eq!(
+            name(fits_each(&[&gcra, &warm_up], Charging::Each)),
+            None,
+            "two algorithms"
+        );
+        assert_eq!(
+            name(fits_each(&[&gcra, &grouped], Charging::Each)),
+            None,
+            "a group"
+        );
+        assert_eq!(name(fits_each(&[&gcra], Charging::StopWhenOver)), None);
+        assert_eq!(name(fits_each(&[&gcra], Charging::LookOnly)), None);
+        assert_eq!(
+            name(fits_each(&[&fixed], Charging::Each)),
+            None,
+            "the fixed window's own"
+        );
+        assert_eq!(name(fits_each(&[], Charging::Each)), None);
+
+        // Per check: hits, the algorithm's arguments and no unused one, the record flag.
+        let each = fits_each(&[&gcra, &recorded], Charging::Each).unwrap();
+        let mut cmd = redis::Cmd::new();
+        encode_each(&mut cmd, &[&gcra, &recorded], each, Keys::Declared, Some(5));
+        let args = text_args(&cmd);
+        assert_eq!(
+            args,
+            [
+                "2", "k_gcra", "k_gcra", "5", "2", "7", "9", "", "2", "7", "9", "1"
+            ]
+        );
+        let (arguments, bytes) = capacity_each(&[&gcra, &recorded], each, Keys::Declared);
+        assert_eq!(arguments, args.len());
+        assert!(bytes >= args.iter().map(String::len).sum());
+        let each = fits_each(&[&warm_up], Charging::Each).unwrap();
+        let mut cmd = redis::Cmd::new();
+        encode_each(&mut cmd, &[&warm_up], each, Keys::AcrossSlots, None);
+        assert_eq!(
+            text_args(&cmd),
+            ["0", "1", "k_warm_up", "", "2", "4", "8", "9", "2.5", ""]
+        );
+        // The script binds the algorithm's function and defines no other algorithm's.
+        for each in EACH.iter() {
+            assert!(each.declared.source.contains(&format!(
+                "local decide_one, ALGORITHM_ARGS = {}, {}\n",
+                each.algorithm, each.arguments
+            )));
+            for (other, _, _) in EACH_ALGORITHMS {
+                let defines = each
+                    .declared
+                    .source
+                    .contains(&format!("local function {other}("));
+                assert_eq!(
+                    defines,
+                    other == each.algorithm,
+                    "{} defines {other}",
+                    each.algorithm
+                );
+            }
         }
     }
 

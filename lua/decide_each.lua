@@ -1,0 +1,35 @@
+-- Entry point of the lean decision scripts of the algorithms other than the fixed window (whose
+-- common request takes plain commands, or fixed_window_lean.lua): a call whose checks all use
+-- one algorithm and are each charged on their own (store::Charging::Each, no group of limits).
+-- There is one such script per algorithm: common.lua, that algorithm's file, one line that
+-- src/store/redis/script.rs writes, `local decide_one, ALGORITHM_ARGS = <function>, <n>`, and
+-- this file. So a call defines only the functions it runs, and parses no charging mode, flags,
+-- algorithm names or unused arguments; decide.lua, which has the trial pass, takes the rest.
+--
+-- ARGV[1] is empty in production, and Redis's clock (TIME) is used; tests that pin time put
+-- microseconds there. Then follow the checks, ALGORITHM_ARGS + 2 arguments each: the hits, the
+-- algorithm's own arguments, and '1' when refused hits are to be charged too (record_refused_hits)
+-- or ''. Check i uses KEYS[i]. The reply is decide.lua's: four integers per check, admitted
+-- (0/1), remaining, reset in milliseconds, and what the algorithm counts as used.
+
+-- Needed on Redis 3.2-4.x to write after reading TIME; a no-op from Redis 5 on.
+if redis.replicate_commands then redis.replicate_commands() end
+
+-- Mirrored in src/store/redis/script.rs (a test checks they agree).
+local REPLY_PER_CHECK = 4
+
+local args_per_check = ALGORITHM_ARGS + 2
+local now_us = script_now()
+local reply = {}
+for check = 1, #KEYS do
+  local at = 2 + (check - 1) * args_per_check
+  local last = at + ALGORITHM_ARGS
+  -- Every algorithm but the fixed window takes (key, now_us, hits, record, its arguments...):
+  -- see dispatch.lua.
+  local admitted, remaining, reset, used = decide_one(KEYS[check], now_us, ARGV[at],
+    ARGV[last + 1] == '1', unpack(ARGV, at + 1, last))
+  local base = (check - 1) * REPLY_PER_CHECK
+  reply[base + 1], reply[base + 2], reply[base + 3], reply[base + 4] = admitted, remaining, reset,
+    used
+end
+return reply
