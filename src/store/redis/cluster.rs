@@ -19,7 +19,10 @@
 //!   and a retry could count its hits twice. The caller gets an error (and the failure policy).
 //! - a call across several slots of one master ([`Cluster::run_on`]) follows no redirection:
 //!   its script refuses the whole call before writing when the node does not serve one of its
-//!   keys, and the caller then sends the slots one call each through [`Cluster::run`].
+//!   keys, and the caller then sends the slots one call each through [`Cluster::run`];
+//! - plain single-key commands (the fixed window's `INCRBY` + `PEXPIRE .. NX`,
+//!   [`Cluster::run_commands`]) go one pipelined call per master whatever their slots, and
+//!   only the commands the cluster redirects are sent again, each slot's in their order.
 //!
 //! Scripts are loaded on every master at start-up; a master that joins or is promoted later
 //! answers `NOSCRIPT` once and gets them then (see `coalesce.rs`).
