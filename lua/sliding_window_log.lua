@@ -48,6 +48,27 @@ local function log_upgrade(key)
   if ttl > 0 then call('PEXPIRE', key, ttl) end
 end
 
+-- Logs n hits at now: a new entry, or the newest one grown when it has the same time. `count`
+-- is what the window holds, `newest` the newest entry (member and score), `last` and `last_n`
+-- its running total and hits. (Top-level functions, not closures in sliding_window_log, so a
+-- call defines no function.)
+local function log_hits(key, now, n, count, newest, last, last_n)
+  if n <= 0 then return end
+  local own = n
+  if count > 0 and tonumber(newest[2]) == now then
+    write('ZREM', key, newest[1])
+    own = n + last_n
+  end
+  write('ZADD', key, string.format('%.0f', now), log_name(last + n, own))
+end
+
+-- Until the log is empty, after `logged` hits were added at now.
+local function log_until_empty(logged, count, newest, window, now)
+  if logged > 0 then return window end
+  if count > 0 then return tonumber(newest[2]) + window - now end
+  return 0
+end
+
 local function sliding_window_log(key, now, hits, record, limit, window)
   hits, limit, window = tonumber(hits), tonumber(limit), tonumber(window)
   local newest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
@@ -68,27 +89,11 @@ local function sliding_window_log(key, now, hits, record, limit, window)
     last, last_n = log_entry(newest[1])
   end
   local count = last - base
-  -- Logs n hits at now: a new entry, or the newest one grown when it has the same time.
-  local function log_hits(n)
-    if n <= 0 then return end
-    local own = n
-    if count > 0 and tonumber(newest[2]) == now then
-      write('ZREM', key, newest[1])
-      own = n + last_n
-    end
-    write('ZADD', key, string.format('%.0f', now), log_name(last + n, own))
-  end
-  -- Until the log is empty, after `logged` hits were added at now.
-  local function until_empty(logged)
-    if logged > 0 then return window end
-    if count > 0 then return tonumber(newest[2]) + window - now end
-    return 0
-  end
   -- A zero-cost check is decided as a one-hit request and counts nothing.
   local probe = math.max(hits, 1)
   if probe <= limit and count + probe <= limit then
-    log_hits(hits)
-    local ttl = until_empty(hits)
+    log_hits(key, now, hits, count, newest, last, last_n)
+    local ttl = log_until_empty(hits, count, newest, window, now)
     if ttl > 0 then write('PEXPIRE', key, micros_to_ms(ttl)) end
     return 1, limit - count - hits, micros_to_ms(ttl), count + hits
   end
@@ -98,13 +103,13 @@ local function sliding_window_log(key, now, hits, record, limit, window)
   if record and hits > 0 and count < limit and not dry_run then
     -- Refused, still charged: up to what fills the log to the limit.
     logged = math.min(hits, limit - count)
-    log_hits(logged)
-    write('PEXPIRE', key, micros_to_ms(until_empty(logged)))
+    log_hits(key, now, logged, count, newest, last, last_n)
+    write('PEXPIRE', key, micros_to_ms(log_until_empty(logged, count, newest, window, now)))
   end
   local held = count + logged
   local wait
   if probe > limit then
-    wait = until_empty(logged)
+    wait = log_until_empty(logged, count, newest, window, now)
   else
     -- The (held + probe - limit)-th oldest hit must leave the window first: the first entry
     -- whose running total passes base + index. (The log may hold more than the limit after
