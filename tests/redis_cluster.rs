@@ -124,6 +124,51 @@ async fn hostile_multi_slot_requests_never_fail() {
     }
 }
 
+/// Twelve token buckets of one request, their keys in many slots: each master decides the ones
+/// it holds in one call of the algorithm's lean script across its slots, and every bucket is
+/// charged once per request (burst 50: 47 left after three requests).
+#[tokio::test(flavor = "multi_thread")]
+async fn one_algorithm_over_many_slots_takes_one_lean_call_per_master() {
+    const ROUNDS: u64 = 3;
+    let cluster = RedisCluster::start(3, 0);
+    let dir = config();
+    let sluice = start(&cluster, &dir, &[("REDIS_TIMEOUT", "2s")]);
+    let mut c = sluice.client().await;
+    for &port in &cluster.master_ports() {
+        cluster.node(port).cli(&["CONFIG", "RESETSTAT"]).unwrap();
+    }
+    let buckets = || {
+        request(
+            "c",
+            (0..12)
+                .map(|i| descriptor(&[("bucket", &format!("many{i}"))]))
+                .collect(),
+        )
+    };
+    for round in 1..=ROUNDS {
+        let r = ask(&mut c, buckets()).await;
+        assert_eq!(r.statuses.len(), 12);
+        for (i, status) in r.statuses.iter().enumerate() {
+            assert_eq!(status.code, Code::Ok as i32, "bucket {i}, round {round}");
+            assert_eq!(
+                status.limit_remaining,
+                50 - round as u32,
+                "bucket {i}, round {round}"
+            );
+        }
+    }
+    let scripts: u64 = cluster
+        .master_ports()
+        .iter()
+        .map(|&port| command_calls(cluster.node(port), "evalsha"))
+        .sum();
+    // At most one per master per request (a registry sweep may add one or two).
+    assert!(
+        scripts <= ROUNDS * 3 + 2,
+        "{scripts} script calls for {ROUNDS} requests on 3 masters"
+    );
+}
+
 /// Spread over many slots (a fresh value per request) plus one hot shared counter.
 fn mixed(n: u64) -> (usize, RateLimitRequest) {
     let request = request(
