@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::load::Load;
+use common::load::{Call, Load};
 use common::*;
 use sluice::proto::{Code, RateLimitRequest, RateLimitResponse};
 
@@ -206,7 +206,12 @@ async fn script_flush_on_every_node_under_load_is_invisible() {
     let (calls, hot_calls) = (load.finish().await, hot_load.finish().await);
     let errors = calls.failed().count();
     let (hot_admitted, hot_errors) = (hot_calls.admitted(), hot_calls.failed().count());
-    assert_eq!(errors + hot_errors, 0, "callers saw errors");
+    let sample: Vec<&Call> = calls.failed().chain(hot_calls.failed()).take(5).collect();
+    assert_eq!(
+        errors + hot_errors,
+        0,
+        "callers saw errors, e.g. {sample:?}"
+    );
     assert_eq!(
         hot_admitted, 50,
         "the hot sliding log admits exactly its limit"

@@ -258,16 +258,9 @@ impl Cluster {
     /// connection broke after it was sent is an error, never resent: its commands may have run.
     pub(super) async fn run_commands(&self, cmds: Vec<Cmd>) -> Result<Vec<Value>, StoreError> {
         let mut replies: Vec<Option<Value>> = vec![None; cmds.len()];
-        // What is still to run: (index into cmds, slot), each slot's in order; and per slot
-        // where the cluster last sent it (the node, and whether with ASKING).
-        let mut pending: Vec<(usize, u16)> = Vec::with_capacity(cmds.len());
-        for (index, cmd) in cmds.iter().enumerate() {
-            let key = match cmd.args_iter().nth(1) {
-                Some(redis::Arg::Simple(key)) => key,
-                _ => return Err(StoreError::Protocol("a command without a key".into())),
-            };
-            pending.push((index, super::slot::slot(key)));
-        }
+        // What is still to run, as (index into cmds, slot) in the order of `cmds`.
+        let mut pending = slots_of(&cmds)?;
+        // Per slot, where the cluster last sent its commands (the node, and whether with ASKING).
         let mut sent_to: HashMap<u16, (String, bool)> = HashMap::new();
         for _ in 0..=MAX_REDIRECTS {
             if pending.is_empty() {
@@ -276,15 +269,7 @@ impl Cluster {
                     .map(|r| r.expect("every command answered"))
                     .collect());
             }
-            // One pipeline per (node, asking), in the order of `cmds`.
-            let mut groups: BTreeMap<(String, bool), Vec<(usize, u16)>> = BTreeMap::new();
-            for (index, slot) in pending.drain(..) {
-                let target = match sent_to.get(&slot) {
-                    Some(target) => target.clone(),
-                    None => (self.master_of(slot).await?, false),
-                };
-                groups.entry(target).or_default().push((index, slot));
-            }
+            let groups = self.group_by_target(pending.drain(..), &sent_to).await?;
             let cmds = &cmds;
             let rounds = groups
                 .into_iter()
@@ -294,59 +279,31 @@ impl Cluster {
                     Ok::<_, StoreError>((node, items, answers))
                 });
             sent_to.clear();
+            let mut retry_later = false;
             for (node, items, answers) in futures::future::try_join_all(rounds).await? {
-                let answers = match answers {
-                    Ok(answers) => answers,
-                    Err(unreachable) => {
-                        // Nothing was sent: as in `run`, retry once the map names another node.
-                        let _ = self.refresh().await;
-                        if items
-                            .iter()
-                            .any(|&(_, s)| self.owner(s).is_none_or(|o| o == node))
-                        {
-                            tokio::time::sleep(RETRY_PAUSE).await;
-                            let _ = self.refresh().await;
-                            if items
-                                .iter()
-                                .any(|&(_, s)| self.owner(s).is_none_or(|o| o == node))
-                            {
-                                return Err(unreachable);
+                match answers {
+                    Ok(answers) => {
+                        for (item, answer) in items.into_iter().zip(answers) {
+                            match next_step(&node, item.1, answer, &mut sent_to) {
+                                Ok(answer) => replies[item.0] = Some(answer),
+                                Err(later) => {
+                                    retry_later |= later;
+                                    pending.push(item);
+                                }
                             }
                         }
+                    }
+                    Err(unreachable) => {
+                        // Nothing was sent: as in `run`, retry once the map names another node.
+                        if self.still_serves(&node, &items).await {
+                            return Err(unreachable);
+                        }
                         pending.extend(items);
-                        continue;
-                    }
-                };
-                let mut retry_later = false;
-                for ((index, slot), answer) in items.into_iter().zip(answers) {
-                    let attempt = match &answer {
-                        Value::ServerError(e) => classify::<()>(RedisError::from(e.clone())).ok(),
-                        _ => None,
-                    };
-                    match attempt {
-                        Some(Attempt::Moved(to)) => {
-                            log_attempt(slot, &node, &Attempt::<()>::Moved(to.clone()));
-                            // An ASK for another command of the slot keeps its ASKING: a node
-                            // that owns the slot ignores it.
-                            let asking = sent_to.get(&slot).is_some_and(|t| t.1);
-                            sent_to.insert(slot, (to, asking));
-                            pending.push((index, slot));
-                        }
-                        Some(Attempt::Ask(to)) => {
-                            log_attempt(slot, &node, &Attempt::<()>::Ask(to.clone()));
-                            sent_to.insert(slot, (to, true));
-                            pending.push((index, slot));
-                        }
-                        Some(_) => {
-                            retry_later = true;
-                            pending.push((index, slot));
-                        }
-                        None => replies[index] = Some(answer),
                     }
                 }
-                if retry_later {
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                }
+            }
+            if retry_later {
+                tokio::time::sleep(RETRY_PAUSE).await;
             }
             if sent_to.values().any(|(_, asking)| !asking) {
                 // A MOVED: the map is stale; refresh it for everyone else.
@@ -358,6 +315,41 @@ impl Cluster {
         Err(StoreError::Unavailable(format!(
             "more than {MAX_REDIRECTS} redirections"
         )))
+    }
+
+    /// `pending` grouped by where each goes: the node and ASKING the cluster last named for its
+    /// slot, else the slot's master; each group in the order of `pending`.
+    async fn group_by_target(
+        &self,
+        pending: impl Iterator<Item = (usize, u16)>,
+        sent_to: &HashMap<u16, (String, bool)>,
+    ) -> Result<BTreeMap<(String, bool), Vec<(usize, u16)>>, StoreError> {
+        let mut groups: BTreeMap<(String, bool), Vec<(usize, u16)>> = BTreeMap::new();
+        for (index, slot) in pending {
+            let target = match sent_to.get(&slot) {
+                Some(target) => target.clone(),
+                None => (self.master_of(slot).await?, false),
+            };
+            groups.entry(target).or_default().push((index, slot));
+        }
+        Ok(groups)
+    }
+
+    /// After `node` could not be reached: whether the slot map, refreshed (twice, a pause
+    /// apart, if need be), still names it (or no one) for one of the `items`' slots.
+    async fn still_serves(&self, node: &str, items: &[(usize, u16)]) -> bool {
+        let named = |cluster: &Self| {
+            items
+                .iter()
+                .any(|&(_, slot)| cluster.owner(slot).is_none_or(|owner| owner == node))
+        };
+        let _ = self.refresh().await;
+        if !named(self) {
+            return false;
+        }
+        tokio::time::sleep(RETRY_PAUSE).await;
+        let _ = self.refresh().await;
+        named(self)
     }
 
     /// One pipeline of single-key `cmds` on `node`: coalesced with other calls, or after an
@@ -486,6 +478,52 @@ impl Cluster {
     pub(super) fn owner(&self, slot: u16) -> Option<String> {
         let topology = self.topology.load();
         topology.owner[usize::from(slot)].map(|i| topology.masters[i].clone())
+    }
+}
+
+/// Each single-key command's index and the slot of its key (its first argument).
+fn slots_of(cmds: &[Cmd]) -> Result<Vec<(usize, u16)>, StoreError> {
+    cmds.iter()
+        .enumerate()
+        .map(|(index, cmd)| match cmd.args_iter().nth(1) {
+            Some(redis::Arg::Simple(key)) => Ok((index, super::slot::slot(key))),
+            _ => Err(StoreError::Protocol("a command without a key".into())),
+        })
+        .collect()
+}
+
+/// What to do with `answer`, from `node`, to a command on `slot` ([`Cluster::run_commands`]):
+/// `Ok` it is the command's reply; `Err` the command did not run and goes again, where
+/// `sent_to` now says for a redirection (`Err(false)`), or after a pause (`Err(true)`).
+fn next_step(
+    node: &str,
+    slot: u16,
+    answer: Value,
+    sent_to: &mut HashMap<u16, (String, bool)>,
+) -> Result<Value, bool> {
+    let attempt = match &answer {
+        Value::ServerError(e) => classify::<()>(RedisError::from(e.clone())).ok(),
+        _ => None,
+    };
+    match attempt {
+        None | Some(Attempt::Done(())) => Ok(answer),
+        Some(Attempt::Moved(to)) => {
+            log_attempt(slot, node, &Attempt::<()>::Moved(to.clone()));
+            // An ASK for another command of the slot keeps its ASKING: a node that owns the
+            // slot ignores it.
+            let asking = sent_to.get(&slot).is_some_and(|target| target.1);
+            sent_to.insert(slot, (to, asking));
+            Err(false)
+        }
+        Some(Attempt::Ask(to)) => {
+            log_attempt(slot, node, &Attempt::<()>::Ask(to.clone()));
+            sent_to.insert(slot, (to, true));
+            Err(false)
+        }
+        Some(other) => {
+            log_attempt(slot, node, &other);
+            Err(true)
+        }
     }
 }
 

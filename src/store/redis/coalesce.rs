@@ -23,7 +23,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisError, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use super::conn::{Connection, Manager, checkout, fail, load, retire_if_broken};
+use super::conn::{Connection, Manager, checkout, fail, retire_if_broken};
 use super::script;
 use super::wire::Watch;
 use crate::store::StoreError;
@@ -283,37 +283,55 @@ impl Drop for InFlight<'_> {
 }
 
 /// Sends `pipe` on `conn`: its replies, one per command. Commands whose script Redis had forgotten
-/// (restart, failover, `SCRIPT FLUSH`) did not run; the scripts are loaded again and only those
-/// commands are sent a second time. The one place that recovers from `NOSCRIPT`.
+/// (restart, failover, `SCRIPT FLUSH`) did not run; the scripts are loaded again, all in one
+/// pipeline, and only those commands are sent a second time, up to [`NOSCRIPT_ROUNDS`] times
+/// (another flush may land between the load and the resend). The one place that recovers from
+/// `NOSCRIPT`.
 pub(super) async fn send_on(
     conn: &mut Connection,
     pipe: &Pipeline,
 ) -> redis::RedisResult<Vec<Value>> {
     let mut values = conn.redis.req_packed_commands(pipe, 0, pipe.len()).await?;
-    let lost: Vec<usize> = (0..values.len())
-        .filter(|&i| is_noscript(&values[i]))
-        .collect();
-    if lost.is_empty() {
-        return Ok(values);
-    }
-    tracing::info!("redis lost a script; loading it again");
-    for script in script::all() {
-        load(&mut conn.redis, script).await?;
-    }
-    let mut again = Pipeline::with_capacity(lost.len());
     let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
-    for &i in &lost {
-        again.add_command(cmds[i].clone());
-    }
-    let resent = conn
-        .redis
-        .req_packed_commands(&again, 0, lost.len())
-        .await?;
-    for (i, value) in lost.into_iter().zip(resent) {
-        values[i] = value;
+    for _ in 0..NOSCRIPT_ROUNDS {
+        let lost: Vec<usize> = (0..values.len())
+            .filter(|&i| is_noscript(&values[i]))
+            .collect();
+        if lost.is_empty() {
+            break;
+        }
+        tracing::info!("redis lost a script; loading it again");
+        let scripts = script::all();
+        let mut loads = Pipeline::with_capacity(scripts.len());
+        for script in &scripts {
+            loads.cmd("SCRIPT").arg("LOAD").arg(script.source.as_str());
+        }
+        for reply in conn
+            .redis
+            .req_packed_commands(&loads, 0, scripts.len())
+            .await?
+        {
+            if let Value::ServerError(e) = reply {
+                return Err(e.into());
+            }
+        }
+        let mut again = Pipeline::with_capacity(lost.len());
+        for &i in &lost {
+            again.add_command(cmds[i].clone());
+        }
+        let resent = conn
+            .redis
+            .req_packed_commands(&again, 0, lost.len())
+            .await?;
+        for (i, value) in lost.into_iter().zip(resent) {
+            values[i] = value;
+        }
     }
     Ok(values)
 }
+
+/// Loads and resends after `NOSCRIPT` at most this many times per pipeline.
+const NOSCRIPT_ROUNDS: usize = 3;
 
 fn is_noscript(value: &Value) -> bool {
     matches!(value, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
