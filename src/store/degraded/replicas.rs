@@ -4,13 +4,14 @@
 //! Learning: every replica refreshes its own member of one sorted set, `prefix{sluice_replicas}`
 //! (one key, so one slot on a cluster), every [`BEAT`], scored with Redis's clock, and counts the
 //! members seen within [`LIVE`]. The last count is kept while Redis is down, which is when it is
-//! needed. A replica that stopped is forgotten after [`LIVE`], so for that long after a
-//! scale-down the shares are smaller than they need be (stricter, never looser); after a
-//! scale-up, the new replicas are counted from their first beat.
+//! needed, and a lower count is believed only after [`LIVE`] of answered beats (a Redis back
+//! from an outage may have lost the set). A replica that stopped is forgotten after [`LIVE`],
+//! so for that long after a scale-down the shares are smaller than they need be (stricter,
+//! never looser); after a scale-up, the new replicas are counted from their first beat.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::super::RedisStore;
 
@@ -68,21 +69,32 @@ impl Replicas {
     ) {
         let member = format!("{:016x}", rand::random::<u64>());
         let live_ms = LIVE.as_millis() as u64;
+        // Since when every beat has answered (None after one that did not).
+        let mut answering_since: Option<Instant> = None;
         loop {
             let Some(layer) = store.upgrade() else {
                 return;
             };
             let beat = redis(&layer).count_replicas(&key, &member, live_ms);
             match tokio::time::timeout(BEAT_TIMEOUT, beat).await {
-                Ok(Ok(count)) => {
-                    let before = self.learnt.swap(count, Ordering::Relaxed);
+                Ok(Ok(seen)) => {
+                    let since = *answering_since.get_or_insert_with(Instant::now);
+                    let before = self.learnt.load(Ordering::Relaxed);
+                    let count = believed(before, seen, since.elapsed());
+                    self.learnt.store(count, Ordering::Relaxed);
                     publish(count);
                     if before != count {
                         tracing::info!(replicas = count, "replica count learnt from redis");
                     }
                 }
-                Ok(Err(e)) => tracing::debug!(error = %e, "replica count not refreshed"),
-                Err(_) => tracing::debug!("replica count not refreshed in time"),
+                Ok(Err(e)) => {
+                    answering_since = None;
+                    tracing::debug!(error = %e, "replica count not refreshed");
+                }
+                Err(_) => {
+                    answering_since = None;
+                    tracing::debug!("replica count not refreshed in time");
+                }
             }
             drop(layer);
             tokio::time::sleep(BEAT).await;
@@ -90,9 +102,33 @@ impl Replicas {
     }
 }
 
+/// The count to keep when a beat `seen` members, `before` was the count so far, and the beats
+/// have answered for `answering`. A higher count is believed at once (smaller shares: stricter);
+/// a lower one only after [`LIVE`] of answered beats. A Redis that restarted empty, or a failover
+/// to a replica that had not seen every beat, shows fewer members until every live replica has
+/// beaten again, and meanwhile the shares must not grow: they are still in use while the
+/// breaker waits to close (a restart test saw 32 answers of a limit of 30 admitted this way).
+fn believed(before: u64, seen: u64, answering: Duration) -> u64 {
+    if seen >= before || answering >= LIVE {
+        seen
+    } else {
+        before
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lower_count_waits_for_a_full_live_period_of_answered_beats() {
+        let short = LIVE / 2;
+        assert_eq!(believed(0, 3, Duration::ZERO), 3, "first count");
+        assert_eq!(believed(2, 3, Duration::ZERO), 3, "scale-up at once");
+        assert_eq!(believed(3, 1, Duration::ZERO), 3, "Redis restarted empty");
+        assert_eq!(believed(3, 1, short), 3);
+        assert_eq!(believed(3, 2, LIVE), 2, "scale-down once LIVE has passed");
+    }
 
     #[test]
     fn configured_wins_and_nothing_learnt_means_one() {
