@@ -1298,3 +1298,70 @@ async fn plain_commands_fail_as_the_scripts_do() {
     let counted: Option<String> = conn.get(&huge.key).unwrap();
     assert_eq!(counted, None, "hits beyond INCRBY were counted");
 }
+
+/// A failover to an older server (Redis 6.2, no `PEXPIRE .. NX`) and back, as a client sees it:
+/// the same address, another server, empty. On 6.2 the first plain decision's `PEXPIRE .. NX` is
+/// refused, its count stands, and the store decides with the lean script from then on; back on
+/// Redis 7 it asks the server again (every minute; here every 200 ms) and returns to the plain
+/// commands. Every answer stays exact: each server counts from 1, one per decision answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failover_to_an_older_redis_and_back_returns_to_plain_commands() {
+    use sluice::store::CounterStore;
+    let older = older_redis_server_binary();
+    let mut redis = RedisServer::start();
+    let store = store_on(&redis, None).await;
+    store.ask_servers_every(Duration::from_millis(200));
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let check = fixed_window_check("f", 1, 1_000_000, 3600, now);
+    // Decides once, retrying while the store meets the connections the restart broke; the count.
+    let decide = || async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match store.check(&[&check]).await {
+                Ok(outcomes) => return outcomes[0].used,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("while the server changes: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("no answer after the failover: {e}"),
+            }
+        }
+    };
+    for n in 1..=3 {
+        assert_eq!(decide().await, n);
+    }
+    assert_eq!(decision_commands(&redis), (3.0, 0.0), "plain commands on Redis 7");
+
+    redis.restart_as(&older);
+    for n in 1..=10 {
+        assert_eq!(decide().await, n, "on the older server");
+    }
+    // The first decision went as plain commands and was refused its `PEXPIRE .. NX`; the other
+    // nine were script calls (plus a `NOSCRIPT` or two: the new server had no scripts).
+    let scripts = command_calls(&redis, "evalsha");
+    assert!((9.0..=12.0).contains(&scripts), "{scripts} script calls");
+
+    redis.restart_as(&redis_server_binary());
+    let started = Instant::now();
+    let mut n = 0;
+    let mut plain_in_a_row = 0;
+    while plain_in_a_row < 5 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still on the lean script after {n} decisions on Redis 7"
+        );
+        let before = command_calls(&redis, "evalsha");
+        n += 1;
+        assert_eq!(decide().await, n, "back on Redis 7");
+        plain_in_a_row = if command_calls(&redis, "evalsha") == before {
+            plain_in_a_row + 1
+        } else {
+            0
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("plain commands again after {n} decisions, {:?}", started.elapsed());
+}

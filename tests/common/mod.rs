@@ -42,10 +42,19 @@ pub fn redis_server_binary() -> String {
     std::env::var("SLUICE_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_string())
 }
 
+/// A Redis older than 7.0 (no `PEXPIRE .. NX`): the binary `SLUICE_TEST_REDIS_OLDER` names,
+/// which scripts/test.sh sets to the matrix's Redis 6.2.
+pub fn older_redis_server_binary() -> String {
+    std::env::var("SLUICE_TEST_REDIS_OLDER")
+        .expect("SLUICE_TEST_REDIS_OLDER names a redis-server older than 7.0 (scripts/test.sh sets it)")
+}
+
 /// A `redis-server` of our own, without persistence.
 pub struct RedisServer {
     pub port: u16,
     child: Child,
+    /// The `redis-server` binary it runs ([`redis_server_binary`] unless restarted as another).
+    binary: String,
     dir: tempfile::TempDir,
     /// Extra server arguments (TLS, ACL users), `{port}` replaced by the port.
     server_args: Vec<String>,
@@ -66,6 +75,7 @@ impl RedisServer {
             let mut server = RedisServer {
                 port: free_port(),
                 child: Command::new("true").spawn().unwrap(),
+                binary: redis_server_binary(),
                 dir: tempfile::tempdir().unwrap(),
                 server_args: server_args.to_vec(),
                 cli_args: cli_args.to_vec(),
@@ -86,7 +96,7 @@ impl RedisServer {
         let _ = self.child.wait();
         let port = self.port.to_string();
         let tls = self.server_args.iter().any(|a| a == "--tls-port");
-        let binary = redis_server_binary();
+        let binary = self.binary.clone();
         let mut cmd = Command::new(&binary);
         cmd.args([
             "--port",
@@ -121,6 +131,13 @@ impl RedisServer {
         self.kill();
         self.spawn();
         assert!(self.wait_ready(), "redis-server did not come back");
+    }
+
+    /// Starts it again on the same port and directory as another server (`binary`), empty: a
+    /// failover to a server of another version, as clients see it.
+    pub fn restart_as(&mut self, binary: &str) {
+        self.binary = binary.to_string();
+        self.restart();
     }
 
     fn wait_ready(&mut self) -> bool {

@@ -14,7 +14,7 @@
 //!
 //! The script is loaded with `SCRIPT LOAD` at start-up and called by SHA1. Redis forgets scripts
 //! on restart, failover and `SCRIPT FLUSH`; a `NOSCRIPT` reply means the script did not run, so
-//! the store loads it again and retries once (`coalesce::send_on`), and the caller sees no
+//! the store loads them all again and resends, up to 3 times (`coalesce::send_on`), and the caller sees no
 //! error.
 
 //!
@@ -36,7 +36,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -50,6 +50,8 @@ pub use options::{RedisAuth, RedisOptions, Target, TlsFiles, redact_url};
 pub use script::TTL_REPAIR_PERIOD;
 
 use self::cluster::Cluster;
+use self::conn::Connection;
+use self::plain::{ExpireNx, ExpiryFailed, server_takes_expire_nx};
 use self::coalesce::Coalescer;
 use self::conn::{
     Manager, PoolSettings, checkout, connection_info, fail, host_port, load, new_pool, redis_error,
@@ -77,9 +79,10 @@ pub struct RedisStore {
     /// The cheapest [`DecisionPath`] calls may take (all of them, but for tests that compare
     /// the paths: [`RedisStore::use_path`]).
     fastest: AtomicU8,
-    /// Whether the server takes `PEXPIRE .. NX` (Redis 7.0 and later), which the plain path
-    /// needs: learnt when the scripts are loaded, unlearnt when a `PEXPIRE .. NX` is refused.
-    takes_expire_nx: AtomicBool,
+    /// Whether the servers take `PEXPIRE .. NX` (Redis 7.0 and later), which the plain path
+    /// needs: learnt when the scripts are loaded, unlearnt when a `PEXPIRE .. NX` is refused,
+    /// asked again every minute while unlearnt.
+    expire_nx: ExpireNx,
 }
 
 /// How a call whose checks are all plain fixed windows charged each (`script::fits_lean`) is
@@ -169,7 +172,7 @@ impl RedisStore {
             heard,
             options,
             fastest: AtomicU8::new(DecisionPath::PlainCommands as u8),
-            takes_expire_nx: AtomicBool::new(false),
+            expire_nx: ExpireNx::new(),
         })
     }
 
@@ -180,11 +183,18 @@ impl RedisStore {
         self.fastest.store(fastest as u8, Ordering::Relaxed);
     }
 
+    /// How often a store not using the plain commands asks the servers again whether they take
+    /// `PEXPIRE .. NX` ([`plain::ExpireNx::EVERY`]); for tests.
+    #[doc(hidden)]
+    pub fn ask_servers_every(&self, every: Duration) {
+        self.expire_nx.ask_every(every);
+    }
+
     /// Whether calls that fit it may take `path`: the tests' cap, and for the plain commands
     /// servers (every master of a cluster) that take `PEXPIRE .. NX`.
     fn may_take(&self, path: DecisionPath) -> bool {
         self.fastest.load(Ordering::Relaxed) >= path as u8
-            && (path != DecisionPath::PlainCommands || self.takes_expire_nx.load(Ordering::Relaxed))
+            && (path != DecisionPath::PlainCommands || self.expire_nx.takes())
     }
 
     /// The SHA1 of the lean decision script (`lua/fixed_window_lean.lua`), as `EVALSHA` names it;
@@ -246,36 +256,12 @@ impl RedisStore {
     /// Loads every script (on every master of a cluster); Redis must compute the SHA1s we call
     /// them by.
     async fn load_script(&self) -> Result<(), StoreError> {
-        let connections = match &self.connector {
-            Connector::Single(coalescer) => vec![checkout(coalescer.source()).await?],
-            Connector::Cluster(cluster) => {
-                cluster.refresh().await?;
-                let mut connections = Vec::new();
-                for node in cluster.masters() {
-                    connections.push(cluster.connection(&node).await?);
-                }
-                connections
-            }
-        };
         // The plain path needs Redis 7.0 on the server, or on every master of a cluster; a
         // failover to an older server is caught by the first refused `PEXPIRE .. NX` (see
         // [`RedisStore::run_plain`]).
         let mut takes_nx = true;
-        for mut conn in connections {
-            let info: Result<String, RedisError> = redis::cmd("INFO")
-                .arg("server")
-                .query_async(&mut conn.redis)
-                .await;
-            takes_nx &= match info {
-                Ok(info) => plain::takes_expire_nx(&info),
-                Err(e) if e.is_io_error() => return Err(fail(&conn, e)),
-                // INFO is in ACL's @dangerous, which a managed Redis may deny: the lean
-                // script works on every version.
-                Err(e) => {
-                    tracing::info!(error = %e, "INFO refused; deciding with the lean script");
-                    false
-                }
-            };
+        for mut conn in self.servers().await? {
+            takes_nx &= server_takes_expire_nx(&mut conn).await?;
             for script in script::all() {
                 let sha = load(&mut conn.redis, script)
                     .await
@@ -288,8 +274,39 @@ impl RedisStore {
                 }
             }
         }
-        self.takes_expire_nx.store(takes_nx, Ordering::Relaxed);
+        self.expire_nx.learnt(takes_nx);
         Ok(())
+    }
+
+    /// A connection to the server, or to each master of a cluster (the slot map refreshed).
+    async fn servers(&self) -> Result<Vec<Connection>, StoreError> {
+        match &self.connector {
+            Connector::Single(coalescer) => Ok(vec![checkout(coalescer.source()).await?]),
+            Connector::Cluster(cluster) => {
+                cluster.refresh().await?;
+                let mut connections = Vec::new();
+                for node in cluster.masters() {
+                    connections.push(cluster.connection(&node).await?);
+                }
+                Ok(connections)
+            }
+        }
+    }
+
+    /// Asks the servers again whether they all take `PEXPIRE .. NX` ([`ExpireNx::ask_due`]);
+    /// an error leaves things as they are until the next ask.
+    async fn ask_servers(&self) {
+        let answer = async {
+            let mut takes_nx = true;
+            for mut conn in self.servers().await? {
+                takes_nx &= server_takes_expire_nx(&mut conn).await?;
+            }
+            Ok::<_, StoreError>(takes_nx)
+        };
+        match answer.await {
+            Ok(takes_nx) => self.expire_nx.learnt(takes_nx),
+            Err(e) => tracing::debug!(error = %e, "could not ask redis whether it takes PEXPIRE NX"),
+        }
     }
 
     /// Runs `script` by SHA1 with the arguments `build` appends; every key is in `slot`.
@@ -360,9 +377,25 @@ impl RedisStore {
     /// master serves them; the other checks are each decided on their own, so one call per
     /// master answers exactly what one call per slot would.
     async fn run(&self, checks: &[&Check], charging: Charging) -> Result<Vec<Outcome>, StoreError> {
-        if self.may_take(DecisionPath::PlainCommands) && script::fits_lean(checks, charging) {
+        let plain = self.fastest.load(Ordering::Relaxed) >= DecisionPath::PlainCommands as u8
+            && script::fits_lean(checks, charging);
+        if plain && self.expire_nx.takes() {
             return self.run_plain(checks).await;
         }
+        if plain && self.expire_nx.ask_due() {
+            // Alongside this decision, which goes by script, so it waits for no extra round trip.
+            let (outcomes, ()) = futures::join!(self.run_scripts(checks, charging), self.ask_servers());
+            return outcomes;
+        }
+        self.run_scripts(checks, charging).await
+    }
+
+    /// [`RedisStore::run`] by script calls.
+    async fn run_scripts(
+        &self,
+        checks: &[&Check],
+        charging: Charging,
+    ) -> Result<Vec<Outcome>, StoreError> {
         let cluster = match &self.connector {
             Connector::Single(_) => return self.run_batch(0, checks, charging).await,
             Connector::Cluster(cluster) => cluster,
@@ -467,11 +500,13 @@ impl RedisStore {
             .pinned_now()
             .unwrap_or_else(|| crate::clock::SystemClock.now_micros());
         let counted = plain::read(&replies, checks, now_micros / 1000);
-        if let Some(refusal) = counted.expiry_refused
-            && self.takes_expire_nx.swap(false, Ordering::Relaxed)
-        {
+        match counted.expiry_failed {
             // The counts stand; keys left without a TTL get one from the lean script's repair.
-            tracing::warn!(%refusal, "redis refused PEXPIRE NX; deciding with the lean script");
+            Some(ExpiryFailed::Refused(refusal)) => self.expire_nx.refused(&refusal),
+            Some(ExpiryFailed::Other(error)) => {
+                tracing::debug!(%error, "PEXPIRE NX failed; the key's next decision sets its TTL");
+            }
+            None => {}
         }
         counted.outcomes
     }

@@ -25,9 +25,12 @@
 //! `INCRBY`s still ran, where the lean script stops at the failing one; either way the call is an
 //! error and its hits may have been counted.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
 use redis::{Cmd, Value};
 
-use super::conn::redis_error;
+use super::conn::{Connection, fail, redis_error};
 use super::script::fixed_window_ttl_ms;
 use crate::store::algorithms::fixed_window_outcome;
 use crate::store::{Check, Outcome, Rule, StoreError};
@@ -68,16 +71,28 @@ pub(super) struct Counted {
     /// Each check's outcome, or the first error reply of a count (`INCRBY`, `GET`) as the
     /// scripts' errors are mapped (`conn::redis_error`).
     pub outcomes: Result<Vec<Outcome>, StoreError>,
-    /// A `PEXPIRE .. NX` that Redis refused (a server older than 7.0, which has no `NX`): the
-    /// counts stand, but the store should go back to the lean script, which gives such keys
-    /// their TTL.
-    pub expiry_refused: Option<String>,
+    /// A `PEXPIRE .. NX` that failed; the counts stand either way.
+    pub expiry_failed: Option<ExpiryFailed>,
+}
+
+/// Why a `PEXPIRE .. NX` failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum ExpiryFailed {
+    /// Refused as a command it does not know in that form (`ERR`: a server older than 7.0, which
+    /// has no `NX`, says "wrong number of arguments"): the store should go back to the lean
+    /// script, which gives such keys their TTL ([`ExpireNx::refused`]).
+    Refused(String),
+    /// Any other error (`LOADING`, `READONLY` during a failover, a cluster's own errors that were
+    /// not redirections): nothing says the server lacks `NX`, and the key's next decision sends
+    /// `PEXPIRE .. NX` again, which gives it its TTL. Only a key never decided again is left
+    /// without one, as with upstream's `INCRBY` + `EXPIRE`.
+    Other(String),
 }
 
 /// Reads the replies to [`commands`] for `checks`: each count judged at `now_ms` on the service's
 /// clock. Replies of another shape are a [`StoreError::Protocol`], never a panic.
 pub(super) fn read(replies: &[Value], checks: &[&Check], now_ms: u64) -> Counted {
-    let mut expiry_refused = None;
+    let mut expiry_failed = None;
     let mut replies = replies.iter();
     let mut outcomes = Vec::with_capacity(checks.len());
     for check in checks {
@@ -85,11 +100,17 @@ pub(super) fn read(replies: &[Value], checks: &[&Check], now_ms: u64) -> Counted
         if check.hits > 0 {
             match replies.next() {
                 Some(Value::Int(_)) => {}
-                Some(Value::ServerError(e)) => expiry_refused = Some(format!("{e:?}")),
+                Some(Value::ServerError(e)) => {
+                    let text = format!("{e:?}");
+                    expiry_failed = Some(match e.code() {
+                        "ERR" => ExpiryFailed::Refused(text),
+                        _ => ExpiryFailed::Other(text),
+                    });
+                }
                 other => {
                     return Counted {
                         outcomes: Err(unexpected("PEXPIRE", other)),
-                        expiry_refused,
+                        expiry_failed,
                     };
                 }
             }
@@ -99,13 +120,13 @@ pub(super) fn read(replies: &[Value], checks: &[&Check], now_ms: u64) -> Counted
             Some(Err(e)) => {
                 return Counted {
                     outcomes: Err(e),
-                    expiry_refused,
+                    expiry_failed,
                 };
             }
             None => {
                 return Counted {
                     outcomes: Err(unexpected("a count", None)),
-                    expiry_refused,
+                    expiry_failed,
                 };
             }
         };
@@ -117,7 +138,7 @@ pub(super) fn read(replies: &[Value], checks: &[&Check], now_ms: u64) -> Counted
     };
     Counted {
         outcomes,
-        expiry_refused,
+        expiry_failed,
     }
 }
 
@@ -163,13 +184,129 @@ fn unexpected(wanted: &str, got: Option<&Value>) -> StoreError {
     StoreError::Protocol(format!("expected {wanted}, got {got:?}"))
 }
 
+/// Whether the servers (every master of a cluster) take `PEXPIRE .. NX`, which the plain path
+/// needs. Learnt from `INFO server` when the scripts are loaded ([`takes_expire_nx`]); unlearnt
+/// when a server refuses it ([`ExpiryFailed::Refused`]: a failover to an older server); and
+/// while unlearnt, asked again every `every` ([`ExpireNx::ask_due`]), so that neither a transient
+/// answer nor a failover back keeps a store that could use plain commands on the lean script.
+#[derive(Debug)]
+pub(super) struct ExpireNx {
+    takes: AtomicBool,
+    /// When the servers may next be asked, in milliseconds since `epoch`.
+    next_ask_ms: AtomicU64,
+    every_ms: AtomicU64,
+    epoch: Instant,
+}
+
+impl ExpireNx {
+    /// How often a store not using plain commands asks the servers again: one `INFO` per master
+    /// a minute costs nothing, and a failover back is noticed within a minute.
+    pub(super) const EVERY: Duration = Duration::from_secs(60);
+
+    /// Not known yet: no plain commands until the servers have been asked.
+    pub(super) fn new() -> Self {
+        Self {
+            takes: AtomicBool::new(false),
+            next_ask_ms: AtomicU64::new(0),
+            every_ms: AtomicU64::new(Self::EVERY.as_millis() as u64),
+            epoch: Instant::now(),
+        }
+    }
+
+    pub(super) fn takes(&self) -> bool {
+        self.takes.load(Ordering::Relaxed)
+    }
+
+    /// What the servers said (`true`: every one takes it); the next ask is `every` from now.
+    pub(super) fn learnt(&self, takes: bool) {
+        self.next_ask_ms
+            .store(self.now_ms() + self.every_ms.load(Ordering::Relaxed), Ordering::Relaxed);
+        if self.takes.swap(takes, Ordering::Relaxed) != takes {
+            tracing::info!(
+                plain_commands = takes,
+                "redis {} PEXPIRE NX: fixed windows decided with {}",
+                if takes { "takes" } else { "does not take" },
+                if takes { "plain commands" } else { "the lean script" },
+            );
+        }
+    }
+
+    /// A server refused `PEXPIRE .. NX` (`refusal`, for the log).
+    pub(super) fn refused(&self, refusal: &str) {
+        if self.takes() {
+            tracing::warn!(%refusal, "redis refused PEXPIRE NX");
+        }
+        self.learnt(false);
+    }
+
+    /// Whether the caller should ask the servers now: true for one caller once `every` has
+    /// passed since the last answer while plain commands are off.
+    pub(super) fn ask_due(&self) -> bool {
+        if self.takes() {
+            return false;
+        }
+        let now = self.now_ms();
+        let due = self.next_ask_ms.load(Ordering::Relaxed);
+        now >= due
+            && self
+                .next_ask_ms
+                .compare_exchange(
+                    due,
+                    now + self.every_ms.load(Ordering::Relaxed),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    /// Asks more or less often than [`ExpireNx::EVERY`] (tests).
+    pub(super) fn ask_every(&self, every: Duration) {
+        self.every_ms.store(every.as_millis() as u64, Ordering::Relaxed);
+        self.next_ask_ms.store(self.now_ms() + every.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+}
+
+/// Asks the server behind `conn` whether it takes `PEXPIRE .. NX` (`INFO server`); a refused
+/// `INFO` (it is in ACL's `@dangerous`, which a managed Redis may deny) means no, as the lean
+/// script works on every version. Says in the log why a server does not.
+pub(super) async fn server_takes_expire_nx(conn: &mut Connection) -> Result<bool, StoreError> {
+    let info: Result<String, redis::RedisError> = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn.redis)
+        .await;
+    match info {
+        Ok(info) => {
+            let takes = takes_expire_nx(&info);
+            if !takes {
+                let version = redis_version(&info).unwrap_or("unknown");
+                tracing::info!(version, "redis older than 7.0 has no PEXPIRE NX");
+            }
+            Ok(takes)
+        }
+        Err(e) if e.is_io_error() => Err(fail(conn, e)),
+        Err(e) => {
+            tracing::info!(error = %e, "INFO refused; taken as no PEXPIRE NX");
+            Ok(false)
+        }
+    }
+}
+
 /// Whether the server that sent this `INFO server` text takes `PEXPIRE .. NX` (Redis 7.0 and
 /// later; Valkey reports a `redis_version` too). Unknown means no: the lean script works on all.
 pub(super) fn takes_expire_nx(info: &str) -> bool {
-    info.lines()
-        .find_map(|line| line.trim().strip_prefix("redis_version:"))
+    redis_version(info)
         .and_then(|version| version.split('.').next()?.parse::<u32>().ok())
         .is_some_and(|major| major >= 7)
+}
+
+/// The `redis_version` an `INFO server` text names (Valkey names one too).
+fn redis_version(info: &str) -> Option<&str> {
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix("redis_version:"))
 }
 
 #[cfg(test)]
@@ -225,7 +362,7 @@ mod tests {
         // 100.5 s: 19.5 s before the window ends.
         let replies = [Value::Int(12), Value::Int(0), Value::Nil];
         let counted = read(&replies, &[&a, &look], 100_500);
-        assert!(counted.expiry_refused.is_none());
+        assert!(counted.expiry_failed.is_none());
         assert_eq!(
             counted.outcomes.unwrap(),
             [
@@ -266,8 +403,32 @@ mod tests {
         }
         // An older server refusing NX: the count stands, the store is told.
         let refused = read(&[Value::Int(3), error("ERR")], &[&a], 0);
-        assert!(refused.expiry_refused.is_some());
+        assert!(matches!(refused.expiry_failed, Some(ExpiryFailed::Refused(_))));
         assert_eq!(refused.outcomes.unwrap()[0].used, 3);
+        // Any other error says nothing about the server's version.
+        for code in ["LOADING", "READONLY", "CLUSTERDOWN", "OOM", "BUSY"] {
+            let failed = read(&[Value::Int(3), error(code)], &[&a], 0);
+            assert!(matches!(failed.expiry_failed, Some(ExpiryFailed::Other(_))), "{code}");
+            assert_eq!(failed.outcomes.unwrap()[0].used, 3);
+        }
+    }
+
+    #[test]
+    fn a_refusal_turns_plain_commands_off_until_the_servers_are_asked_again() {
+        let nx = ExpireNx::new();
+        assert!(!nx.takes());
+        nx.learnt(true);
+        assert!(nx.takes());
+        assert!(!nx.ask_due(), "nothing to ask while plain commands are on");
+        nx.ask_every(Duration::from_millis(50));
+        nx.refused("ERR wrong number of arguments for 'pexpire' command");
+        assert!(!nx.takes());
+        assert!(!nx.ask_due(), "asked again only after the period");
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(nx.ask_due());
+        assert!(!nx.ask_due(), "one caller asks");
+        nx.learnt(true);
+        assert!(nx.takes());
     }
 
     #[test]
