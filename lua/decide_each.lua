@@ -7,10 +7,14 @@
 -- algorithm names or unused arguments; decide.lua, which has the trial pass, takes the rest.
 --
 -- ARGV[1] is empty in production, and Redis's clock (TIME) is used; tests that pin time put
--- microseconds there. Then follow the checks, ALGORITHM_ARGS + 2 arguments each: the hits, the
--- algorithm's own arguments, and '1' when refused hits are to be charged too (record_refused_hits)
--- or ''. Check i uses KEYS[i]. The reply is decide.lua's: four integers per check, admitted
--- (0/1), remaining, reset in milliseconds, and what the algorithm counts as used.
+-- microseconds there. ARGV[2] is empty for one caller's call; for several callers' calls merged
+-- into one (src/store/redis/merge.rs) it lists how many checks each has, in order ('2,1,3').
+-- Then follow the checks, ALGORITHM_ARGS + 2 arguments each: the hits, the algorithm's own
+-- arguments, and '1' when refused hits are to be charged too (record_refused_hits) or ''. Check
+-- i uses KEYS[i]. The reply to one call is decide.lua's: four integers per check, admitted (0/1),
+-- remaining, reset in milliseconds, and what the algorithm counts as used. The reply to merged
+-- calls has one entry per call: that reply, or the error that ended the call, so each caller
+-- gets what its call alone would have got.
 
 -- Needed on Redis 3.2-4.x to write after reading TIME; a no-op from Redis 5 on.
 if redis.replicate_commands then redis.replicate_commands() end
@@ -20,16 +24,50 @@ local REPLY_PER_CHECK = 4
 
 local args_per_check = ALGORITHM_ARGS + 2
 local now_us = script_now()
-local reply = {}
-for check = 1, #KEYS do
-  local at = 2 + (check - 1) * args_per_check
-  local last = at + ALGORITHM_ARGS
-  -- Every algorithm but the fixed window takes (key, now_us, hits, record, its arguments...):
-  -- see dispatch.lua.
-  local admitted, remaining, reset, used = decide_one(KEYS[check], now_us, ARGV[at],
-    ARGV[last + 1] == '1', unpack(ARGV, at + 1, last))
-  local base = (check - 1) * REPLY_PER_CHECK
-  reply[base + 1], reply[base + 2], reply[base + 3], reply[base + 4] = admitted, remaining, reset,
-    used
+
+-- Decides checks first..last: their reply, as one call of them gets it.
+local function decide_checks(first, last)
+  local reply = {}
+  for check = first, last do
+    local at = 3 + (check - 1) * args_per_check
+    local final = at + ALGORITHM_ARGS
+    -- Every algorithm but the fixed window takes (key, now_us, hits, record, its arguments...):
+    -- see dispatch.lua.
+    local admitted, remaining, reset, used = decide_one(KEYS[check], now_us, ARGV[at],
+      ARGV[final + 1] == '1', unpack(ARGV, at + 1, final))
+    local base = (check - first) * REPLY_PER_CHECK
+    reply[base + 1], reply[base + 2], reply[base + 3], reply[base + 4] = admitted, remaining,
+      reset, used
+  end
+  return reply
 end
-return reply
+
+if ARGV[2] == '' then
+  return decide_checks(1, #KEYS)
+end
+
+-- The text of an error that ended a merged call, as the error reply a call of its own would have
+-- ended with: Redis 7 raises redis.call's errors as tables, 6.2 as strings that start with the
+-- error code; Lua's own errors have no code and get ERR, as Redis gives them.
+local function error_text(e)
+  if type(e) == 'table' then
+    e = e.err or 'ERR an error without text'
+  end
+  e = tostring(e)
+  if not string.find(e, '^[A-Z]+ ') then
+    e = 'ERR ' .. e
+  end
+  return e
+end
+
+local replies, first = {}, 1
+for checks in string.gmatch(ARGV[2], '%d+') do
+  local last = first + tonumber(checks) - 1
+  local ok, reply = pcall(decide_checks, first, last)
+  if not ok then
+    reply = { err = error_text(reply) }
+  end
+  replies[#replies + 1] = reply
+  first = last + 1
+end
+return replies

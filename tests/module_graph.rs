@@ -211,7 +211,7 @@ fn only_cli_and_app_read_the_settings() {
 /// none imports `mod.rs`, which assembles them. A new file must be placed here.
 const REDIS_LAYERS: &[&[&str]] = &[
     &["options", "slot", "script"],
-    &["wire"],
+    &["wire", "merge"],
     &["conn"],
     &["coalesce", "plain"],
     &["cluster"],

@@ -1365,3 +1365,170 @@ async fn a_failover_to_an_older_redis_and_back_returns_to_plain_commands() {
     }
     eprintln!("plain commands again after {n} decisions, {:?}", started.elapsed());
 }
+
+/// Concurrent calls of one algorithm's lean script leave as one merged call
+/// (src/store/redis/merge.rs), and still decide as calls alone. With time pinned, 32 callers each
+/// deciding keys of their own (every algorithm, 1–3 checks a call, hits from 0 to 2^40), and one
+/// caller whose key holds a list, call concurrently on one store, a round at a time; the same
+/// calls made one at a time on another store (never merged) give each caller the same answers
+/// and errors, and leave the same state. Fewer script calls than decisions reached Redis. Then
+/// all callers share one key of each algorithm: a limit of 50 admits exactly 50.
+#[tokio::test(flavor = "multi_thread")]
+async fn merged_calls_decide_as_calls_alone() {
+    use sluice::store::{CounterStore, StoreError};
+    use std::sync::Arc;
+    const CALLERS: u64 = 32;
+    const ROUNDS: u64 = 12;
+    const SECOND: u64 = 1_000_000;
+    let redis = RedisServer::start();
+    let clock = Arc::new(sluice::clock::ManualClock::new(1_700_000_000_300_000));
+    let merged = Arc::new(pinned_store(&redis, clock.clone()).await);
+    let alone = pinned_store(&redis, clock.clone()).await;
+    let rule = |algorithm: u64, limit: u64, window: u64| match algorithm {
+        0 => Rule::SlidingWindowLog { limit, window },
+        1 => Rule::SlidingWindowCounter { limit, window },
+        2 => Rule::Gcra {
+            interval: window / limit,
+            burst: limit,
+        },
+        _ => Rule::WarmUp {
+            permits_per_window: limit,
+            window,
+            warmup: window / 2,
+            cold_factor: 3.0,
+        },
+    };
+    // Caller c's call in round r: keys of its own, its algorithm c % 4; caller CALLERS decides a
+    // key that holds a list.
+    let calls_of = |prefix: &str, caller: u64, round: u64| -> Vec<Check> {
+        let mut rng = (caller + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (round + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        if caller == CALLERS {
+            return vec![Check {
+                key: format!("{prefix}list"),
+                hits: 1,
+                rule: rule(2, 3, 10 * SECOND),
+                record_refused: false,
+                group: None,
+            }];
+        }
+        (0..1 + next(3))
+            .map(|_| Check {
+                key: format!("{prefix}{caller}_{}", next(2)),
+                hits: [0, 1, 1, 1, 2, 5, 60, 1 << 40][next(8) as usize],
+                rule: rule(caller % 4, 3, 10 * SECOND),
+                record_refused: next(2) == 1,
+                group: None,
+            })
+            .collect()
+    };
+    let mut conn = redis.connection();
+    for prefix in ["m:", "a:"] {
+        let _: () = conn.rpush(format!("{prefix}list"), "x").unwrap();
+    }
+    type Answers = Vec<Vec<Result<Vec<sluice::store::Outcome>, String>>>;
+    let (mut merged_answers, mut alone_answers): (Answers, Answers) = (
+        vec![Vec::new(); CALLERS as usize + 1],
+        vec![Vec::new(); CALLERS as usize + 1],
+    );
+    let judge = |result: Result<Vec<sluice::store::Outcome>, StoreError>| {
+        result.map_err(|e| match e {
+            StoreError::Script(text) if text.contains("WRONGTYPE") => "WRONGTYPE".to_string(),
+            other => format!("{other:?}"),
+        })
+    };
+    let scripts_before = command_calls(&redis, "evalsha");
+    let mut decisions = 0;
+    for round in 0..ROUNDS {
+        let tasks: Vec<_> = (0..=CALLERS)
+            .map(|caller| {
+                let checks = calls_of("m:", caller, round);
+                let store = merged.clone();
+                tokio::spawn(async move {
+                    let refs: Vec<&Check> = checks.iter().collect();
+                    store.check(&refs).await
+                })
+            })
+            .collect();
+        for (caller, task) in tasks.into_iter().enumerate() {
+            merged_answers[caller].push(judge(task.await.unwrap()));
+            decisions += 1;
+        }
+        for caller in 0..=CALLERS {
+            let checks = calls_of("a:", caller, round);
+            let refs: Vec<&Check> = checks.iter().collect();
+            alone_answers[caller as usize].push(judge(alone.check(&refs).await));
+        }
+        clock.advance_micros(700_000);
+    }
+    // The lone store's calls were one script call each.
+    let scripts = command_calls(&redis, "evalsha") - scripts_before - decisions as f64;
+    eprintln!("{decisions} concurrent decisions in {scripts} script calls");
+    assert!(scripts < decisions as f64, "no call was merged");
+    for caller in 0..=CALLERS as usize {
+        assert_eq!(
+            merged_answers[caller], alone_answers[caller],
+            "caller {caller}"
+        );
+    }
+    assert!(
+        merged_answers[CALLERS as usize]
+            .iter()
+            .all(|a| a.as_ref().is_err_and(|e| e == "WRONGTYPE")),
+        "{:?}",
+        merged_answers[CALLERS as usize]
+    );
+    let outcomes: Vec<bool> = merged_answers[..CALLERS as usize]
+        .iter()
+        .flatten()
+        .flat_map(|a| a.as_ref().unwrap().iter().map(|o| o.admitted))
+        .collect();
+    assert!(outcomes.iter().any(|a| *a) && outcomes.iter().any(|a| !*a));
+    let state = |prefix: &str| -> Vec<(String, Vec<u8>)> {
+        let mut conn = redis.connection();
+        let mut keys: Vec<String> = conn.keys(format!("{prefix}*")).unwrap();
+        keys.sort();
+        keys.into_iter()
+            .map(|key| {
+                let dump: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut conn).unwrap();
+                (key[prefix.len()..].to_string(), dump)
+            })
+            .collect()
+    };
+    let merged_state = state("m:");
+    assert!(merged_state.len() > CALLERS as usize, "{merged_state:?}");
+    assert_eq!(merged_state, state("a:"));
+
+    // One key per algorithm that every caller hits: exactly the limit is admitted.
+    for algorithm in 0..4 {
+        let tasks: Vec<_> = (0..CALLERS * 4)
+            .map(|_| {
+                let store = merged.clone();
+                let check = Check {
+                    key: format!("shared_{algorithm}"),
+                    hits: 1,
+                    rule: rule(algorithm, 50, 3600 * SECOND),
+                    record_refused: false,
+                    group: None,
+                };
+                tokio::spawn(async move { store.check(&[&check]).await.unwrap()[0].admitted })
+            })
+            .collect();
+        let mut admitted = 0;
+        for task in tasks {
+            admitted += u64::from(task.await.unwrap());
+        }
+        // The warm-up starts cold: it admits fewer than its full rate, and never more.
+        if algorithm == 3 {
+            assert!((1..=50).contains(&admitted), "warm-up admitted {admitted}");
+        } else {
+            assert_eq!(admitted, 50, "algorithm {algorithm}");
+        }
+    }
+}

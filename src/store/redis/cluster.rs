@@ -121,11 +121,13 @@ impl Cluster {
         if let Some(found) = nodes.get(node) {
             return Ok(found.clone());
         }
-        let created = Arc::new(Coalescer::new(Node {
+        // Not merging: one call's declared keys must share a slot.
+        let source = Node {
             name: node.to_string(),
             pool: new_pool(self.node_info(node)?, &self.pools),
             down_until: Mutex::new(None),
-        }));
+        };
+        let created = Arc::new(Coalescer::new(source, false));
         nodes.insert(node.to_string(), created.clone());
         Ok(created)
     }

@@ -14,6 +14,9 @@
 //! belongs to its own command. A call is usually one command (a script call); a decision made of
 //! plain commands (`plain.rs`: `INCRBY` and `PEXPIRE` per check) is one call of several, which
 //! stay together in the batch's write and come back as that call's replies, in order.
+//!
+//! On one server, a batch's calls of one algorithm's lean script then go as one call
+//! (`merge.rs`), which replies to each as its call alone would have been answered.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -24,6 +27,7 @@ use redis::{Cmd, Pipeline, RedisError, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use super::conn::{Connection, Manager, checkout, fail, retire_if_broken};
+use super::merge;
 use super::script;
 use super::wire::Watch;
 use crate::store::StoreError;
@@ -44,7 +48,7 @@ impl Connect for bb8::Pool<Manager> {
 
 /// Why a call has no reply. The difference matters to a cluster, which may send a call that was
 /// never sent to another node, but must not resend one that may have run.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) enum CallError {
     /// No connection could be had: the command was not sent.
     NotSent(StoreError),
@@ -69,6 +73,9 @@ pub(super) struct Coalescer<C: Connect> {
     in_flight: AtomicUsize,
     /// Calls and pipelines sent so far, for [`PipelineCounts`].
     counts: Arc<Counts>,
+    /// Whether a batch's calls of one lean script go as one call (`merge.rs`): on one server,
+    /// not on a cluster node.
+    merging: bool,
 }
 
 /// How deep the pipelines are: calls sent (a script call, or one decision's plain commands),
@@ -110,12 +117,14 @@ struct Call {
 }
 
 impl<C: Connect> Coalescer<C> {
-    pub(super) fn new(source: C) -> Self {
+    /// The batcher of `source`'s connections; `merging` as [`Coalescer::merging`] says.
+    pub(super) fn new(source: C, merging: bool) -> Self {
         Self {
             source: Arc::new(source),
             queue: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             counts: Arc::default(),
+            merging,
         }
     }
 
@@ -157,7 +166,12 @@ impl<C: Connect> Coalescer<C> {
         }
         let queue = self.queue.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
-            tokio::spawn(batcher(self.source.clone(), self.counts.clone(), receiver));
+            let batches = Batches {
+                source: self.source.clone(),
+                counts: self.counts.clone(),
+                merging: self.merging,
+            };
+            tokio::spawn(batcher(batches, receiver));
             sender
         });
         let (reply, answer) = oneshot::channel();
@@ -178,12 +192,15 @@ impl<C: Connect> Coalescer<C> {
     }
 }
 
-/// Gathers queued calls into batches until every sender is gone (the store was dropped).
-async fn batcher<C: Connect>(
+/// What the batcher task needs of its [`Coalescer`].
+struct Batches<C> {
     source: Arc<C>,
     counts: Arc<Counts>,
-    mut queue: mpsc::UnboundedReceiver<Call>,
-) {
+    merging: bool,
+}
+
+/// Gathers queued calls into batches until every sender is gone (the store was dropped).
+async fn batcher<C: Connect>(batches: Batches<C>, mut queue: mpsc::UnboundedReceiver<Call>) {
     while let Some(first) = queue.recv().await {
         // Requests woken together run before this task does again; their commands join the batch.
         tokio::task::yield_now().await;
@@ -195,33 +212,64 @@ async fn batcher<C: Connect>(
                 Err(_) => break,
             }
         }
-        counts.sent(batch.len());
+        batches.counts.sent(batch.len());
         // Sent from its own task so that a slow reply (or connect) never holds up the next batch.
-        tokio::spawn(send(source.clone(), batch));
+        tokio::spawn(send(batches.source.clone(), batch, batches.merging));
     }
 }
 
-/// Sends one batch as a pipeline and hands each caller its replies.
-async fn send<C: Connect>(source: Arc<C>, batch: Vec<Call>) {
+/// Sends one batch as a pipeline and hands each caller its replies; with `merging`, the calls
+/// [`merge::plan`] groups go as one command each.
+async fn send<C: Connect>(source: Arc<C>, batch: Vec<Call>, merging: bool) {
+    let groups = if merging {
+        let calls: Vec<&[Cmd]> = batch.iter().map(|call| call.cmds.as_slice()).collect();
+        merge::plan(&calls)
+    } else {
+        (0..batch.len()).map(|index| vec![index]).collect()
+    };
     let commands = batch.iter().map(|call| call.cmds.len()).sum();
     let mut pipe = Pipeline::with_capacity(commands);
-    // Each caller and how many of the pipeline's replies are its.
-    let mut replies = Vec::with_capacity(batch.len());
     let mut watches = Vec::new();
+    // Each caller's reply sender and how many commands it sent.
+    let mut callers = Vec::with_capacity(batch.len());
+    let mut cmds = Vec::with_capacity(batch.len());
     for call in batch {
-        replies.push((call.reply, call.cmds.len()));
-        for cmd in call.cmds {
-            pipe.add_command(cmd);
-        }
+        callers.push(Some((call.reply, call.cmds.len())));
+        cmds.push(call.cmds);
         watches.extend(call.watch);
     }
+    for group in &groups {
+        if let [index] = group[..] {
+            for cmd in std::mem::take(&mut cmds[index]) {
+                pipe.add_command(cmd);
+            }
+        } else {
+            let merged: Vec<&Cmd> = group.iter().map(|&i| &cmds[i][0]).collect();
+            pipe.add_command(merge::merge(&merged));
+        }
+    }
+    drop(cmds);
     let mut answers = exchange(&*source, &pipe, &watches).await.into_iter();
-    for (reply, commands) in replies {
-        // Taken whole before judging, so an error cannot leave this call's replies to the next.
-        let mine: Vec<_> = answers.by_ref().take(commands).collect();
-        let answer: Result<Vec<Value>, CallError> = mine.into_iter().collect();
-        // A caller that gave up (deadline) has dropped its receiver; its answer is discarded.
-        let _ = reply.send(answer);
+    for group in groups {
+        let mut take = |index: usize| callers[index].take().expect("each call in one group");
+        if let [index] = group[..] {
+            let (reply, commands) = take(index);
+            // Taken whole before judging, so an error cannot leave this call's replies to the
+            // next.
+            let mine: Vec<_> = answers.by_ref().take(commands).collect();
+            // A caller that gave up (deadline) has dropped its receiver; its answer is discarded.
+            let _ = reply.send(mine.into_iter().collect());
+            continue;
+        }
+        let answer = answers.next().expect("one answer per command");
+        let mut replies: Box<dyn Iterator<Item = Result<Value, CallError>> + Send> = match answer {
+            Ok(value) => Box::new(merge::split(value, group.len()).into_iter().map(Ok)),
+            Err(e) => Box::new(std::iter::repeat(Err(e))),
+        };
+        for index in group {
+            let reply = replies.next().expect("one reply per merged call");
+            let _ = take(index).0.send(reply.map(|value| vec![value]));
+        }
     }
 }
 

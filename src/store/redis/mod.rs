@@ -6,26 +6,29 @@
 //! script. A request whose checks all use one other algorithm takes that algorithm's lean script.
 //!
 //! Connections come from a `bb8` pool of Sluice's own pipelined connections (`wire.rs`: callers
-//! write to the socket, one reader task hands out the replies in order). Script calls go
-//! through `coalesce.rs`, which sends the calls of concurrent requests as one pipeline on one
-//! pooled connection (checked out, cloned and returned at once). A failed call sets a flag on
-//! its connection ([`Manager`]), and so does a connection that stopped answering; the pool then
-//! replaces it on its next checkout, without a PING per request.
+//! write to the socket, one reader task hands out the replies in order). Script calls go through
+//! `coalesce.rs`, which sends the calls of concurrent requests as one pipeline on one pooled
+//! connection (checked out, cloned and returned at once), the calls of one algorithm's lean script
+//! among them as one call (`merge.rs`). A failed call sets a flag on its connection ([`Manager`]),
+//! and so does a connection that stopped answering; the pool then replaces it on its next
+//! checkout, without a PING per request.
 //!
-//! The script is loaded with `SCRIPT LOAD` at start-up and called by SHA1. Redis forgets scripts
+//! The scripts are loaded with `SCRIPT LOAD` at start-up and called by SHA1. Redis forgets scripts
 //! on restart, failover and `SCRIPT FLUSH`; a `NOSCRIPT` reply means the script did not run, so
-//! the store loads them all again and resends, up to 3 times (`coalesce::send_on`), and the caller sees no
-//! error.
-
+//! the store loads them all again and resends, up to 3 times (`coalesce::send_on`), and the caller
+//! sees no error.
 //!
-//! Its parts import in one direction: `options`, `slot` and `script` are leaves; `wire` (one
-//! connection) ← `conn` (pools, connection settings, errors) ← `coalesce` (one pipelined write for concurrent calls) ← `cluster` (the
-//! slot map and a pool and batcher per master) ← this module (the [`Store`] implementation);
-//! `plain` (the common decision in plain commands) takes from `conn` and `script`.
+//! Its parts import in one direction: `options`, `slot` and `script` are leaves; `merge` (one
+//! call for several of a lean script) takes from `script`; `wire` (one connection) ← `conn`
+//! (pools, connection settings, errors) ← `coalesce` (one pipelined write for concurrent calls) ←
+//! `cluster` (the slot map and a pool and batcher per master) ← this module (the [`Store`]
+//! implementation); `plain` (the common decision in plain commands) takes from `conn` and
+//! `script`.
 
 mod cluster;
 mod coalesce;
 mod conn;
+mod merge;
 mod options;
 mod plain;
 mod script;
@@ -46,7 +49,7 @@ use crate::clock::Clock;
 
 pub use coalesce::PipelineCounts;
 pub use conn::ConnectionCounts;
-pub use options::{RedisAuth, RedisOptions, Target, TlsFiles, redact_url};
+pub use options::{RedisAuth, RedisOptions, StartupRetry, Target, TlsFiles, redact_url};
 pub use script::TTL_REPAIR_PERIOD;
 
 use self::cluster::Cluster;
@@ -150,12 +153,13 @@ impl RedisStore {
             ..pools.clone()
         };
         let connector = match &options.target {
-            Target::Single(url) => Connector::Single(Coalescer::new(new_pool(
-                connection_info(url, &options)?,
-                &pools,
-            ))),
+            Target::Single(url) => Connector::Single(Coalescer::new(
+                new_pool(connection_info(url, &options)?, &pools),
+                true,
+            )),
             Target::Sentinel { master, sentinels } => Connector::Single(Coalescer::new(
                 sentinel_pool(master, sentinels, &options, &slow_connect)?,
+                true,
             )),
             Target::Cluster(nodes) => {
                 let template = connection_info(&nodes[0], &options)?;
@@ -228,7 +232,7 @@ impl RedisStore {
             match self.load_script().await {
                 Ok(()) => return Ok(()),
                 Err(e) => {
-                    let delay = randomized(interval);
+                    let delay = options::randomized(interval);
                     if retry
                         .max_elapsed
                         .is_some_and(|max| started.elapsed() + delay > max)
@@ -237,7 +241,7 @@ impl RedisStore {
                     }
                     tracing::warn!(error = %e, retry_in = ?delay, "redis is not ready");
                     tokio::time::sleep(delay).await;
-                    interval = interval.mul_f64(RETRY_MULTIPLIER).min(retry.max_interval);
+                    interval = retry.grown(interval);
                 }
             }
         }
@@ -565,48 +569,10 @@ impl RedisStore {
     }
 }
 
-/// How start-up retries a Redis that is not ready: upstream's exponential backoff
-/// (`REDIS_STARTUP_INITIAL_INTERVAL`, `REDIS_STARTUP_MAX_INTERVAL`,
-/// `REDIS_STARTUP_MAX_ELAPSED_TIME`), each wait drawn within ±50% of the current interval, which
-/// grows 1.5× per attempt, as its backoff library does by default.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StartupRetry {
-    pub initial: Duration,
-    pub max_interval: Duration,
-    /// Give up after this long; `None` retries forever (upstream's 0).
-    pub max_elapsed: Option<Duration>,
-}
-
-impl StartupRetry {
-    /// Upstream's defaults: 1 s, growing to 30 s, forever.
-    pub const UPSTREAM: StartupRetry = StartupRetry {
-        initial: Duration::from_secs(1),
-        max_interval: Duration::from_secs(30),
-        max_elapsed: None,
-    };
-
-    /// Upstream's schedule, giving up after `max_elapsed` (`None`: never).
-    pub fn within(max_elapsed: Option<Duration>) -> Self {
-        Self {
-            max_elapsed,
-            ..Self::UPSTREAM
-        }
-    }
-}
-
-/// How much each retry interval grows.
-const RETRY_MULTIPLIER: f64 = 1.5;
-
 /// How long the breaker's own probe may take: a Redis that cannot load a script within a
 /// second is not back yet, and a probe held longer would keep the breaker half-open (every
 /// call refused) after Redis had recovered.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// `interval` moved by up to half of itself either way, so replicas that lost Redis together
-/// do not retry in step.
-fn randomized(interval: Duration) -> Duration {
-    interval.mul_f64(rand::rng().random_range(0.5..=1.5))
-}
 
 /// A script's reply as the caller's type.
 fn parse<T: redis::FromRedisValue>(value: Value) -> Result<T, StoreError> {

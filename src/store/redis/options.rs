@@ -1,5 +1,5 @@
 //! What a Redis store is told at start-up: where Redis is (standalone, Sentinel, Cluster), how to
-//! authenticate, TLS files, pool size and deadline. `Debug` never shows credentials, and
+//! authenticate, TLS files, pool size and deadline, and how to retry a Redis not ready yet. `Debug` never shows credentials, and
 //! [`redact_url`] strips them from URLs for logs.
 
 use std::fmt;
@@ -152,4 +152,45 @@ pub fn redact_url(url: &str) -> String {
         }
         None => url.to_string(),
     }
+}
+
+/// How start-up retries a Redis that is not ready: upstream's exponential backoff
+/// (`REDIS_STARTUP_INITIAL_INTERVAL`, `REDIS_STARTUP_MAX_INTERVAL`,
+/// `REDIS_STARTUP_MAX_ELAPSED_TIME`), each wait drawn within ±50% of the current interval, which
+/// grows 1.5× per attempt, as its backoff library does by default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartupRetry {
+    pub initial: Duration,
+    pub max_interval: Duration,
+    /// Give up after this long; `None` retries forever (upstream's 0).
+    pub max_elapsed: Option<Duration>,
+}
+
+impl StartupRetry {
+    /// Upstream's defaults: 1 s, growing to 30 s, forever.
+    pub const UPSTREAM: StartupRetry = StartupRetry {
+        initial: Duration::from_secs(1),
+        max_interval: Duration::from_secs(30),
+        max_elapsed: None,
+    };
+
+    /// The interval after `interval`: 1.5× longer, up to `max_interval`.
+    pub(super) fn grown(&self, interval: Duration) -> Duration {
+        interval.mul_f64(1.5).min(self.max_interval)
+    }
+
+    /// Upstream's schedule, giving up after `max_elapsed` (`None`: never).
+    pub fn within(max_elapsed: Option<Duration>) -> Self {
+        Self {
+            max_elapsed,
+            ..Self::UPSTREAM
+        }
+    }
+}
+
+/// `interval` moved by up to half of itself either way, so replicas that lost Redis together
+/// do not retry in step.
+pub(super) fn randomized(interval: Duration) -> Duration {
+    use rand::Rng;
+    interval.mul_f64(rand::rng().random_range(0.5..=1.5))
 }

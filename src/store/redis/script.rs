@@ -294,6 +294,12 @@ pub(super) static EACH: LazyLock<Vec<EachScript>> = LazyLock::new(|| {
         .collect()
 });
 
+/// Whether `sha` names a lean script that takes several callers' calls merged into one
+/// (`merge.rs`): one of [`EACH`], with its keys declared.
+pub(super) fn merges(sha: &[u8]) -> bool {
+    EACH.iter().any(|each| each.declared.sha1.as_bytes() == sha)
+}
+
 /// The lean script of [`EACH`] that decides `checks` exactly as [`DECISION`] would, if one
 /// does: every check is charged on its own (no trial pass, as for [`fits_lean`]) and every check
 /// uses the same algorithm, other than the fixed window. The one place that decides it.
@@ -310,7 +316,8 @@ pub(super) fn fits_each(checks: &[&Check], charging: Charging) -> Option<&'stati
 }
 
 /// Appends the KEYS count, KEYS and ARGV of one call of `each` deciding `checks` ([`fits_each`]):
-/// per check its hits, the algorithm's arguments, and whether refused hits are charged.
+/// an empty list of merged calls (`merge.rs` fills it when it merges calls), then per check its
+/// hits, the algorithm's arguments, and whether refused hits are charged.
 pub(super) fn encode_each(
     cmd: &mut redis::Cmd,
     checks: &[&Check],
@@ -319,6 +326,7 @@ pub(super) fn encode_each(
     pinned_now_micros: Option<u64>,
 ) {
     keys_and_clock(cmd, checks, keys, pinned_now_micros);
+    cmd.arg("");
     for check in checks {
         cmd.arg(check.hits)
             .arg(&stored_args(&check.rule)[..each.arguments])
@@ -330,9 +338,10 @@ pub(super) fn encode_each(
 fn capacity_each(checks: &[&Check], each: &EachScript, keys: Keys) -> (usize, usize) {
     const NUMBER: usize = 20;
     let key_bytes: usize = checks.iter().map(|c| c.key.len()).sum();
-    // The key count and the pinned time, then per check its key, hits, arguments and flag.
+    // The key count, the pinned time and the merged calls, then per check its key, hits,
+    // arguments and flag.
     let per_check = 2 + each.arguments;
-    let arguments = 2 + checks.len() * (1 + per_check);
+    let arguments = 3 + checks.len() * (1 + per_check);
     with_layout(
         keys,
         (
@@ -770,7 +779,7 @@ mod tests {
         assert_eq!(
             args,
             [
-                "2", "k_gcra", "k_gcra", "5", "2", "7", "9", "", "2", "7", "9", "1"
+                "2", "k_gcra", "k_gcra", "5", "", "2", "7", "9", "", "2", "7", "9", "1"
             ]
         );
         let (arguments, bytes) = capacity_each(&[&gcra, &recorded], each, Keys::Declared);
@@ -781,7 +790,7 @@ mod tests {
         encode_each(&mut cmd, &[&warm_up], each, Keys::AcrossSlots, None);
         assert_eq!(
             text_args(&cmd),
-            ["0", "1", "k_warm_up", "", "2", "4", "8", "9", "2.5", ""]
+            ["0", "1", "k_warm_up", "", "", "2", "4", "8", "9", "2.5", ""]
         );
         // The script binds the algorithm's function and defines no other algorithm's.
         for each in EACH.iter() {

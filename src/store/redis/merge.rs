@@ -1,0 +1,225 @@
+//! Merging: concurrent callers' calls of one algorithm's lean script (`lua/decide_each.lua`)
+//! leave as one `EVALSHA` instead of one each.
+//!
+//! Why: on Redis, any `EVALSHA` costs a floor of 3–4 µs of CPU before it decides anything (the
+//! call, the script's top level, reading `TIME`), several times what deciding one check costs
+//! inside it; a call of eight checks costs 9–12 µs per check against 18–21 µs for eight calls
+//! (docs/BENCHMARKS.md, issue #30). The coalescer (`coalesce.rs`) already sends a batch of
+//! concurrent calls in one write; here, the calls of a batch that run the same lean script with
+//! the same clock argument become one call whose `ARGV[2]` lists how many checks each had.
+//!
+//! Each caller still gets what its own call would have: the script decides the calls one after
+//! another, each within `pcall`, and replies one entry per call, its reply or the error that ended
+//! it (later checks of that call not run, as alone); the other calls are untouched by it. Redis
+//! runs the merged call atomically, as it ran the batch's calls one after another; the order of
+//! calls within a batch was never promised, as they were concurrent.
+//!
+//! Only calls to one server merge (not on a cluster, where the declared keys of one call must
+//! share a slot); a call alone in its batch goes as it is.
+
+use redis::{Arg, Cmd, Value};
+
+use super::script;
+
+/// The arguments of a lean-script call that merging reads, borrowed from its [`Cmd`]: `EVALSHA
+/// sha n key1..keyn now merged per-check-arguments..`.
+struct Parts<'a> {
+    sha: &'a [u8],
+    keys: Vec<&'a [u8]>,
+    now: &'a [u8],
+    rest: Vec<&'a [u8]>,
+}
+
+/// Reads `cmd` as a call that may merge: an `EVALSHA` of one of the lean scripts that take merged
+/// calls ([`script::merges`]), not itself merged.
+fn parts(cmd: &Cmd) -> Option<Parts<'_>> {
+    let mut args = cmd.args_iter().map(|arg| match arg {
+        Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    });
+    let mut next = || args.next().flatten();
+    if !next()?.eq_ignore_ascii_case(b"EVALSHA") {
+        return None;
+    }
+    let sha = next()?;
+    if !script::merges(sha) {
+        return None;
+    }
+    let count: usize = std::str::from_utf8(next()?).ok()?.parse().ok()?;
+    let keys = (0..count).map(|_| next()).collect::<Option<Vec<_>>>()?;
+    let now = next()?;
+    if !next()?.is_empty() {
+        return None;
+    }
+    let rest = std::iter::from_fn(&mut next).collect();
+    Some(Parts {
+        sha,
+        keys,
+        now,
+        rest,
+    })
+}
+
+/// Which of a batch's calls (each its commands) go as one merged command: groups of indexes into
+/// `calls`, in the order of each group's first call. A group of one goes as it is.
+pub(super) fn plan(calls: &[&[Cmd]]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::with_capacity(calls.len());
+    // The groups that may take more calls, by what they share.
+    let mut open: Vec<((&[u8], &[u8]), usize)> = Vec::new();
+    for (index, cmds) in calls.iter().enumerate() {
+        let shared = match cmds {
+            [cmd] => parts(cmd).map(|p| (p.sha, p.now)),
+            _ => None,
+        };
+        match shared.and_then(|s| open.iter().find(|(o, _)| *o == s).map(|(_, g)| *g)) {
+            Some(group) => groups[group].push(index),
+            None => {
+                if let Some(shared) = shared {
+                    open.push((shared, groups.len()));
+                }
+                groups.push(vec![index]);
+            }
+        }
+    }
+    groups
+}
+
+/// One call deciding what `cmds` (each a call [`plan`] grouped) decide, in their order.
+pub(super) fn merge(cmds: &[&Cmd]) -> Cmd {
+    let parts: Vec<Parts<'_>> = cmds
+        .iter()
+        .map(|cmd| parts(cmd).expect("plan merges only calls that parts reads"))
+        .collect();
+    let keys: usize = parts.iter().map(|p| p.keys.len()).sum();
+    let rest: usize = parts.iter().map(|p| p.rest.len()).sum();
+    let bytes: usize = parts
+        .iter()
+        .flat_map(|p| p.keys.iter().chain(&p.rest))
+        .map(|arg| arg.len())
+        .sum();
+    let mut merged = Cmd::with_capacity(5 + keys + rest, bytes + 64 + 4 * parts.len());
+    merged.arg("EVALSHA").arg(parts[0].sha).arg(keys);
+    for part in &parts {
+        for key in &part.keys {
+            merged.arg(*key);
+        }
+    }
+    let counts: Vec<String> = parts.iter().map(|p| p.keys.len().to_string()).collect();
+    merged.arg(parts[0].now).arg(counts.join(","));
+    for part in &parts {
+        for arg in &part.rest {
+            merged.arg(*arg);
+        }
+    }
+    merged
+}
+
+/// The reply of each of `calls` merged calls, from the merged call's `reply`: its entries, one
+/// per call; anything else (an error that ended the whole call, such as `BUSY`) is every call's
+/// reply, which an error is and anything else fails to decode as.
+pub(super) fn split(reply: Value, calls: usize) -> Vec<Value> {
+    match reply {
+        Value::Array(entries) if entries.len() == calls => entries,
+        other => vec![other; calls],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::redis::script::{Keys, decision_call};
+    use crate::store::{Charging, Check, Rule};
+
+    fn gcra(key: &str, hits: u64) -> Check {
+        Check {
+            key: key.into(),
+            hits,
+            rule: Rule::Gcra {
+                interval: 7,
+                burst: 9,
+            },
+            record_refused: false,
+            group: None,
+        }
+    }
+
+    /// The call the store makes for `checks` (each a lean script's).
+    fn call(checks: &[&Check], keys: Keys, now: Option<u64>) -> Cmd {
+        decision_call(checks, Charging::Each, true, keys, now, || 0).0
+    }
+
+    fn text(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|a| match a {
+                Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => panic!("only simple arguments"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn calls_of_one_lean_script_and_clock_merge_in_order() {
+        let (a, b, c) = (gcra("a", 1), gcra("b", 2), gcra("c", 3));
+        let first = call(&[&a, &b], Keys::Declared, None);
+        let second = call(&[&c], Keys::Declared, None);
+        let merged = merge(&[&first, &second]);
+        let sha = text(&first)[1].clone();
+        let sha = sha.as_str();
+        assert_eq!(
+            text(&merged),
+            [
+                "EVALSHA", sha, "3", "a", "b", "c", "", "2,1", "1", "7", "9", "", "2", "7", "9",
+                "", "3", "7", "9", ""
+            ]
+        );
+        // A merged call is not merged again.
+        assert!(parts(&merged).is_none());
+    }
+
+    #[test]
+    fn only_single_lean_calls_with_the_same_script_and_clock_share_a_group() {
+        let (a, b) = (gcra("a", 1), gcra("b", 1));
+        let log = Check {
+            rule: Rule::SlidingWindowLog {
+                limit: 3,
+                window: 1_000_000,
+            },
+            ..gcra("l", 1)
+        };
+        let calls: Vec<Vec<Cmd>> = vec![
+            vec![call(&[&a], Keys::Declared, None)],
+            vec![call(&[&log], Keys::Declared, None)],
+            vec![redis::cmd("INCRBY").arg("x").arg(1).clone()],
+            vec![call(&[&b], Keys::Declared, None)],
+            // Pinned to another time: decided on its own clock.
+            vec![call(&[&b], Keys::Declared, Some(5))],
+            // Keys across slots (a cluster master): never merged.
+            vec![call(&[&b], Keys::AcrossSlots, None)],
+            vec![call(&[&log], Keys::Declared, None)],
+            // Two commands (a plain decision): as it is.
+            vec![
+                call(&[&a], Keys::Declared, None),
+                call(&[&b], Keys::Declared, None),
+            ],
+        ];
+        let calls: Vec<&[Cmd]> = calls.iter().map(Vec::as_slice).collect();
+        assert_eq!(
+            plan(&calls),
+            [vec![0, 3], vec![1, 6], vec![2], vec![4], vec![5], vec![7]]
+        );
+    }
+
+    #[test]
+    fn a_merged_reply_goes_back_entry_by_entry_and_an_error_to_every_call() {
+        let entries = vec![
+            Value::Array(vec![Value::Int(1)]),
+            redis::parse_redis_value(b"-WRONGTYPE no\r\n").unwrap(),
+        ];
+        assert_eq!(split(Value::Array(entries.clone()), 2), entries);
+        let busy = redis::parse_redis_value(b"-BUSY script\r\n").unwrap();
+        assert_eq!(split(busy.clone(), 3), vec![busy.clone(), busy.clone(), busy]);
+        // A reply of another shape is each call's, whose decoding refuses it.
+        let odd = Value::Array(vec![Value::Int(1)]);
+        assert_eq!(split(odd.clone(), 2), vec![odd.clone(), odd]);
+    }
+}
