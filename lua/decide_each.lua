@@ -1,20 +1,17 @@
 -- Entry point of the lean decision scripts of the algorithms other than the fixed window (whose
 -- common request takes plain commands, or fixed_window_lean.lua): a call whose checks all use
 -- one algorithm and are each charged on their own (store::Charging::Each, no group of limits).
--- There is one such script per algorithm: common.lua, that algorithm's file, one line that
--- src/store/redis/script.rs writes, `local decide_one, ALGORITHM_ARGS = <function>, <n>`, and
--- this file. So a call defines only the functions it runs, and parses no charging mode, flags,
+-- There is one such script per algorithm: common.lua, that algorithm's file, calls.lua, one line
+-- that src/store/redis/script.rs writes, `local decide_one, ALGORITHM_ARGS = <function>, <n>`,
+-- and this file. So a call defines only the functions it runs, and parses no charging mode, flags,
 -- algorithm names or unused arguments; decide.lua, which has the trial pass, takes the rest.
 --
 -- ARGV[1] is empty in production, and Redis's clock (TIME) is used; tests that pin time put
--- microseconds there. ARGV[2] is empty for one caller's call; for several callers' calls merged
--- into one (src/store/redis/merge.rs) it lists how many checks each has, in order ('2,1,3').
--- Then follow the checks, ALGORITHM_ARGS + 2 arguments each: the hits, the algorithm's own
--- arguments, and '1' when refused hits are to be charged too (record_refused_hits) or ''. Check
--- i uses KEYS[i]. The reply to one call is decide.lua's: four integers per check, admitted (0/1),
--- remaining, reset in milliseconds, and what the algorithm counts as used. The reply to merged
--- calls has one entry per call: that reply, or the error that ended the call, so each caller
--- gets what its call alone would have got.
+-- microseconds there. ARGV[2] says which calls the call carries (calls.lua). Then follow the
+-- checks, ALGORITHM_ARGS + 2 arguments each: the hits, the algorithm's own arguments, and '1' when
+-- refused hits are to be charged too (record_refused_hits) or ''. Check i uses KEYS[i]. A call's
+-- reply is decide.lua's: four integers per check, admitted (0/1), remaining, reset in
+-- milliseconds, and what the algorithm counts as used.
 
 -- Needed on Redis 3.2-4.x to write after reading TIME; a no-op from Redis 5 on.
 if redis.replicate_commands then redis.replicate_commands() end
@@ -42,32 +39,4 @@ local function decide_checks(first, last)
   return reply
 end
 
-if ARGV[2] == '' then
-  return decide_checks(1, #KEYS)
-end
-
--- The text of an error that ended a merged call, as the error reply a call of its own would have
--- ended with: Redis 7 raises redis.call's errors as tables, 6.2 as strings that start with the
--- error code; Lua's own errors have no code and get ERR, as Redis gives them.
-local function error_text(e)
-  if type(e) == 'table' then
-    e = e.err or 'ERR an error without text'
-  end
-  e = tostring(e)
-  if not string.find(e, '^[A-Z]+ ') then
-    e = 'ERR ' .. e
-  end
-  return e
-end
-
-local replies, first = {}, 1
-for checks in string.gmatch(ARGV[2], '%d+') do
-  local last = first + tonumber(checks) - 1
-  local ok, reply = pcall(decide_checks, first, last)
-  if not ok then
-    reply = { err = error_text(reply) }
-  end
-  replies[#replies + 1] = reply
-  first = last + 1
-end
-return replies
+return answer_calls(decide_checks)

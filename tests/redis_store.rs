@@ -1002,6 +1002,8 @@ async fn the_lean_script_returns_the_time_and_the_counts() {
             .arg("c1")
             .arg("c2")
             .arg(pinned)
+            // One caller's call (no merged calls), then per check its hits and TTL.
+            .arg("")
             .arg(&["3", "60000", "0", "60000"])
             .query(&mut conn)
             .unwrap()
@@ -1368,7 +1370,8 @@ async fn a_failover_to_an_older_redis_and_back_returns_to_plain_commands() {
 
 /// Concurrent calls of one algorithm's lean script leave as one merged call
 /// (src/store/redis/merge.rs), and still decide as calls alone. With time pinned, 32 callers each
-/// deciding keys of their own (every algorithm, 1–3 checks a call, hits from 0 to 2^40), and one
+/// deciding keys of their own (every algorithm, the fixed window by its lean script, 1–3 checks a
+/// call, hits from 0 to 2^40), and one
 /// caller whose key holds a list, call concurrently on one store, a round at a time; the same
 /// calls made one at a time on another store (never merged) give each caller the same answers
 /// and errors, and leave the same state. Fewer script calls than decisions reached Redis. Then
@@ -1384,7 +1387,15 @@ async fn merged_calls_decide_as_calls_alone() {
     let clock = Arc::new(sluice::clock::ManualClock::new(1_700_000_000_300_000));
     let merged = Arc::new(pinned_store(&redis, clock.clone()).await);
     let alone = pinned_store(&redis, clock.clone()).await;
+    // Fixed windows by the lean script too (Redis before 7.0, or INFO refused), not plain commands.
+    merged.use_path(sluice::store::redis::DecisionPath::LeanScript);
+    alone.use_path(sluice::store::redis::DecisionPath::LeanScript);
     let rule = |algorithm: u64, limit: u64, window: u64| match algorithm {
+        4 => Rule::FixedWindow {
+            limit,
+            window_secs: window / SECOND,
+            window_start: clock.now_micros() / window * window / SECOND,
+        },
         0 => Rule::SlidingWindowLog { limit, window },
         1 => Rule::SlidingWindowCounter { limit, window },
         2 => Rule::Gcra {
@@ -1398,8 +1409,8 @@ async fn merged_calls_decide_as_calls_alone() {
             cold_factor: 3.0,
         },
     };
-    // Caller c's call in round r: keys of its own, its algorithm c % 4; caller CALLERS decides a
-    // key that holds a list.
+    // Caller c's call in round r: keys of its own, its algorithm c % 5 (4: the fixed window);
+    // caller CALLERS decides a key that holds a list.
     let calls_of = |prefix: &str, caller: u64, round: u64| -> Vec<Check> {
         let mut rng = (caller + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
             ^ (round + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -1422,7 +1433,7 @@ async fn merged_calls_decide_as_calls_alone() {
             .map(|_| Check {
                 key: format!("{prefix}{caller}_{}", next(2)),
                 hits: [0, 1, 1, 1, 2, 5, 60, 1 << 40][next(8) as usize],
-                rule: rule(caller % 4, 3, 10 * SECOND),
+                rule: rule(caller % 5, 3, 10 * SECOND),
                 record_refused: next(2) == 1,
                 group: None,
             })
@@ -1506,7 +1517,7 @@ async fn merged_calls_decide_as_calls_alone() {
     assert_eq!(merged_state, state("a:"));
 
     // One key per algorithm that every caller hits: exactly the limit is admitted.
-    for algorithm in 0..4 {
+    for algorithm in 0..5 {
         let tasks: Vec<_> = (0..CALLERS * 4)
             .map(|_| {
                 let store = merged.clone();

@@ -48,7 +48,7 @@ fn parts(cmd: &Cmd) -> Option<Parts<'_>> {
     let count: usize = std::str::from_utf8(next()?).ok()?.parse().ok()?;
     let keys = (0..count).map(|_| next()).collect::<Option<Vec<_>>>()?;
     let now = next()?;
-    if !next()?.is_empty() {
+    if next()? != script::ONE_CALLER.as_bytes() {
         return None;
     }
     let rest = std::iter::from_fn(&mut next).collect();

@@ -54,7 +54,7 @@ pub use script::TTL_REPAIR_PERIOD;
 
 use self::cluster::Cluster;
 use self::conn::Connection;
-use self::plain::{ExpireNx, ExpiryFailed, server_takes_expire_nx};
+use self::plain::{ExpireNx, ExpiryFailed, why_no_expire_nx};
 use self::coalesce::Coalescer;
 use self::conn::{
     Manager, PoolSettings, checkout, connection_info, fail, host_port, load, new_pool, redis_error,
@@ -265,7 +265,10 @@ impl RedisStore {
         // [`RedisStore::run_plain`]).
         let mut takes_nx = true;
         for mut conn in self.servers().await? {
-            takes_nx &= server_takes_expire_nx(&mut conn).await?;
+            if let Some(why) = why_no_expire_nx(&mut conn).await? {
+                tracing::info!(%why, "no PEXPIRE NX: fixed windows decided with the lean script");
+                takes_nx = false;
+            }
             for script in script::all() {
                 let sha = load(&mut conn.redis, script)
                     .await
@@ -303,7 +306,8 @@ impl RedisStore {
         let answer = async {
             let mut takes_nx = true;
             for mut conn in self.servers().await? {
-                takes_nx &= server_takes_expire_nx(&mut conn).await?;
+                // Said at start-up; not again every minute.
+                takes_nx &= why_no_expire_nx(&mut conn).await?.is_none();
             }
             Ok::<_, StoreError>(takes_nx)
         };

@@ -270,28 +270,22 @@ impl ExpireNx {
     }
 }
 
-/// Asks the server behind `conn` whether it takes `PEXPIRE .. NX` (`INFO server`); a refused
-/// `INFO` (it is in ACL's `@dangerous`, which a managed Redis may deny) means no, as the lean
-/// script works on every version. Says in the log why a server does not.
-pub(super) async fn server_takes_expire_nx(conn: &mut Connection) -> Result<bool, StoreError> {
+/// Asks the server behind `conn` whether it takes `PEXPIRE .. NX` (`INFO server`): `None` if it
+/// does, else why not, for the log. A refused `INFO` (it is in ACL's `@dangerous`, which a managed
+/// Redis may deny) counts as no, as the lean script works on every version.
+pub(super) async fn why_no_expire_nx(conn: &mut Connection) -> Result<Option<String>, StoreError> {
     let info: Result<String, redis::RedisError> = redis::cmd("INFO")
         .arg("server")
         .query_async(&mut conn.redis)
         .await;
     match info {
-        Ok(info) => {
-            let takes = takes_expire_nx(&info);
-            if !takes {
-                let version = redis_version(&info).unwrap_or("unknown");
-                tracing::info!(version, "redis older than 7.0 has no PEXPIRE NX");
-            }
-            Ok(takes)
-        }
+        Ok(info) if takes_expire_nx(&info) => Ok(None),
+        Ok(info) => Ok(Some(format!(
+            "redis_version {} (7.0 added NX)",
+            redis_version(&info).unwrap_or("unknown")
+        ))),
         Err(e) if e.is_io_error() => Err(fail(conn, e)),
-        Err(e) => {
-            tracing::info!(error = %e, "INFO refused; taken as no PEXPIRE NX");
-            Ok(false)
-        }
+        Err(e) => Ok(Some(format!("INFO refused: {e}"))),
     }
 }
 

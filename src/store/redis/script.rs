@@ -187,11 +187,18 @@ pub(super) static FIXED_WINDOW_LEAN_ACROSS_SLOTS: LazyLock<LuaScript> =
 const LEAN_PARTS: &[&str] = &[
     include_str!("../../../lua/common.lua"),
     include_str!("../../../lua/fixed_window.lua"),
+    CALLS,
     include_str!("../../../lua/fixed_window_lean.lua"),
 ];
 
-/// Arguments per check of [`FIXED_WINDOW_LEAN`], after its one leading argument (the pinned
-/// time): what `fixed_window_count` in `lua/fixed_window.lua` takes, hits and ttl_ms.
+/// What lets one call of a lean script carry several callers' calls (`merge.rs`).
+const CALLS: &str = include_str!("../../../lua/calls.lua");
+
+/// `ARGV[2]` of a lean script's call made for one caller: no merged calls (`lua/calls.lua`).
+pub(super) const ONE_CALLER: &str = "";
+
+/// Arguments per check of [`FIXED_WINDOW_LEAN`], after its two leading arguments (the pinned
+/// time, the merged calls): what `fixed_window_count` in `lua/fixed_window.lua` takes, hits and ttl_ms.
 const LEAN_ARGS_PER_CHECK: usize = 2;
 
 /// Integers before the first check's in [`FIXED_WINDOW_LEAN`]'s reply: the time it read, in
@@ -270,7 +277,8 @@ const EACH_ALGORITHMS: [(&str, &str, usize); 4] = [
 ];
 
 /// One lean decision script per algorithm other than the fixed window: `lua/common.lua`, the
-/// algorithm's file, the line naming its function and argument count, `lua/decide_each.lua`.
+/// algorithm's file, `lua/calls.lua`, the line naming its function and argument count,
+/// `lua/decide_each.lua`.
 /// A call then defines only the functions it runs (the full script defines every algorithm's
 /// on every call) and carries no charging mode, flags or unused arguments.
 pub(super) static EACH: LazyLock<Vec<EachScript>> = LazyLock::new(|| {
@@ -281,6 +289,7 @@ pub(super) static EACH: LazyLock<Vec<EachScript>> = LazyLock::new(|| {
             let parts = [
                 include_str!("../../../lua/common.lua"),
                 file,
+                CALLS,
                 binding.as_str(),
                 include_str!("../../../lua/decide_each.lua"),
             ];
@@ -295,9 +304,10 @@ pub(super) static EACH: LazyLock<Vec<EachScript>> = LazyLock::new(|| {
 });
 
 /// Whether `sha` names a lean script that takes several callers' calls merged into one
-/// (`merge.rs`): one of [`EACH`], with its keys declared.
+/// (`merge.rs`, `lua/calls.lua`): [`FIXED_WINDOW_LEAN`] or one of [`EACH`], with keys declared.
 pub(super) fn merges(sha: &[u8]) -> bool {
-    EACH.iter().any(|each| each.declared.sha1.as_bytes() == sha)
+    FIXED_WINDOW_LEAN.sha1.as_bytes() == sha
+        || EACH.iter().any(|each| each.declared.sha1.as_bytes() == sha)
 }
 
 /// The lean script of [`EACH`] that decides `checks` exactly as [`DECISION`] would, if one
@@ -326,7 +336,7 @@ pub(super) fn encode_each(
     pinned_now_micros: Option<u64>,
 ) {
     keys_and_clock(cmd, checks, keys, pinned_now_micros);
-    cmd.arg("");
+    cmd.arg(ONE_CALLER);
     for check in checks {
         cmd.arg(check.hits)
             .arg(&stored_args(&check.rule)[..each.arguments])
@@ -425,6 +435,7 @@ pub(super) fn encode_lean(
     mut ttl_jitter_ms: impl FnMut() -> u64,
 ) {
     keys_and_clock(cmd, checks, keys, pinned_now_micros);
+    cmd.arg(ONE_CALLER);
     for check in checks {
         if let Rule::FixedWindow { window_secs, .. } = check.rule {
             cmd.arg(check.hits)
@@ -523,8 +534,9 @@ fn non_negative(n: i64) -> u64 {
 pub(super) fn capacity_lean(checks: &[&Check], keys: Keys) -> (usize, usize) {
     const NUMBER: usize = 20;
     let key_bytes: usize = checks.iter().map(|c| c.key.len()).sum();
-    // The key count and the pinned time, then per check its key and its arguments.
-    let arguments = 2 + checks.len() * (1 + LEAN_ARGS_PER_CHECK);
+    // The key count, the pinned time and the merged calls, then per check its key and its
+    // arguments.
+    let arguments = 3 + checks.len() * (1 + LEAN_ARGS_PER_CHECK);
     with_layout(
         keys,
         (
@@ -908,10 +920,10 @@ mod tests {
         let mut cmd = redis::Cmd::new();
         encode_lean(&mut cmd, &[&fixed, &fixed], Keys::Declared, Some(5), || 7);
         let args = text_args(&cmd);
-        assert_eq!(args.len(), 1 + 2 + 1 + 2 * LEAN_ARGS_PER_CHECK);
-        assert_eq!(&args[..4], ["2", "d_k_v_60", "d_k_v_60", "5"]);
+        assert_eq!(args.len(), 1 + 2 + 2 + 2 * LEAN_ARGS_PER_CHECK);
+        assert_eq!(&args[..5], ["2", "d_k_v_60", "d_k_v_60", "5", ""]);
         // Only what the count needs: the hits and the new counter's expiry.
-        assert_eq!(&args[4..], ["3", "60007", "3", "60007"]);
+        assert_eq!(&args[5..], ["3", "60007", "3", "60007"]);
         let (arguments, bytes) = capacity_lean(&[&fixed, &fixed], Keys::Declared);
         assert_eq!(arguments, args.len());
         assert!(bytes >= args.iter().map(String::len).sum());
