@@ -853,6 +853,25 @@ async fn the_three_paths_decide_and_write_alike() {
     }
 }
 
+/// A rule of an algorithm other than the fixed window, by number: 0 the sliding-window log, 1 its
+/// counter, 2 GCRA, any other the warm-up (starting `cold_factor` slower).
+fn other_rule(algorithm: u64, limit: u64, window: u64, cold_factor: f64) -> Rule {
+    match algorithm {
+        0 => Rule::SlidingWindowLog { limit, window },
+        1 => Rule::SlidingWindowCounter { limit, window },
+        2 => Rule::Gcra {
+            interval: window / limit,
+            burst: limit,
+        },
+        _ => Rule::WarmUp {
+            permits_per_window: limit,
+            window,
+            warmup: window / 2,
+            cold_factor,
+        },
+    }
+}
+
 /// Each algorithm's lean script (lua/decide_each.lua: one algorithm's functions, no trial pass,
 /// no flags) stands in for the full script only because it decides the same: for one sequence of
 /// calls of every algorithm other than the fixed window (one to three checks of one algorithm
@@ -900,20 +919,7 @@ async fn each_algorithms_lean_script_decides_and_writes_as_the_full_one() {
                 } else {
                     (50, 60 * SECOND)
                 };
-                let rule = match algorithm {
-                    0 => Rule::SlidingWindowLog { limit, window },
-                    1 => Rule::SlidingWindowCounter { limit, window },
-                    2 => Rule::Gcra {
-                        interval: window / limit,
-                        burst: limit,
-                    },
-                    _ => Rule::WarmUp {
-                        permits_per_window: limit,
-                        window,
-                        warmup: window / 2,
-                        cold_factor: if small { 3.0 } else { 2.5 },
-                    },
-                };
+                let rule = other_rule(algorithm, limit, window, if small { 3.0 } else { 2.5 });
                 // The key names the algorithm and the rule, as the service's keys do.
                 let name = format!("{algorithm}_{small}_{}", ["a", "b"][next(2) as usize]);
                 let hits = [0, 1, 1, 1, 2, 5, 60, 1 << 40][next(8) as usize];
@@ -1370,12 +1376,12 @@ async fn a_failover_to_an_older_redis_and_back_returns_to_plain_commands() {
 
 /// Concurrent calls of one algorithm's lean script leave as one merged call
 /// (src/store/redis/merge.rs), and still decide as calls alone. With time pinned, 32 callers each
-/// deciding keys of their own (every algorithm, the fixed window by its lean script, 1–3 checks a
-/// call, hits from 0 to 2^40), and one
-/// caller whose key holds a list, call concurrently on one store, a round at a time; the same
-/// calls made one at a time on another store (never merged) give each caller the same answers
-/// and errors, and leave the same state. Fewer script calls than decisions reached Redis. Then
-/// all callers share one key of each algorithm: a limit of 50 admits exactly 50.
+/// deciding keys of their own (every algorithm, the fixed window by its lean script, 1–3 checks
+/// a call, hits from 0 to 2^40), and one caller whose key holds a list, call concurrently on one
+/// store, a round at a time; the same calls made one at a time on another store (never merged)
+/// give each caller the same answers and errors, and leave the same state. Fewer script calls
+/// than decisions reached Redis. Then all callers share one key of each algorithm: a limit of
+/// 50 admits exactly 50 (the warm-up, which starts cold, at most 50).
 #[tokio::test(flavor = "multi_thread")]
 async fn merged_calls_decide_as_calls_alone() {
     use sluice::store::{CounterStore, StoreError};
@@ -1396,18 +1402,7 @@ async fn merged_calls_decide_as_calls_alone() {
             window_secs: window / SECOND,
             window_start: clock.now_micros() / window * window / SECOND,
         },
-        0 => Rule::SlidingWindowLog { limit, window },
-        1 => Rule::SlidingWindowCounter { limit, window },
-        2 => Rule::Gcra {
-            interval: window / limit,
-            burst: limit,
-        },
-        _ => Rule::WarmUp {
-            permits_per_window: limit,
-            window,
-            warmup: window / 2,
-            cold_factor: 3.0,
-        },
+        other => other_rule(other, limit, window, 3.0),
     };
     // Caller c's call in round r: keys of its own, its algorithm c % 5 (4: the fixed window);
     // caller CALLERS decides a key that holds a list.

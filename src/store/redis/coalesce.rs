@@ -221,12 +221,21 @@ async fn batcher<C: Connect>(batches: Batches<C>, mut queue: mpsc::UnboundedRece
 /// Sends one batch as a pipeline and hands each caller its replies; with `merging`, the calls
 /// [`merge::plan`] groups go as one command each.
 async fn send<C: Connect>(source: Arc<C>, batch: Vec<Call>, merging: bool) {
-    let groups = if merging {
+    let plan = if merging && batch.len() > 1 {
         let calls: Vec<&[Cmd]> = batch.iter().map(|call| call.cmds.as_slice()).collect();
         merge::plan(&calls)
     } else {
-        (0..batch.len()).map(|index| vec![index]).collect()
+        None
     };
+    match plan {
+        Some(groups) => send_merged(source, batch, groups).await,
+        None => send_as_they_are(source, batch).await,
+    }
+}
+
+/// Sends one batch as a pipeline, the calls of each of `groups` as one merged command (a group
+/// of one as it is), and hands each caller its replies.
+async fn send_merged<C: Connect>(source: Arc<C>, batch: Vec<Call>, groups: Vec<Vec<usize>>) {
     let commands = batch.iter().map(|call| call.cmds.len()).sum();
     let mut pipe = Pipeline::with_capacity(commands);
     let mut watches = Vec::new();
@@ -270,6 +279,30 @@ async fn send<C: Connect>(source: Arc<C>, batch: Vec<Call>, merging: bool) {
             let reply = replies.next().expect("one reply per merged call");
             let _ = take(index).0.send(reply.map(|value| vec![value]));
         }
+    }
+}
+
+/// Sends one batch as a pipeline, each call's commands as they are, and hands each caller its
+/// replies.
+async fn send_as_they_are<C: Connect>(source: Arc<C>, batch: Vec<Call>) {
+    let commands = batch.iter().map(|call| call.cmds.len()).sum();
+    let mut pipe = Pipeline::with_capacity(commands);
+    // Each caller and how many of the pipeline's replies are its.
+    let mut replies = Vec::with_capacity(batch.len());
+    let mut watches = Vec::new();
+    for call in batch {
+        replies.push((call.reply, call.cmds.len()));
+        for cmd in call.cmds {
+            pipe.add_command(cmd);
+        }
+        watches.extend(call.watch);
+    }
+    let mut answers = exchange(&*source, &pipe, &watches).await.into_iter();
+    for (reply, commands) in replies {
+        // Taken whole before judging, so an error cannot leave this call's replies to the next.
+        let mine: Vec<_> = answers.by_ref().take(commands).collect();
+        // A caller that gave up (deadline) has dropped its receiver; its answer is discarded.
+        let _ = reply.send(mine.into_iter().collect());
     }
 }
 

@@ -61,16 +61,26 @@ fn parts(cmd: &Cmd) -> Option<Parts<'_>> {
 }
 
 /// Which of a batch's calls (each its commands) go as one merged command: groups of indexes into
-/// `calls`, in the order of each group's first call. A group of one goes as it is.
-pub(super) fn plan(calls: &[&[Cmd]]) -> Vec<Vec<usize>> {
+/// `calls`, in the order of each group's first call. A group of one goes as it is. `None` when
+/// no two calls merge, the common case (plain commands are not calls that merge), which then
+/// costs no allocation per call.
+pub(super) fn plan(calls: &[&[Cmd]]) -> Option<Vec<Vec<usize>>> {
+    // What each call shares with the calls it may merge with.
+    let shared: Vec<Option<(&[u8], &[u8])>> = calls
+        .iter()
+        .map(|cmds| match cmds {
+            [cmd] => parts(cmd).map(|p| (p.sha, p.now)),
+            _ => None,
+        })
+        .collect();
+    let mergeable = shared.iter().flatten().count();
+    if mergeable < 2 {
+        return None;
+    }
     let mut groups: Vec<Vec<usize>> = Vec::with_capacity(calls.len());
     // The groups that may take more calls, by what they share.
     let mut open: Vec<((&[u8], &[u8]), usize)> = Vec::new();
-    for (index, cmds) in calls.iter().enumerate() {
-        let shared = match cmds {
-            [cmd] => parts(cmd).map(|p| (p.sha, p.now)),
-            _ => None,
-        };
+    for (index, shared) in shared.into_iter().enumerate() {
         match shared.and_then(|s| open.iter().find(|(o, _)| *o == s).map(|(_, g)| *g)) {
             Some(group) => groups[group].push(index),
             None => {
@@ -81,7 +91,7 @@ pub(super) fn plan(calls: &[&[Cmd]]) -> Vec<Vec<usize>> {
             }
         }
     }
-    groups
+    (groups.len() < calls.len()).then_some(groups)
 }
 
 /// One call deciding what `cmds` (each a call [`plan`] grouped) decide, in their order.
@@ -204,9 +214,12 @@ mod tests {
         ];
         let calls: Vec<&[Cmd]> = calls.iter().map(Vec::as_slice).collect();
         assert_eq!(
-            plan(&calls),
+            plan(&calls).unwrap(),
             [vec![0, 3], vec![1, 6], vec![2], vec![4], vec![5], vec![7]]
         );
+        // Nothing to merge: no plan.
+        assert_eq!(plan(&calls[..3]), None);
+        assert_eq!(plan(&calls[4..6]), None);
     }
 
     #[test]
