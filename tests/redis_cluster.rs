@@ -270,6 +270,8 @@ async fn resharding_under_load_keeps_answers_correct() {
     assert_eq!(hot_admitted, 50, "no double counting and no lost counts");
 }
 
+/// Two replicas' 32 callers share one token bucket of 50 on a cluster: exactly 50 are admitted,
+/// and the callers' concurrent calls are merged on the node that holds it.
 #[tokio::test(flavor = "multi_thread")]
 async fn exact_admission_across_two_replicas_on_a_cluster() {
     let cluster = RedisCluster::start(3, 0);
@@ -303,6 +305,15 @@ async fn exact_admission_across_two_replicas_on_a_cluster() {
         t.await.unwrap();
     }
     assert_eq!(admitted.load(Ordering::Relaxed), 50);
+    // Concurrent calls of the token bucket's lean script on one node went merged, across slots
+    // (src/store/redis/merge.rs): fewer script calls than the 1 280 requests.
+    let scripts: u64 = cluster
+        .master_ports()
+        .iter()
+        .map(|&port| command_calls(cluster.node(port), "evalsha"))
+        .sum();
+    eprintln!("1280 requests in {scripts} script calls");
+    assert!(scripts < 1280, "{scripts} script calls");
 }
 
 /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` on a cluster is decided per slot call: k1 going
@@ -735,4 +746,77 @@ async fn a_connection_lost_mid_request_fails_its_checks_without_resending() {
             *port == victim
         );
     }
+}
+
+/// Merged calls on a node whose slot is migrating (src/store/redis/merge.rs): three sliding logs
+/// of 50 on one master, one of them in a slot set MIGRATING to another master, take 32
+/// concurrent callers. A merged call that holds the migrating log's key is refused before it
+/// writes anything (the key is not on the node: `ASK`), and its calls go again one each, which
+/// the cluster follows to the importing node; every log admits exactly 50, with no error.
+#[tokio::test(flavor = "multi_thread")]
+async fn merged_calls_on_a_migrating_slot_go_again_one_each() {
+    use sluice::store::redis::slot::slot;
+    let cluster = RedisCluster::start(3, 0);
+    let dir = config();
+    let sluice = start(&cluster, &dir, &[("REDIS_TIMEOUT", "3s")]);
+    let masters = cluster.master_ports();
+    let (from, to) = (masters[0], masters[1]);
+    // The log's key is `{c_log_<value>}:sliding_window_log`: its slot is the tag's.
+    let log_slot = |value: &str| slot(format!("c_log_{value}").as_bytes());
+    let values: Vec<String> = (0..)
+        .map(|i| format!("m{i}"))
+        .filter(|v| owner_port(&cluster, log_slot(v)) == from)
+        .take(3)
+        .collect();
+    let moving = log_slot(&values[0]).to_string();
+    assert!(values[1..].iter().all(|v| log_slot(v).to_string() != moving));
+    let (from_id, to_id) = (cluster.node(from).node_id(), cluster.node(to).node_id());
+    for (port, how, id) in [(to, "IMPORTING", &from_id), (from, "MIGRATING", &to_id)] {
+        let out = cluster
+            .node(port)
+            .cli(&["CLUSTER", "SETSLOT", &moving, how, id])
+            .unwrap();
+        assert_eq!(out.trim(), "OK");
+    }
+    for &port in &masters {
+        cluster.node(port).cli(&["CONFIG", "RESETSTAT"]).unwrap();
+    }
+    avoid_window_edge(3600, 60).await;
+    let values = Arc::new(values);
+    let admitted: Arc<Vec<AtomicUsize>> = Arc::new((0..3).map(|_| AtomicUsize::new(0)).collect());
+    let errors = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for caller in 0..32 {
+        let mut c = sluice.client().await;
+        let (values, admitted, errors) = (values.clone(), admitted.clone(), errors.clone());
+        tasks.push(tokio::spawn(async move {
+            for n in 0..30 {
+                let which = (caller + n) % 3;
+                let r = c
+                    .should_rate_limit(request("c", vec![descriptor(&[("log", &values[which])])]))
+                    .await;
+                match r {
+                    Ok(r) if r.get_ref().overall_code == Code::Ok as i32 => {
+                        admitted[which].fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(errors.load(Ordering::Relaxed), 0, "callers saw errors");
+    let admitted: Vec<usize> = admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    assert_eq!(admitted, [50, 50, 50]);
+    assert!(
+        command_calls(cluster.node(to), "asking") > 0,
+        "the migrating slot's calls went through ASK"
+    );
+    let scripts = command_calls(cluster.node(from), "evalsha");
+    eprintln!("960 requests, {scripts} script calls on the migrating master");
 }

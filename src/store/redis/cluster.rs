@@ -38,6 +38,7 @@ use redis::{
 
 use super::coalesce::{CallError, Coalescer, Connect, PipelineCounts, send_on};
 use super::conn::{Connection, Manager, PoolSettings, describe, fail, new_pool, redis_error};
+use super::script::Keys;
 use super::slot::SLOTS;
 use super::wire::Watch;
 use crate::store::StoreError;
@@ -121,13 +122,13 @@ impl Cluster {
         if let Some(found) = nodes.get(node) {
             return Ok(found.clone());
         }
-        // Not merging: one call's declared keys must share a slot.
+        // Merged calls take their keys across slots: one call's declared keys must share one.
         let source = Node {
             name: node.to_string(),
             pool: new_pool(self.node_info(node)?, &self.pools),
             down_until: Mutex::new(None),
         };
-        let created = Arc::new(Coalescer::new(source, false));
+        let created = Arc::new(Coalescer::new(source, Keys::AcrossSlots));
         nodes.insert(node.to_string(), created.clone());
         Ok(created)
     }

@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::conn::{Connection, Manager, checkout, fail, retire_if_broken};
 use super::merge;
-use super::script;
+use super::script::{self, Keys};
 use super::wire::Watch;
 use crate::store::StoreError;
 
@@ -73,9 +73,9 @@ pub(super) struct Coalescer<C: Connect> {
     in_flight: AtomicUsize,
     /// Calls and pipelines sent so far, for [`PipelineCounts`].
     counts: Arc<Counts>,
-    /// Whether a batch's calls of one lean script go as one call (`merge.rs`): on one server,
-    /// not on a cluster node.
-    merging: bool,
+    /// How a batch's calls of one lean script go as one call (`merge.rs`): their keys declared
+    /// on one server, across slots on a cluster node.
+    merging: Keys,
 }
 
 /// How deep the pipelines are: calls sent (a script call, or one decision's plain commands),
@@ -117,8 +117,9 @@ struct Call {
 }
 
 impl<C: Connect> Coalescer<C> {
-    /// The batcher of `source`'s connections; `merging` as [`Coalescer::merging`] says.
-    pub(super) fn new(source: C, merging: bool) -> Self {
+    /// The batcher of `source`'s connections, merging calls with their keys laid out as
+    /// `merging` says.
+    pub(super) fn new(source: C, merging: Keys) -> Self {
         Self {
             source: Arc::new(source),
             queue: OnceLock::new(),
@@ -196,7 +197,7 @@ impl<C: Connect> Coalescer<C> {
 struct Batches<C> {
     source: Arc<C>,
     counts: Arc<Counts>,
-    merging: bool,
+    merging: Keys,
 }
 
 /// Gathers queued calls into batches until every sender is gone (the store was dropped).
@@ -218,24 +219,30 @@ async fn batcher<C: Connect>(batches: Batches<C>, mut queue: mpsc::UnboundedRece
     }
 }
 
-/// Sends one batch as a pipeline and hands each caller its replies; with `merging`, the calls
-/// [`merge::plan`] groups go as one command each.
-async fn send<C: Connect>(source: Arc<C>, batch: Vec<Call>, merging: bool) {
-    let plan = if merging && batch.len() > 1 {
+/// Sends one batch as a pipeline and hands each caller its replies; the calls [`merge::plan`]
+/// groups go as one command each, with their keys laid out as `merging` says.
+async fn send<C: Connect>(source: Arc<C>, batch: Vec<Call>, merging: Keys) {
+    let plan = if batch.len() > 1 {
         let calls: Vec<&[Cmd]> = batch.iter().map(|call| call.cmds.as_slice()).collect();
         merge::plan(&calls)
     } else {
         None
     };
     match plan {
-        Some(groups) => send_merged(source, batch, groups).await,
+        Some(groups) => send_merged(source, batch, groups, merging).await,
         None => send_as_they_are(source, batch).await,
     }
 }
 
 /// Sends one batch as a pipeline, the calls of each of `groups` as one merged command (a group
-/// of one as it is), and hands each caller its replies.
-async fn send_merged<C: Connect>(source: Arc<C>, batch: Vec<Call>, groups: Vec<Vec<usize>>) {
+/// of one as it is), and hands each caller its replies. The calls of a merged command that a
+/// cluster node refused before running it ([`merge::split`]) go again as they were, one each.
+async fn send_merged<C: Connect>(
+    source: Arc<C>,
+    batch: Vec<Call>,
+    groups: Vec<Vec<usize>>,
+    keys: Keys,
+) {
     let commands = batch.iter().map(|call| call.cmds.len()).sum();
     let mut pipe = Pipeline::with_capacity(commands);
     let mut watches = Vec::new();
@@ -254,11 +261,12 @@ async fn send_merged<C: Connect>(source: Arc<C>, batch: Vec<Call>, groups: Vec<V
             }
         } else {
             let merged: Vec<&Cmd> = group.iter().map(|&i| &cmds[i][0]).collect();
-            pipe.add_command(merge::merge(&merged));
+            pipe.add_command(merge::merge(&merged, keys));
         }
     }
-    drop(cmds);
     let mut answers = exchange(&*source, &pipe, &watches).await.into_iter();
+    // The calls of refused merged commands, to send again one each.
+    let mut again = Vec::new();
     for group in groups {
         let mut take = |index: usize| callers[index].take().expect("each call in one group");
         if let [index] = group[..] {
@@ -272,13 +280,32 @@ async fn send_merged<C: Connect>(source: Arc<C>, batch: Vec<Call>, groups: Vec<V
         }
         let answer = answers.next().expect("one answer per command");
         let mut replies: Box<dyn Iterator<Item = Result<Value, CallError>> + Send> = match answer {
-            Ok(value) => Box::new(merge::split(value, group.len()).into_iter().map(Ok)),
+            Ok(value) => match merge::split(value, group.len()) {
+                Some(replies) => Box::new(replies.into_iter().map(Ok)),
+                None => {
+                    again.extend(group);
+                    continue;
+                }
+            },
             Err(e) => Box::new(std::iter::repeat(Err(e))),
         };
         for index in group {
             let reply = replies.next().expect("one reply per merged call");
             let _ = take(index).0.send(reply.map(|value| vec![value]));
         }
+    }
+    if again.is_empty() {
+        return;
+    }
+    tracing::debug!(calls = again.len(), "a node refused merged calls; sending them one each");
+    let mut pipe = Pipeline::with_capacity(again.len());
+    for &index in &again {
+        pipe.add_command(std::mem::take(&mut cmds[index]).remove(0));
+    }
+    let answers = exchange(&*source, &pipe, &watches).await;
+    for (index, answer) in again.into_iter().zip(answers) {
+        let (reply, _) = callers[index].take().expect("each call answered once");
+        let _ = reply.send(answer.map(|value| vec![value]));
     }
 }
 

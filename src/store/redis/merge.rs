@@ -14,24 +14,30 @@
 //! runs the merged call atomically, as it ran the batch's calls one after another; the order of
 //! calls within a batch was never promised, as they were concurrent.
 //!
-//! Only calls to one server merge (not on a cluster, where the declared keys of one call must
-//! share a slot); a call alone in its batch goes as it is.
+//! On a cluster node the merged call is the script's twin that takes its keys across slots
+//! (`lua/across_slots.lua`: a call's declared keys must share a slot, and merged calls' keys do
+//! not): it checks that the node serves every key before anything is written, and a refusal
+//! (`ELSEWHERE`: a slot moved or is migrating) wrote nothing, so the coalescer sends the calls
+//! again as they were, one each, which the cluster then redirects as usual. A call alone in its
+//! batch goes as it is.
 
 use redis::{Arg, Cmd, Value};
 
-use super::script;
+use super::script::{self, ELSEWHERE, Keys, LuaScript};
 
 /// The arguments of a lean-script call that merging reads, borrowed from its [`Cmd`]: `EVALSHA
 /// sha n key1..keyn now merged per-check-arguments..`.
 struct Parts<'a> {
     sha: &'a [u8],
+    /// The script's twin taking keys across slots.
+    across_slots: &'static LuaScript,
     keys: Vec<&'a [u8]>,
     now: &'a [u8],
     rest: Vec<&'a [u8]>,
 }
 
 /// Reads `cmd` as a call that may merge: an `EVALSHA` of one of the lean scripts that take merged
-/// calls ([`script::merges`]), not itself merged.
+/// calls ([`script::mergeable`]), not itself merged.
 fn parts(cmd: &Cmd) -> Option<Parts<'_>> {
     let mut args = cmd.args_iter().map(|arg| match arg {
         Arg::Simple(bytes) => Some(bytes),
@@ -42,9 +48,7 @@ fn parts(cmd: &Cmd) -> Option<Parts<'_>> {
         return None;
     }
     let sha = next()?;
-    if !script::merges(sha) {
-        return None;
-    }
+    let across_slots = script::mergeable(sha)?;
     let count: usize = std::str::from_utf8(next()?).ok()?.parse().ok()?;
     let keys = (0..count).map(|_| next()).collect::<Option<Vec<_>>>()?;
     let now = next()?;
@@ -54,6 +58,7 @@ fn parts(cmd: &Cmd) -> Option<Parts<'_>> {
     let rest = std::iter::from_fn(&mut next).collect();
     Some(Parts {
         sha,
+        across_slots,
         keys,
         now,
         rest,
@@ -94,21 +99,29 @@ pub(super) fn plan(calls: &[&[Cmd]]) -> Option<Vec<Vec<usize>>> {
     (groups.len() < calls.len()).then_some(groups)
 }
 
-/// One call deciding what `cmds` (each a call [`plan`] grouped) decide, in their order.
-pub(super) fn merge(cmds: &[&Cmd]) -> Cmd {
+/// One call deciding what `cmds` (each a call [`plan`] grouped) decide, in their order, with its
+/// keys laid out as `keys` says: declared on one server, across slots on a cluster node.
+pub(super) fn merge(cmds: &[&Cmd], keys: Keys) -> Cmd {
     let parts: Vec<Parts<'_>> = cmds
         .iter()
         .map(|cmd| parts(cmd).expect("plan merges only calls that parts reads"))
         .collect();
-    let keys: usize = parts.iter().map(|p| p.keys.len()).sum();
+    let key_count: usize = parts.iter().map(|p| p.keys.len()).sum();
     let rest: usize = parts.iter().map(|p| p.rest.len()).sum();
     let bytes: usize = parts
         .iter()
         .flat_map(|p| p.keys.iter().chain(&p.rest))
         .map(|arg| arg.len())
         .sum();
-    let mut merged = Cmd::with_capacity(5 + keys + rest, bytes + 64 + 4 * parts.len());
-    merged.arg("EVALSHA").arg(parts[0].sha).arg(keys);
+    let mut merged = Cmd::with_capacity(6 + key_count + rest, bytes + 64 + 4 * parts.len());
+    match keys {
+        Keys::Declared => merged.arg("EVALSHA").arg(parts[0].sha).arg(key_count),
+        Keys::AcrossSlots => merged
+            .arg("EVALSHA")
+            .arg(parts[0].across_slots.sha1.as_str())
+            .arg(0)
+            .arg(key_count),
+    };
     for part in &parts {
         for key in &part.keys {
             merged.arg(*key);
@@ -126,11 +139,13 @@ pub(super) fn merge(cmds: &[&Cmd]) -> Cmd {
 
 /// The reply of each of `calls` merged calls, from the merged call's `reply`: its entries, one
 /// per call; anything else (an error that ended the whole call, such as `BUSY`) is every call's
-/// reply, which an error is and anything else fails to decode as.
-pub(super) fn split(reply: Value, calls: usize) -> Vec<Value> {
+/// reply, which an error is and anything else fails to decode as. `None` when a cluster node
+/// refused the call across slots before writing anything (`ELSEWHERE`): the calls did not run.
+pub(super) fn split(reply: Value, calls: usize) -> Option<Vec<Value>> {
     match reply {
-        Value::Array(entries) if entries.len() == calls => entries,
-        other => vec![other; calls],
+        Value::Array(entries) if entries.len() == calls => Some(entries),
+        Value::SimpleString(refusal) if refusal.starts_with(ELSEWHERE) => None,
+        other => Some(vec![other; calls]),
     }
 }
 
@@ -172,7 +187,7 @@ mod tests {
         let (a, b, c) = (gcra("a", 1), gcra("b", 2), gcra("c", 3));
         let first = call(&[&a, &b], Keys::Declared, None);
         let second = call(&[&c], Keys::Declared, None);
-        let merged = merge(&[&first, &second]);
+        let merged = merge(&[&first, &second], Keys::Declared);
         let sha = text(&first)[1].clone();
         let sha = sha.as_str();
         assert_eq!(
@@ -184,6 +199,18 @@ mod tests {
         );
         // A merged call is not merged again.
         assert!(parts(&merged).is_none());
+        // On a cluster node: the twin across slots, the keys counted and listed in ARGV.
+        let across = merge(&[&first, &second], Keys::AcrossSlots);
+        let twin = call(&[&a, &b], Keys::AcrossSlots, None);
+        let twin_sha = text(&twin)[1].clone();
+        assert_ne!(twin_sha, sha);
+        assert_eq!(
+            text(&across),
+            [
+                "EVALSHA", &twin_sha, "0", "3", "a", "b", "c", "", "2,1", "1", "7", "9", "", "2",
+                "7", "9", "", "3", "7", "9", ""
+            ]
+        );
     }
 
     #[test]
@@ -228,11 +255,17 @@ mod tests {
             Value::Array(vec![Value::Int(1)]),
             redis::parse_redis_value(b"-WRONGTYPE no\r\n").unwrap(),
         ];
-        assert_eq!(split(Value::Array(entries.clone()), 2), entries);
+        assert_eq!(split(Value::Array(entries.clone()), 2), Some(entries));
         let busy = redis::parse_redis_value(b"-BUSY script\r\n").unwrap();
-        assert_eq!(split(busy.clone(), 3), vec![busy.clone(), busy.clone(), busy]);
+        assert_eq!(
+            split(busy.clone(), 3),
+            Some(vec![busy.clone(), busy.clone(), busy])
+        );
         // A reply of another shape is each call's, whose decoding refuses it.
         let odd = Value::Array(vec![Value::Int(1)]);
-        assert_eq!(split(odd.clone(), 2), vec![odd.clone(), odd]);
+        assert_eq!(split(odd.clone(), 2), Some(vec![odd.clone(), odd]));
+        // A cluster node that does not serve one of the keys ran nothing.
+        let elsewhere = Value::SimpleString("ELSEWHERE MOVED 12 127.0.0.1:7001".into());
+        assert_eq!(split(elsewhere, 2), None);
     }
 }

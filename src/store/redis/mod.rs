@@ -155,11 +155,11 @@ impl RedisStore {
         let connector = match &options.target {
             Target::Single(url) => Connector::Single(Coalescer::new(
                 new_pool(connection_info(url, &options)?, &pools),
-                true,
+                Keys::Declared,
             )),
             Target::Sentinel { master, sentinels } => Connector::Single(Coalescer::new(
                 sentinel_pool(master, sentinels, &options, &slow_connect)?,
-                true,
+                Keys::Declared,
             )),
             Target::Cluster(nodes) => {
                 let template = connection_info(&nodes[0], &options)?;

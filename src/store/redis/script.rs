@@ -303,11 +303,16 @@ pub(super) static EACH: LazyLock<Vec<EachScript>> = LazyLock::new(|| {
         .collect()
 });
 
-/// Whether `sha` names a lean script that takes several callers' calls merged into one
-/// (`merge.rs`, `lua/calls.lua`): [`FIXED_WINDOW_LEAN`] or one of [`EACH`], with keys declared.
-pub(super) fn merges(sha: &[u8]) -> bool {
-    FIXED_WINDOW_LEAN.sha1.as_bytes() == sha
-        || EACH.iter().any(|each| each.declared.sha1.as_bytes() == sha)
+/// When `sha` names a lean script that takes several callers' calls merged into one
+/// (`merge.rs`, `lua/calls.lua`), [`FIXED_WINDOW_LEAN`] or one of [`EACH`] with keys declared:
+/// its twin taking keys across slots, which a cluster node's merged call runs.
+pub(super) fn mergeable(sha: &[u8]) -> Option<&'static LuaScript> {
+    if FIXED_WINDOW_LEAN.sha1.as_bytes() == sha {
+        return Some(&FIXED_WINDOW_LEAN_ACROSS_SLOTS);
+    }
+    EACH.iter()
+        .find(|each| each.declared.sha1.as_bytes() == sha)
+        .map(|each| &each.across_slots)
 }
 
 /// The lean script of [`EACH`] that decides `checks` exactly as [`DECISION`] would, if one
