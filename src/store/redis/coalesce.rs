@@ -15,8 +15,9 @@
 //! plain commands (`plain.rs`: `INCRBY` and `PEXPIRE` per check) is one call of several, which
 //! stay together in the batch's write and come back as that call's replies, in order.
 //!
-//! On one server, a batch's calls of one algorithm's lean script then go as one call
-//! (`merge.rs`), which replies to each as its call alone would have been answered.
+//! A batch's calls of one lean script then go as one call (`merge.rs`; on a cluster node one that
+//! takes its keys across slots), which replies to each as its call alone would have been
+//! answered.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

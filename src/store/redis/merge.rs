@@ -1,10 +1,10 @@
-//! Merging: concurrent callers' calls of one algorithm's lean script (`lua/decide_each.lua`)
-//! leave as one `EVALSHA` instead of one each.
+//! Merging: concurrent callers' calls of one lean script (an algorithm's, `lua/decide_each.lua`,
+//! or the fixed window's, `lua/fixed_window_lean.lua`) leave as one `EVALSHA` instead of one each.
 //!
 //! Why: on Redis, any `EVALSHA` costs a floor of 3–4 µs of CPU before it decides anything (the
 //! call, the script's top level, reading `TIME`), several times what deciding one check costs
-//! inside it; a call of eight checks costs 9–12 µs per check against 18–21 µs for eight calls
-//! (docs/BENCHMARKS.md, issue #30). The coalescer (`coalesce.rs`) already sends a batch of
+//! inside it; merged, the other algorithms cost Redis 0.53–0.66× what they did at 64 callers
+//! (docs/BENCHMARKS.md, issue #30 part 3). The coalescer (`coalesce.rs`) already sends a batch of
 //! concurrent calls in one write; here, the calls of a batch that run the same lean script with
 //! the same clock argument become one call whose `ARGV[2]` lists how many checks each had.
 //!
