@@ -769,7 +769,11 @@ async fn merged_calls_on_a_migrating_slot_go_again_one_each() {
         .take(3)
         .collect();
     let moving = log_slot(&values[0]).to_string();
-    assert!(values[1..].iter().all(|v| log_slot(v).to_string() != moving));
+    assert!(
+        values[1..]
+            .iter()
+            .all(|v| log_slot(v).to_string() != moving)
+    );
     let (from_id, to_id) = (cluster.node(from).node_id(), cluster.node(to).node_id());
     for (port, how, id) in [(to, "IMPORTING", &from_id), (from, "MIGRATING", &to_id)] {
         let out = cluster

@@ -1341,7 +1341,11 @@ async fn a_failover_to_an_older_redis_and_back_returns_to_plain_commands() {
     for n in 1..=3 {
         assert_eq!(decide().await, n);
     }
-    assert_eq!(decision_commands(&redis), (3.0, 0.0), "plain commands on Redis 7");
+    assert_eq!(
+        decision_commands(&redis),
+        (3.0, 0.0),
+        "plain commands on Redis 7"
+    );
 
     redis.restart_as(&older);
     for n in 1..=10 {
@@ -1371,7 +1375,10 @@ async fn a_failover_to_an_older_redis_and_back_returns_to_plain_commands() {
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    eprintln!("plain commands again after {n} decisions, {:?}", started.elapsed());
+    eprintln!(
+        "plain commands again after {n} decisions, {:?}",
+        started.elapsed()
+    );
 }
 
 /// Concurrent calls of one algorithm's lean script leave as one merged call

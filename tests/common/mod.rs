@@ -45,8 +45,9 @@ pub fn redis_server_binary() -> String {
 /// A Redis older than 7.0 (no `PEXPIRE .. NX`): the binary `SLUICE_TEST_REDIS_OLDER` names,
 /// which scripts/test.sh sets to the matrix's Redis 6.2.
 pub fn older_redis_server_binary() -> String {
-    std::env::var("SLUICE_TEST_REDIS_OLDER")
-        .expect("SLUICE_TEST_REDIS_OLDER names a redis-server older than 7.0 (scripts/test.sh sets it)")
+    std::env::var("SLUICE_TEST_REDIS_OLDER").expect(
+        "SLUICE_TEST_REDIS_OLDER names a redis-server older than 7.0 (scripts/test.sh sets it)",
+    )
 }
 
 /// A `redis-server` of our own, without persistence.

@@ -298,7 +298,10 @@ async fn send_merged<C: Connect>(
     if again.is_empty() {
         return;
     }
-    tracing::debug!(calls = again.len(), "a node refused merged calls; sending them one each");
+    tracing::debug!(
+        calls = again.len(),
+        "a node refused merged calls; sending them one each"
+    );
     let mut pipe = Pipeline::with_capacity(again.len());
     for &index in &again {
         pipe.add_command(std::mem::take(&mut cmds[index]).remove(0));

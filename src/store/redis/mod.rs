@@ -53,13 +53,13 @@ pub use options::{RedisAuth, RedisOptions, StartupRetry, Target, TlsFiles, redac
 pub use script::TTL_REPAIR_PERIOD;
 
 use self::cluster::Cluster;
-use self::conn::Connection;
-use self::plain::{ExpireNx, ExpiryFailed, why_no_expire_nx};
 use self::coalesce::Coalescer;
+use self::conn::Connection;
 use self::conn::{
     Manager, PoolSettings, checkout, connection_info, fail, host_port, load, new_pool, redis_error,
     sentinel_pool, tls_config,
 };
+use self::plain::{ExpireNx, ExpiryFailed, why_no_expire_nx};
 use self::script::{
     ELSEWHERE, FIXED_WINDOW_LEAN, Keys, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK, Reply,
     decode,
@@ -313,7 +313,9 @@ impl RedisStore {
         };
         match answer.await {
             Ok(takes_nx) => self.expire_nx.learnt(takes_nx),
-            Err(e) => tracing::debug!(error = %e, "could not ask redis whether it takes PEXPIRE NX"),
+            Err(e) => {
+                tracing::debug!(error = %e, "could not ask redis whether it takes PEXPIRE NX")
+            }
         }
     }
 
@@ -392,7 +394,8 @@ impl RedisStore {
         }
         if plain && self.expire_nx.ask_due() {
             // Alongside this decision, which goes by script, so it waits for no extra round trip.
-            let (outcomes, ()) = futures::join!(self.run_scripts(checks, charging), self.ask_servers());
+            let (outcomes, ()) =
+                futures::join!(self.run_scripts(checks, charging), self.ask_servers());
             return outcomes;
         }
         self.run_scripts(checks, charging).await

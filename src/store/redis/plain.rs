@@ -219,14 +219,20 @@ impl ExpireNx {
 
     /// What the servers said (`true`: every one takes it); the next ask is `every` from now.
     pub(super) fn learnt(&self, takes: bool) {
-        self.next_ask_ms
-            .store(self.now_ms() + self.every_ms.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.next_ask_ms.store(
+            self.now_ms() + self.every_ms.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
         if self.takes.swap(takes, Ordering::Relaxed) != takes {
             tracing::info!(
                 plain_commands = takes,
                 "redis {} PEXPIRE NX: fixed windows decided with {}",
                 if takes { "takes" } else { "does not take" },
-                if takes { "plain commands" } else { "the lean script" },
+                if takes {
+                    "plain commands"
+                } else {
+                    "the lean script"
+                },
             );
         }
     }
@@ -261,8 +267,10 @@ impl ExpireNx {
 
     /// Asks more or less often than [`ExpireNx::EVERY`] (tests).
     pub(super) fn ask_every(&self, every: Duration) {
-        self.every_ms.store(every.as_millis() as u64, Ordering::Relaxed);
-        self.next_ask_ms.store(self.now_ms() + every.as_millis() as u64, Ordering::Relaxed);
+        self.every_ms
+            .store(every.as_millis() as u64, Ordering::Relaxed);
+        self.next_ask_ms
+            .store(self.now_ms() + every.as_millis() as u64, Ordering::Relaxed);
     }
 
     fn now_ms(&self) -> u64 {
@@ -397,12 +405,18 @@ mod tests {
         }
         // An older server refusing NX: the count stands, the store is told.
         let refused = read(&[Value::Int(3), error("ERR")], &[&a], 0);
-        assert!(matches!(refused.expiry_failed, Some(ExpiryFailed::Refused(_))));
+        assert!(matches!(
+            refused.expiry_failed,
+            Some(ExpiryFailed::Refused(_))
+        ));
         assert_eq!(refused.outcomes.unwrap()[0].used, 3);
         // Any other error says nothing about the server's version.
         for code in ["LOADING", "READONLY", "CLUSTERDOWN", "OOM", "BUSY"] {
             let failed = read(&[Value::Int(3), error(code)], &[&a], 0);
-            assert!(matches!(failed.expiry_failed, Some(ExpiryFailed::Other(_))), "{code}");
+            assert!(
+                matches!(failed.expiry_failed, Some(ExpiryFailed::Other(_))),
+                "{code}"
+            );
             assert_eq!(failed.outcomes.unwrap()[0].used, 3);
         }
     }
