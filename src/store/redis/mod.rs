@@ -8,8 +8,8 @@
 //! Connections come from a `bb8` pool of Sluice's own pipelined connections (`wire.rs`: callers
 //! write to the socket, one reader task hands out the replies in order). Script calls go through
 //! `coalesce.rs`, which sends the calls of concurrent requests as one pipeline on one pooled
-//! connection (checked out, cloned and returned at once), the calls of one algorithm's lean script
-//! among them as one call (`merge.rs`). A failed call sets a flag on its connection ([`Manager`]),
+//! connection (checked out, cloned and returned at once), the calls of one lean script among
+//! them as one call (`merge.rs`). A failed call sets a flag on its connection ([`Manager`]),
 //! and so does a connection that stopped answering; the pool then replaces it on its next
 //! checkout, without a PING per request.
 //!
