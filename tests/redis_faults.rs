@@ -227,9 +227,12 @@ struct Backend {
 }
 
 impl Backend {
-    /// One server with its AOF on (counts survive a restart), behind one proxy.
+    /// One server with its AOF on (counts survive a restart), behind one proxy. Each write is
+    /// fsynced before its reply (`appendfsync always`): with the default `everysec`, a server
+    /// whose previous fsync is slow (a busy machine) postpones writing the AOF for up to two
+    /// seconds while it goes on replying, so a kill loses increments it has acknowledged.
     async fn standalone() -> Backend {
-        let aof = ["--appendonly", "yes"].map(String::from);
+        let aof = ["--appendonly", "yes", "--appendfsync", "always"].map(String::from);
         let server = RedisServer::start_with(&aof, &[]);
         let proxy = FaultProxy::start(([127, 0, 0, 1], server.port).into()).await;
         Backend {
