@@ -165,12 +165,27 @@ fn busy_script(redis: &RedisServer, ms: u64) {
     assert_eq!(out.as_deref().map(str::trim), Some("1"), "busy script ran");
 }
 
-/// Sequential calls until one is refused by the open breaker: the calls that failed before it
-/// (each one reached the store and failed), and how long that took. Panics past `within`.
-async fn calls_until_open(sluice: &Sluice, within: Duration) -> (usize, Duration) {
+/// What the calls before the breaker opened saw.
+struct UntilOpen {
+    /// Calls that failed before one was refused by the open breaker.
+    failed: usize,
+    /// Of those, the outages at the end, with no answer or late call between them: what the
+    /// breaker counts. A call that times out while the connection it was written to read a
+    /// reply within the last second is late, not an outage (`StoreError::Late`), and it
+    /// starts the count again; on a starved CPU the first calls after a kill can be late.
+    outages_in_a_row: usize,
+    /// Calls that failed late (the status says "while redis was answering").
+    late: usize,
+    /// Calls told that Redis refused the connection (rather than that they ran out of time).
+    refused: usize,
+    took: Duration,
+}
+
+/// Sequential calls until one is refused by the open breaker. Panics past `within`.
+async fn calls_until_open(sluice: &Sluice, within: Duration) -> UntilOpen {
     let mut client = sluice.client().await;
     let started = Instant::now();
-    let mut failed = 0;
+    let (mut failed, mut outages_in_a_row, mut late, mut refused) = (0, 0, 0, 0);
     loop {
         assert!(
             started.elapsed() < within,
@@ -178,10 +193,25 @@ async fn calls_until_open(sluice: &Sluice, within: Duration) -> (usize, Duration
         );
         match call(&mut client, 0).await {
             Err(status) if status.message().contains("circuit breaker open") => {
-                return (failed, started.elapsed());
+                let took = started.elapsed();
+                return UntilOpen {
+                    failed,
+                    outages_in_a_row,
+                    late,
+                    refused,
+                    took,
+                };
             }
-            Err(_) => failed += 1,
-            Ok(_) => {}
+            Err(status) if status.message().contains("while redis was answering") => {
+                (failed, late, outages_in_a_row) = (failed + 1, late + 1, 0);
+            }
+            Err(status) => {
+                (failed, outages_in_a_row) = (failed + 1, outages_in_a_row + 1);
+                if status.message().contains("refused") {
+                    refused += 1;
+                }
+            }
+            Ok(_) => outages_in_a_row = 0,
         }
     }
 }
@@ -290,11 +320,22 @@ async fn a_dead_redis_opens_the_breaker_within_five_calls_and_it_closes_after_on
     client.should_rate_limit(tenant(0)).await.unwrap();
 
     redis.kill();
-    let (failed, took) = calls_until_open(&sluice, Duration::from_secs(10)).await;
+    let opened = calls_until_open(&sluice, Duration::from_secs(10)).await;
+    let UntilOpen {
+        failed,
+        late,
+        refused,
+        took,
+        ..
+    } = opened;
     assert!(
-        failed <= BREAKER_FAILURES,
-        "{failed} failed calls before the breaker opened"
+        (1..=BREAKER_FAILURES).contains(&opened.outages_in_a_row),
+        "{} outages in a row before the breaker opened ({failed} failed, {late} of them late)",
+        opened.outages_in_a_row
     );
+    // A connect Redis refuses fails the calls waiting for it at once, with the reason, instead
+    // of leaving them to wait out their deadline (conn.rs, `Refusals`).
+    assert!(refused > 0, "no call was told the connection was refused");
     assert_eq!(sluice.http("GET", "/healthcheck", "").0, 500, "NOT_SERVING");
     assert_eq!(
         sluice.metric("sluice_circuit_breaker_open{store=\"redis\"}"),
@@ -317,8 +358,8 @@ async fn a_dead_redis_opens_the_breaker_within_five_calls_and_it_closes_after_on
         sluice.http("GET", "/healthcheck", "").0 == 200
     });
     println!(
-        "BREAKER-CPU redis-killed: opened after {failed} failed calls ({took:?}); \
-         answered again {back:?} after Redis was back; refused-by-open-breaker={}",
+        "BREAKER-CPU redis-killed: opened after {failed} failed calls ({refused} refused, {late} \
+         late) in {took:?}; answered again {back:?} after Redis was back; refused-by-open-breaker={}",
         tally.breaker_open.load(Ordering::Relaxed)
     );
 }
@@ -338,7 +379,7 @@ async fn an_unreachable_redis_opens_the_breaker_and_it_closes_after_one_cool_dow
         stall: true,
         ..Faults::default()
     });
-    let (failed, took) = calls_until_open(&sluice, Duration::from_secs(20)).await;
+    let UntilOpen { failed, took, .. } = calls_until_open(&sluice, Duration::from_secs(20)).await;
     assert_eq!(sluice.http("GET", "/healthcheck", "").0, 500, "NOT_SERVING");
 
     let stop = Arc::new(AtomicBool::new(false));

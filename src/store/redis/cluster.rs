@@ -37,7 +37,7 @@ use redis::{
 };
 
 use super::coalesce::{CallError, Coalescer, Connect, PipelineCounts, send_on};
-use super::conn::{Connection, Manager, PoolSettings, describe, fail, new_pool, redis_error};
+use super::conn::{Connection, Pool, PoolSettings, checkout, fail, new_pool, redis_error};
 use super::script::Keys;
 use super::slot::SLOTS;
 use super::wire::Watch;
@@ -556,7 +556,7 @@ fn classify<T>(e: RedisError) -> Result<Attempt<T>, RedisError> {
 /// One master: its pool, and until when it counts as unreachable.
 pub(super) struct Node {
     name: String,
-    pool: bb8::Pool<Manager>,
+    pool: Pool,
     /// Calls fail at once until then instead of waiting for a connection that will not come.
     down_until: Mutex<Option<Instant>>,
 }
@@ -576,22 +576,19 @@ impl Connect for Node {
                 None => {}
             }
         }
-        // bb8 waits out its whole connection timeout even when the node refuses at once; a
-        // checkout that takes this long means the node is gone (connections are shared, so a
-        // live node hands one out immediately).
-        let checkout = tokio::time::timeout(CHECKOUT_WAIT, self.pool.get()).await;
-        match checkout {
-            Ok(Ok(pooled)) => Ok(Connection::clone(&pooled)),
-            failed => {
-                *lock(&self.down_until) = Some(Instant::now() + DOWN_FOR);
-                Err(match failed {
-                    Ok(Err(bb8::RunError::User(e))) => {
-                        StoreError::Unavailable(format!("{}: {}", self.name, describe(&e)))
-                    }
-                    _ => StoreError::Unavailable(format!("{}: no connection", self.name)),
-                })
-            }
-        }
+        // A node that refuses fails the checkout at once; one that does not answer the connect
+        // would hold it for the whole connection timeout, and a checkout that takes this long
+        // means the node is gone (connections are shared, so a live node hands one out
+        // immediately).
+        let checkout = tokio::time::timeout(CHECKOUT_WAIT, checkout(&self.pool)).await;
+        let why = match checkout {
+            Ok(Ok(connection)) => return Ok(connection),
+            Ok(Err(StoreError::Unavailable(why))) => why,
+            Ok(Err(other)) => other.to_string(),
+            Err(_) => "no connection".to_string(),
+        };
+        *lock(&self.down_until) = Some(Instant::now() + DOWN_FOR);
+        Err(StoreError::Unavailable(format!("{}: {why}", self.name)))
     }
 }
 

@@ -27,7 +27,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisError, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use super::conn::{Connection, Manager, checkout, fail, retire_if_broken};
+use super::conn::{Connection, Pool, checkout, fail, retire_if_broken};
 use super::merge;
 use super::script::{self, Keys};
 use super::wire::Watch;
@@ -41,7 +41,7 @@ pub(super) trait Connect: Send + Sync + 'static {
     fn connect(&self) -> impl Future<Output = Result<Connection, StoreError>> + Send;
 }
 
-impl Connect for bb8::Pool<Manager> {
+impl Connect for Pool {
     fn connect(&self) -> impl Future<Output = Result<Connection, StoreError>> + Send {
         checkout(self)
     }

@@ -100,6 +100,8 @@ pub(super) struct PoolSettings {
 pub(super) struct Manager {
     source: Source,
     settings: PoolSettings,
+    /// Where a failed connect is told to the calls waiting for a connection.
+    refused: Arc<Refusals>,
     /// bb8 reports a failed connect to its waiters as a timeout, so a file that cannot be used
     /// is logged here, at most once a second.
     auth_file_log: LogThrottle,
@@ -138,6 +140,33 @@ impl bb8::ManageConnection for Manager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Connection, RedisError> {
+        let connected = self.open().await;
+        if let Err(e) = &connected {
+            self.refused.tell(e);
+        }
+        connected
+    }
+
+    /// Called on checkout: cheap, because a failed call has already set the flag.
+    async fn is_valid(&self, conn: &mut Connection) -> Result<(), RedisError> {
+        if conn.is_broken() {
+            Err(RedisError::from((
+                ErrorKind::Io,
+                "connection failed earlier",
+            )))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn has_broken(&self, conn: &mut Connection) -> bool {
+        conn.is_broken()
+    }
+}
+
+impl Manager {
+    /// A new connection, to the address or to the master the sentinels name now.
+    async fn open(&self) -> Result<Connection, RedisError> {
         let info = match (&self.source, self.file_auth()?) {
             (Source::Direct(info), None) => info.clone(),
             (Source::Direct(info), Some(auth)) => with_auth(info.clone(), &auth),
@@ -175,21 +204,36 @@ impl bb8::ManageConnection for Manager {
             _open: settings.counts.opening(),
         })
     }
+}
 
-    /// Called on checkout: cheap, because a failed call has already set the flag.
-    async fn is_valid(&self, conn: &mut Connection) -> Result<(), RedisError> {
-        if conn.is_broken() {
-            Err(RedisError::from((
-                ErrorKind::Io,
-                "connection failed earlier",
-            )))
-        } else {
-            Ok(())
-        }
+/// A bb8 pool of connections to one server (or one cluster node), with what it needs to fail
+/// fast when that server refuses connections.
+pub(super) struct Pool {
+    connections: bb8::Pool<Manager>,
+    refused: Arc<Refusals>,
+}
+
+/// The connects of one pool that failed, told to the calls waiting for a connection.
+///
+/// bb8 tells a failed connect to none of its waiters: they wait out the pool's whole connection
+/// timeout and are told only that it ran out. A Redis that refuses at once (killed, restarting)
+/// would then cost every call its deadline, and a call that ran out within a second of the last
+/// reply would count as late rather than down (`StoreError::Late`), keeping the circuit breaker
+/// closed for that second.
+#[derive(Default)]
+struct Refusals {
+    notify: tokio::sync::Notify,
+    last: std::sync::Mutex<String>,
+}
+
+impl Refusals {
+    fn tell(&self, e: &RedisError) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = describe(e);
+        self.notify.notify_waiters();
     }
 
-    fn has_broken(&self, conn: &mut Connection) -> bool {
-        conn.is_broken()
+    fn last(&self) -> String {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
@@ -228,12 +272,8 @@ fn with_auth(info: ConnectionInfo, auth: &RedisAuth) -> ConnectionInfo {
 }
 
 /// A bb8 pool of connections to one server (or one cluster node), as `settings` say.
-pub(super) fn new_pool(info: ConnectionInfo, settings: &PoolSettings) -> bb8::Pool<Manager> {
-    pool_of(Manager {
-        source: Source::Direct(info),
-        settings: settings.clone(),
-        auth_file_log: LogThrottle::new(),
-    })
+pub(super) fn new_pool(info: ConnectionInfo, settings: &PoolSettings) -> Pool {
+    pool_of(Source::Direct(info), settings)
 }
 
 /// A pool of connections to the master the sentinels name (`Target::Sentinel`), as `settings`
@@ -243,7 +283,7 @@ pub(super) fn sentinel_pool(
     sentinels: &[String],
     options: &RedisOptions,
     settings: &PoolSettings,
-) -> Result<bb8::Pool<Manager>, StoreError> {
+) -> Result<Pool, StoreError> {
     let sentinel_infos = sentinels
         .iter()
         .map(|s| {
@@ -258,15 +298,14 @@ pub(super) fn sentinel_pool(
         .collect::<Result<Vec<_>, StoreError>>()?;
     let client = sentinel_client(sentinel_infos.clone(), master, options.auth.as_ref())
         .map_err(|e| StoreError::Setup(format!("invalid sentinel settings: {}", describe(&e))))?;
-    Ok(pool_of(Manager {
-        source: Source::Sentinel {
+    Ok(pool_of(
+        Source::Sentinel {
             client: tokio::sync::Mutex::new(client),
             sentinels: sentinel_infos,
             master: master.to_string(),
         },
-        settings: settings.clone(),
-        auth_file_log: LogThrottle::new(),
-    }))
+        settings,
+    ))
 }
 
 /// A client of `sentinels` for the master named `master`, authenticating to it with `auth`.
@@ -290,16 +329,26 @@ fn sentinel_client(
     )
 }
 
-pub(super) fn pool_of(manager: Manager) -> bb8::Pool<Manager> {
-    let (size, connect_timeout) = (manager.settings.size, manager.settings.connect_timeout);
-    bb8::Pool::builder()
-        .max_size(size.max(1))
+fn pool_of(source: Source, settings: &PoolSettings) -> Pool {
+    let refused = Arc::new(Refusals::default());
+    let manager = Manager {
+        source,
+        settings: settings.clone(),
+        refused: refused.clone(),
+        auth_file_log: LogThrottle::new(),
+    };
+    let connections = bb8::Pool::builder()
+        .max_size(settings.size.max(1))
         .test_on_check_out(true)
         // Fail fast and let the caller decide: start-up retries with backoff, requests answer
-        // UNAVAILABLE at once instead of waiting out their deadline.
+        // UNAVAILABLE at once instead of waiting out their deadline (see `Refusals`).
         .retry_connection(false)
-        .connection_timeout(connect_timeout)
-        .build_unchecked(manager)
+        .connection_timeout(settings.connect_timeout)
+        .build_unchecked(manager);
+    Pool {
+        connections,
+        refused,
+    }
 }
 
 /// `host:port` of a node URL.
@@ -375,14 +424,23 @@ pub(super) fn retire_if_broken(conn: &Connection, e: &RedisError) {
 
 /// A connection from `pool`, handed back at once: clones share the connection, and its calls
 /// are pipelined on it.
-pub(super) async fn checkout(pool: &bb8::Pool<Manager>) -> Result<Connection, StoreError> {
-    let pooled = pool.get().await.map_err(|e| match e {
-        bb8::RunError::User(e) => StoreError::Unavailable(describe(&e)),
-        bb8::RunError::TimedOut => {
-            StoreError::Unavailable("timed out waiting for a connection".into())
-        }
-    })?;
-    Ok(Connection::clone(&pooled))
+/// Fails as soon as a connect the call waits for fails.
+pub(super) async fn checkout(pool: &Pool) -> Result<Connection, StoreError> {
+    // Listening before asking: a connect that fails between the two is not missed.
+    let refused = pool.refused.notify.notified();
+    tokio::pin!(refused);
+    refused.as_mut().enable();
+    tokio::select! {
+        biased;
+        pooled = pool.connections.get() => match pooled {
+            Ok(pooled) => Ok(Connection::clone(&pooled)),
+            Err(bb8::RunError::User(e)) => Err(StoreError::Unavailable(describe(&e))),
+            Err(bb8::RunError::TimedOut) => Err(StoreError::Unavailable(
+                "timed out waiting for a connection".into(),
+            )),
+        },
+        () = refused => Err(StoreError::Unavailable(pool.refused.last())),
+    }
 }
 
 pub(super) fn redis_error(e: RedisError) -> StoreError {

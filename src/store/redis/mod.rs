@@ -56,7 +56,7 @@ use self::cluster::Cluster;
 use self::coalesce::Coalescer;
 use self::conn::Connection;
 use self::conn::{
-    Manager, PoolSettings, checkout, connection_info, fail, host_port, load, new_pool, redis_error,
+    Pool, PoolSettings, checkout, connection_info, fail, host_port, load, new_pool, redis_error,
     sentinel_pool, tls_config,
 };
 use self::plain::{ExpireNx, ExpiryFailed, why_no_expire_nx};
@@ -108,7 +108,7 @@ pub enum DecisionPath {
 /// How calls reach Redis.
 enum Connector {
     /// bb8 pool of pipelined connections to one server; concurrent calls are coalesced.
-    Single(Coalescer<bb8::Pool<Manager>>),
+    Single(Coalescer<Pool>),
     /// A bb8 pool per master, routed by slot (see `cluster.rs`).
     Cluster(Arc<Cluster>),
 }
