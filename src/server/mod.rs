@@ -11,6 +11,7 @@ pub(crate) mod named;
 mod oversized;
 pub mod reload;
 pub(crate) mod rls;
+mod routes;
 pub(crate) mod serving;
 pub mod tls;
 

@@ -28,6 +28,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use super::connections::{self, ConnectionLimit};
 use super::named::NamedApiService;
 use super::oversized::AnswerOversized;
+use super::routes::GrpcRoutes;
 use super::serving::{self, Closed, Http2Options, Preface};
 use super::{GrpcListener, GrpcOptions, MAX_REQUEST_BYTES, ServeError, tls};
 use crate::metrics::{ApiMetrics, Metrics};
@@ -138,21 +139,24 @@ where
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
+    let rls = AnswerOversized::new(
+        RateLimitServiceServer::new(RateLimitService {
+            limiter,
+            api: metrics.api("ShouldRateLimit"),
+            metrics: metrics.clone(),
+        })
+        .max_decoding_message_size(MAX_REQUEST_BYTES),
+        MAX_REQUEST_BYTES,
+        metrics.clone(),
+    );
     let mut routes = tonic::service::Routes::new(health)
         .add_service(reflection)
-        .add_service(AnswerOversized::new(
-            RateLimitServiceServer::new(RateLimitService {
-                limiter,
-                api: metrics.api("ShouldRateLimit"),
-                metrics: metrics.clone(),
-            })
-            .max_decoding_message_size(MAX_REQUEST_BYTES),
-            MAX_REQUEST_BYTES,
-            metrics.clone(),
-        ));
+        .add_service(rls.clone());
     if let Some(api) = limiter_api {
         routes = routes.add_service(api);
     }
+    // Envoy's calls skip the router (`routes.rs`).
+    let routes = GrpcRoutes::new(rls, routes);
     listen(routes, listener, limit, closed, options, stopped)
 }
 
@@ -167,7 +171,7 @@ pub(crate) fn serve_named_api(
 ) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError> {
     let limit = ConnectionLimit::new(options.caps, "limiter_api", metrics);
     let closed = Closed::new("limiter_api", metrics);
-    let routes = tonic::service::Routes::new(service);
+    let routes = GrpcRoutes::routed(tonic::service::Routes::new(service));
     listen(
         routes,
         GrpcListener::Tcp(listener),
@@ -222,7 +226,7 @@ type Serving = Pin<Box<dyn Future<Output = Result<(), ServeError>> + Send>>;
 /// send its HTTP/2 preface (after its TLS handshake) within `GRPC_HANDSHAKE_TIMEOUT` of the
 /// accept ([`Preface`]).
 fn listen(
-    routes: tonic::service::Routes,
+    routes: GrpcRoutes,
     listener: GrpcListener,
     limit: ConnectionLimit,
     closed: Closed,

@@ -41,6 +41,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use super::routes::GrpcRoutes;
 use crate::metrics::Metrics;
 
 /// Length of the HTTP/2 client connection preface (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`).
@@ -199,7 +200,7 @@ pub(crate) async fn serve_http1<IO>(
 /// Serves the gRPC `routes` over HTTP/2 on every connection of `incoming` until `stopped`.
 pub(crate) async fn serve_http2<IO>(
     incoming: impl Stream<Item = io::Result<IO>>,
-    routes: tonic::service::Routes,
+    routes: GrpcRoutes,
     options: Http2Options,
     closed: Closed,
     stopped: impl Future<Output = ()>,
@@ -212,7 +213,6 @@ pub(crate) async fn serve_http2<IO>(
         .max_concurrent_streams(options.max_streams)
         .keep_alive_interval(options.keepalive_interval)
         .keep_alive_timeout(options.keepalive_timeout);
-    let routes = routes.prepare();
     accept_loop(incoming, stopped, |io, shutdown| {
         let connection = Http2Connection {
             builder: builder.clone(),
@@ -227,7 +227,7 @@ pub(crate) async fn serve_http2<IO>(
 
 struct Http2Connection {
     builder: hyper::server::conn::http2::Builder<TokioExecutor>,
-    routes: tonic::service::Routes,
+    routes: GrpcRoutes,
     options: Http2Options,
     closed: Closed,
 }
@@ -247,14 +247,15 @@ impl Http2Connection {
         let service = {
             let calls = calls.clone();
             hyper::service::service_fn(move |request: http::Request<Incoming>| {
-                // tonic's routes are always ready, so they can be called without `poll_ready`.
-                let mut routes = routes.clone();
                 let call = calls.start();
                 let arrived = Instant::now();
                 let deadline = grpc_timeout(request.headers());
                 // The store's calls answer before the caller's deadline (less a margin for
                 // the answer to travel), whatever REDIS_TIMEOUT says, so the enforcement
                 // below only cuts a handler that is late for other reasons.
+                // The handler's future is boxed (`routes::ResponseFuture`), so this one stays
+                // small: hyper moves it into the call's task, a copy per move (docs/BENCHMARKS.md,
+                // "Sluice's own CPU", 2026-11-27).
                 let response = crate::store::deadline::scope(
                     arrived,
                     deadline,

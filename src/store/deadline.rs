@@ -21,8 +21,8 @@ use tokio::time::Instant;
 
 tokio::task_local! {
     /// When the current call's store calls must have answered (the caller's deadline less
-    /// [`margin`]).
-    static CALLER_DEADLINE: Instant;
+    /// [`margin`]); `None` when its caller sent no deadline.
+    static CALLER_DEADLINE: Option<Instant>;
 }
 
 /// The most a caller's deadline is shortened by, for the answer to travel back.
@@ -39,23 +39,23 @@ pub fn margin(timeout: Duration) -> Duration {
 
 /// `handler` run with the store's deadline set to `arrived + timeout - margin(timeout)`; `None`
 /// (no `grpc-timeout`) runs it as it is, and the store uses `REDIS_TIMEOUT`.
-pub async fn scope<F: Future>(
+pub fn scope<F: Future>(
     arrived: Instant,
     timeout: Option<Duration>,
     handler: F,
-) -> F::Output {
-    match timeout {
-        Some(timeout) => {
-            let deadline = arrived + timeout.saturating_sub(margin(timeout));
-            CALLER_DEADLINE.scope(deadline, handler).await
-        }
-        None => handler.await,
-    }
+) -> impl Future<Output = F::Output> {
+    // Set even when `None`, so that this is one future of the handler's size: every gRPC call's
+    // future holds it, and the server moves that future into the call's task.
+    let deadline = timeout.map(|timeout| arrived + timeout.saturating_sub(margin(timeout)));
+    CALLER_DEADLINE.scope(deadline, handler)
 }
 
 /// The store's deadline of the call being served, if its caller sent one.
 pub fn current() -> Option<Instant> {
-    CALLER_DEADLINE.try_with(|deadline| *deadline).ok()
+    CALLER_DEADLINE
+        .try_with(|deadline| *deadline)
+        .ok()
+        .flatten()
 }
 
 /// `call` run with the store's deadline brought forward by what `reserve` keeps of the time
@@ -66,7 +66,7 @@ pub async fn sooner<F: Future>(reserve: impl FnOnce(Duration) -> Duration, call:
         Some(deadline) => {
             let left = deadline.saturating_duration_since(Instant::now());
             let sooner = deadline.checked_sub(reserve(left)).unwrap_or(deadline);
-            CALLER_DEADLINE.scope(sooner, call).await
+            CALLER_DEADLINE.scope(Some(sooner), call).await
         }
         None => call.await,
     }

@@ -392,13 +392,19 @@ impl RedisStore {
         if plain && self.expire_nx.takes() {
             return self.run_plain(checks).await;
         }
+        // The script paths' futures are two to three times the plain one's, and a decision's
+        // future is moved whole by each layer that wraps it (deadline, breaker, metrics): boxed,
+        // they leave the common decision's future small (docs/BENCHMARKS.md, "Sluice's own CPU",
+        // 2026-11-27).
         if plain && self.expire_nx.ask_due() {
             // Alongside this decision, which goes by script, so it waits for no extra round trip.
-            let (outcomes, ()) =
-                futures::join!(self.run_scripts(checks, charging), self.ask_servers());
+            let (outcomes, ()) = Box::pin(async {
+                futures::join!(self.run_scripts(checks, charging), self.ask_servers())
+            })
+            .await;
             return outcomes;
         }
-        self.run_scripts(checks, charging).await
+        Box::pin(self.run_scripts(checks, charging)).await
     }
 
     /// [`RedisStore::run`] by script calls.
