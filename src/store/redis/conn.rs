@@ -102,8 +102,8 @@ pub(super) struct Manager {
     settings: PoolSettings,
     /// Where a failed connect is told to the calls waiting for a connection.
     refused: Arc<Refusals>,
-    /// bb8 reports a failed connect to its waiters as a timeout, so a file that cannot be used
-    /// is logged here, at most once a second.
+    /// A credentials file that cannot be used is logged here, at most once a second: the calls
+    /// that fail for it say so to their callers, but the file is the operator's to fix.
     auth_file_log: LogThrottle,
 }
 
@@ -424,7 +424,8 @@ pub(super) fn retire_if_broken(conn: &Connection, e: &RedisError) {
 
 /// A connection from `pool`, handed back at once: clones share the connection, and its calls
 /// are pipelined on it.
-/// Fails as soon as a connect the call waits for fails.
+///
+/// Fails as soon as a connect the call waits for fails, with that connect's error.
 pub(super) async fn checkout(pool: &Pool) -> Result<Connection, StoreError> {
     // Listening before asking: a connect that fails between the two is not missed.
     let refused = pool.refused.notify.notified();
