@@ -255,7 +255,7 @@ impl Http2Connection {
                 // below only cuts a handler that is late for other reasons.
                 // The handler's future is boxed (`routes::ResponseFuture`), so this one stays
                 // small: hyper moves it into the call's task, a copy per move (docs/BENCHMARKS.md,
-                // "Sluice's own CPU", 2026-11-27).
+                // "Issue #30, part 4").
                 let response = crate::store::deadline::scope(
                     arrived,
                     deadline,

@@ -394,8 +394,7 @@ impl RedisStore {
         }
         // The script paths' futures are two to three times the plain one's, and a decision's
         // future is moved whole by each layer that wraps it (deadline, breaker, metrics): boxed,
-        // they leave the common decision's future small (docs/BENCHMARKS.md, "Sluice's own CPU",
-        // 2026-11-27).
+        // they leave the common decision's future small (docs/BENCHMARKS.md, "Issue #30, part 4").
         if plain && self.expire_nx.ask_due() {
             // Alongside this decision, which goes by script, so it waits for no extra round trip.
             let (outcomes, ()) = Box::pin(async {
