@@ -149,13 +149,11 @@ where
         MAX_REQUEST_BYTES,
         metrics.clone(),
     );
-    let mut routes = tonic::service::Routes::new(health)
-        .add_service(reflection)
-        .add_service(rls.clone());
+    let mut routes = tonic::service::Routes::new(health).add_service(reflection);
     if let Some(api) = limiter_api {
         routes = routes.add_service(api);
     }
-    // Envoy's calls skip the router (`routes.rs`).
+    // Envoy's calls skip the router (`routes.rs`), so the router does not hold the RLS.
     let routes = GrpcRoutes::new(rls, routes);
     listen(routes, listener, limit, closed, options, stopped)
 }

@@ -33,8 +33,8 @@ pub(crate) struct GrpcRoutes {
 }
 
 impl GrpcRoutes {
-    /// `hot` called directly, `routes` (which should serve it too, for reflection's sake) for
-    /// every other path.
+    /// `hot` called directly for its paths, `routes` for every other path (reflection lists
+    /// services from the descriptor sets it was given, not from the routes).
     pub(crate) fn new<H>(hot: H, routes: tonic::service::Routes) -> Self
     where
         H: Service<
