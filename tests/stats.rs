@@ -328,6 +328,66 @@ async fn statsd_sink_sends_once_a_server_listens() {
     drop(sluice);
 }
 
+/// A statsd server that restarts (closes its connections, listens again on its port) loses no
+/// count: the sink sees the closed connection before its next flush and connects again. Before,
+/// that flush went into the closed connection (the write succeeds, the server is gone), the one
+/// after failed on the reset, the hits of both were lost, and this test's listener waited in
+/// vain: with no hits after those, the sink never connected again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_statsd_server_gets_every_count() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (sluice, _dir) = start_with_statsd(port, false).await;
+    let hits = "ratelimit.service.rate_limit.app.k.total_hits.__env=t:";
+    let count = |line: &String| -> u64 {
+        line.strip_prefix(hits)
+            .and_then(|rest| rest.strip_suffix("|c"))
+            .map_or(0, |n| n.parse().unwrap())
+    };
+    let (stream, _) = listener.accept().unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let lines = BufReader::new(stream).lines().map_while(Result::ok);
+    let first = read_until(lines, |seen| seen.iter().map(count).sum::<u64>() >= 1);
+    assert_eq!(first.iter().map(count).sum::<u64>(), 1, "{first:?}");
+
+    // The restart: the connection and the listener closed, a new listener on the same port.
+    drop(listener);
+    let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let mut c = sluice.client().await;
+    for _ in 0..3 {
+        ask(&mut c, request("app", vec![descriptor(&[("k", "x")])])).await;
+    }
+    // One more hit, ten flushes later, so that even a sink that lost the three connects again.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ask(&mut c, request("app", vec![descriptor(&[("k", "x")])])).await;
+    // Not a blocking accept: the old sink, its writes lost, never connected again.
+    listener.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let stream = loop {
+        match listener.accept() {
+            Ok((stream, _)) => break stream,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("the sink did not connect to the restarted server in 20 s: {e}"),
+        }
+    };
+    stream.set_nonblocking(false).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let lines = BufReader::new(stream).lines().map_while(Result::ok);
+    let after = read_until(lines, |seen| seen.iter().map(count).sum::<u64>() >= 4);
+    assert_eq!(
+        after.iter().map(count).sum::<u64>(),
+        4,
+        "hits after the restart: {after:?}"
+    );
+    drop(sluice);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn dogstatsd_sink_sends_tags() {
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();

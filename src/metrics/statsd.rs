@@ -8,7 +8,9 @@
 //! (`|#key:value`) on the DogStatsD sink.
 //!
 //! A sink that cannot reach its server logs (at most once a minute) and drops that flush; it
-//! never touches a decision. On DogStatsD each line is a datagram of its own, and one that fails
+//! never touches a decision. Over TCP a restarted server loses nothing: before each flush the
+//! sink looks whether the server closed the connection and, if so, connects again (written into
+//! a closed connection, a flush is accepted by the kernel and lost, and the next fails too). On DogStatsD each line is a datagram of its own, and one that fails
 //! (too long for a datagram, a full buffer) is skipped, not the rest of the flush (issue #27:
 //! one 70 KB line lost every line after it). Lost lines are counted in
 //! `sluice_statsd_lines_dropped_total`. It connects before it formats: a flush holds a line per timer
@@ -242,7 +244,8 @@ impl Sender {
         );
     }
 
-    /// The TCP connection or the UDP socket, opened when there is none.
+    /// The TCP connection or the UDP socket, opened when there is none or, over TCP, when the
+    /// server has closed the one there is.
     async fn connect(&mut self) -> io::Result<()> {
         if self.options.dog {
             if self.udp.is_none() {
@@ -250,7 +253,15 @@ impl Sender {
                 socket.connect(&self.options.addr).await?;
                 self.udp = Some(socket);
             }
-        } else if self.tcp.is_none() {
+        } else {
+            if self.tcp.as_ref().is_some_and(closed_by_server) {
+                // Written to, this connection would take the flush into the kernel's buffer and
+                // lose it: a server that restarted has closed it.
+                self.tcp = None;
+            }
+            if self.tcp.is_some() {
+                return Ok(());
+            }
             let connect = TcpStream::connect(&self.options.addr);
             let stream = tokio::time::timeout(Duration::from_secs(5), connect)
                 .await
@@ -296,6 +307,18 @@ impl Sender {
             None => Ok(()),
             Some(error) => Err((error, failed)),
         }
+    }
+}
+
+/// Whether the statsd server has closed `stream` (or reset it). A statsd server never sends,
+/// so a readable connection is one at its end. Costs no system call until the runtime has seen
+/// the connection become readable.
+fn closed_by_server(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    match stream.try_read(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != io::ErrorKind::WouldBlock,
     }
 }
 
