@@ -18,6 +18,7 @@ pub(super) fn named_api(
     settings: &Settings,
     named_store: Option<Arc<dyn LimiterStore>>,
     keys: &KeyBuilder,
+    metrics: &Metrics,
 ) -> Option<NamedApiService> {
     let api_and_store = settings.limiter_api.as_ref().zip(named_store);
     api_and_store.map(|(api, store)| {
@@ -43,7 +44,11 @@ pub(super) fn named_api(
             let sweeping = NamedLimiters::sweep_idle_forever(Arc::downgrade(&limiters), every);
             tokio::spawn(sweeping);
         }
-        named::service(limiters, api.token.as_deref())
+        named::service(
+            limiters,
+            api.token.as_deref(),
+            metrics.limiter_clients_refused.clone(),
+        )
     })
 }
 

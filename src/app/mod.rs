@@ -56,7 +56,7 @@ pub async fn serve(
         named: named_store,
         health: store_health,
     } = open_stores(&settings, &metrics, &clock).await?;
-    let named = named_api(&settings, named_store, &keys);
+    let named = named_api(&settings, named_store, &keys, &metrics);
     let limiter = rls_limiter(&settings, counters, per_second, keys, clock, &metrics);
     if !first_config(&settings, &mut configs, &limiter, shutdown.as_mut()).await {
         return Ok(());

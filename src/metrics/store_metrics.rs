@@ -80,8 +80,8 @@ impl StoreMetrics {
             limiter_clients_refused: counter(
                 r,
                 "sluice_limiter_clients_refused_total",
-                "New clients of named limiters refused on the memory store because a limiter \
-                 (LIMITER_MAX_CLIENTS) or the table (MEMORY_MAX_LIMITER_STATES) was full",
+                "New clients of named limiters refused because a limiter (LIMITER_MAX_CLIENTS) \
+                 or, on the memory store, the table (MEMORY_MAX_LIMITER_STATES) was full",
             ),
         }
     }

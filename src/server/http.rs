@@ -185,10 +185,6 @@ fn render_metrics(o: &Observability) -> Response {
         o.metrics
             .memory_limiter_states
             .set(memory.limiter_states() as i64);
-        let seen = o.metrics.limiter_clients_refused.get();
-        o.metrics
-            .limiter_clients_refused
-            .inc_by(memory.limiter_clients_refused().saturating_sub(seen));
     }
     (
         StatusCode::OK,

@@ -18,6 +18,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus::IntCounter;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
@@ -35,16 +36,27 @@ use crate::util::LogThrottle;
 
 pub(crate) struct NamedApi {
     limiters: Arc<NamedLimiters>,
+    /// `sluice_limiter_clients_refused_total`: new clients refused because a limiter or the
+    /// store's table of client states was full, counted here so that it counts on every store.
+    clients_refused: IntCounter,
 }
 
 /// The native API as a gRPC service, behind its token check.
 pub(crate) type NamedApiService = InterceptedService<LimiterServer<NamedApi>, BearerToken>;
 
 /// The service for `limiters`; with `token`, every call must carry it as a bearer token.
-/// Messages are capped like RLS requests (`super::MAX_REQUEST_BYTES`).
-pub(crate) fn service(limiters: Arc<NamedLimiters>, token: Option<&str>) -> NamedApiService {
-    let server = LimiterServer::new(NamedApi { limiters })
-        .max_decoding_message_size(super::MAX_REQUEST_BYTES);
+/// Messages are capped like RLS requests (`super::MAX_REQUEST_BYTES`). Refused new clients
+/// are counted in `clients_refused`.
+pub(crate) fn service(
+    limiters: Arc<NamedLimiters>,
+    token: Option<&str>,
+    clients_refused: IntCounter,
+) -> NamedApiService {
+    let server = LimiterServer::new(NamedApi {
+        limiters,
+        clients_refused,
+    })
+    .max_decoding_message_size(super::MAX_REQUEST_BYTES);
     InterceptedService::new(server, BearerToken::new(token))
 }
 
@@ -106,6 +118,18 @@ fn bearer_credentials(value: &str) -> Option<&str> {
     let (scheme, rest) = value.split_once(' ')?;
     let token = rest.trim_start_matches(' ');
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+impl NamedApi {
+    /// An acquisition's result, a refused new client counted.
+    fn acquisition(&self, result: Result<Acquired, NamedError>) -> Result<Acquired, Status> {
+        result.map_err(|error| {
+            if matches!(error, NamedError::TooManyClients { .. }) {
+                self.clients_refused.inc();
+            }
+            to_status(error)
+        })
+    }
 }
 
 fn to_status(error: NamedError) -> Status {
@@ -199,7 +223,7 @@ impl limiter_server::Limiter for NamedApi {
             .limiters
             .try_acquire(&r.name, &r.client_id, r.permits.max(1), timeout);
         let (acquired, degraded) = degraded::noting(acquiring).await;
-        Ok(response(acquired.map_err(to_status)?, degraded))
+        Ok(response(self.acquisition(acquired)?, degraded))
     }
 
     async fn acquire(
@@ -211,7 +235,7 @@ impl limiter_server::Limiter for NamedApi {
             .limiters
             .acquire(&r.name, &r.client_id, r.permits.max(1));
         let (acquired, degraded) = degraded::noting(acquiring).await;
-        Ok(response(acquired.map_err(to_status)?, degraded))
+        Ok(response(self.acquisition(acquired)?, degraded))
     }
 
     async fn available_permits(

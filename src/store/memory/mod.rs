@@ -96,12 +96,6 @@ impl MemoryStore {
         self.inner.named.states()
     }
 
-    /// New clients of named limiters refused because a limiter (`LIMITER_MAX_CLIENTS`) or the
-    /// table (`MEMORY_MAX_LIMITER_STATES`) was full.
-    pub fn limiter_clients_refused(&self) -> u64 {
-        self.inner.named.clients_refused()
-    }
-
     /// Entries currently held (expired ones not yet swept included).
     pub fn len(&self) -> usize {
         self.inner.table.len()

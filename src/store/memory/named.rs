@@ -13,7 +13,6 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::state::{Entry, run_rule};
 use super::table::{KeyId, lock};
@@ -92,8 +91,6 @@ impl NamedLimiter {
 pub(super) struct NamedTable {
     named: Mutex<Named>,
     max_limiter_states: usize,
-    /// New clients refused because a limiter or the table was full.
-    clients_refused: AtomicU64,
 }
 
 impl NamedTable {
@@ -101,18 +98,12 @@ impl NamedTable {
         Self {
             named: Mutex::default(),
             max_limiter_states,
-            clients_refused: AtomicU64::new(0),
         }
     }
 
     /// Client states held (expired ones not yet dropped included).
     pub(super) fn states(&self) -> usize {
         lock(&self.named).client_states
-    }
-
-    /// New clients refused because a limiter or the table was full.
-    pub(super) fn clients_refused(&self) -> u64 {
-        self.clients_refused.load(Ordering::Relaxed)
     }
 
     /// Drops the states expired at `now` (the sweep's part for the named limiters).
@@ -208,7 +199,7 @@ impl NamedTable {
 
     /// Counts a new client of `limiter` in, when there is room: under its cap of `max_clients`
     /// (0: none) and the table's bound, once the limiter's expired states are dropped; else
-    /// `Err` with the bound it met, counted as refused.
+    /// `Err` with the bound it met.
     fn admit_client(
         &self,
         limiter: &mut NamedLimiter,
@@ -229,7 +220,6 @@ impl NamedTable {
             *client_states -= limiter.drop_expired(now);
         }
         if let Some(max) = full(limiter, *client_states) {
-            self.clients_refused.fetch_add(1, Ordering::Relaxed);
             return Err(max);
         }
         *client_states += 1;
@@ -425,7 +415,6 @@ mod tests {
         let got = acquire(client("b", "c10")).await;
         assert_eq!(got, Acquisition::TooManyClients { max: 30 });
         assert_eq!(store.limiter_states(), 30);
-        assert_eq!(store.limiter_clients_refused(), 2);
         // None of it is in the counters' shards.
         assert_eq!(store.len(), 0);
         // Once the states expire, there is room again.
