@@ -65,13 +65,17 @@ fn parts(cmd: &Cmd) -> Option<Parts<'_>> {
     })
 }
 
+/// What a call shares with the calls it may merge with: its script's SHA1 and the clock
+/// argument.
+type Shared<'a> = (&'a [u8], &'a [u8]);
+
 /// Which of a batch's calls (each its commands) go as one merged command: groups of indexes into
 /// `calls`, in the order of each group's first call. A group of one goes as it is. `None` when
 /// no two calls merge, the common case (plain commands are not calls that merge), which then
 /// costs no allocation per call.
 pub(super) fn plan(calls: &[&[Cmd]]) -> Option<Vec<Vec<usize>>> {
     // What each call shares with the calls it may merge with.
-    let shared: Vec<Option<(&[u8], &[u8])>> = calls
+    let shared: Vec<Option<Shared<'_>>> = calls
         .iter()
         .map(|cmds| match cmds {
             [cmd] => parts(cmd).map(|p| (p.sha, p.now)),
@@ -83,8 +87,9 @@ pub(super) fn plan(calls: &[&[Cmd]]) -> Option<Vec<Vec<usize>>> {
         return None;
     }
     let mut groups: Vec<Vec<usize>> = Vec::with_capacity(calls.len());
-    // The groups that may take more calls, by what they share.
-    let mut open: Vec<((&[u8], &[u8]), usize)> = Vec::new();
+    // The groups that may take more calls: what their calls share (script, clock) and the
+    // group's index.
+    let mut open: Vec<(Shared<'_>, usize)> = Vec::new();
     for (index, shared) in shared.into_iter().enumerate() {
         match shared.and_then(|s| open.iter().find(|(o, _)| *o == s).map(|(_, g)| *g)) {
             Some(group) => groups[group].push(index),
