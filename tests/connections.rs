@@ -5,7 +5,8 @@
 //! HTTP client are still answered correctly, and prints the server's RSS with and without them
 //! (quoted in SECURITY.md). Then checks `MAX_CONNECTIONS`: connections beyond it are closed at
 //! once and counted, and room comes back when others close. Then the HTTP/2 abuses: idle
-//! connections get a GOAWAY, and a client cancelling calls in bulk (rapid reset) is sent away.
+//! connections get a GOAWAY, and a client cancelling calls in bulk (rapid reset) or sending a
+//! header block that never ends (CONTINUATION flood) is sent away.
 
 mod common;
 
@@ -732,6 +733,72 @@ async fn a_client_cancelling_its_calls_at_once_is_sent_away_and_others_are_serve
             2 * CALLS_PER_BURST - 1
         );
     }
+}
+
+/// CONTINUATION flood (the 2024 HTTP/2 "CONTINUATION" advisories): a call's headers that never
+/// end, one CONTINUATION frame after another, each buffered by a server that waits for the
+/// end of the header block. Sluice's HTTP/2 (h2) takes at most a few frames more than a full
+/// header list (16 KiB) needs and then answers GOAWAY with ENHANCE_YOUR_CALM. Checked: a
+/// client sending 16 MB of CONTINUATION frames (1 000 of 16 000 bytes) is sent away so, having
+/// had no answer to its call, and a gRPC client on its own connection is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_block_that_never_ends_is_sent_away() {
+    const FRAMES: usize = 1_000;
+    const ENHANCE_YOUR_CALM: u32 = 0xb;
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(dir.path(), None, &[]);
+    // One literal header field per frame, `x-junk: <15 990 bytes>`: the value's length is an
+    // HPACK integer on a 7-bit prefix (127, then 7 bits a byte).
+    let value_len = 15_990usize;
+    let mut field = vec![0u8, 6];
+    field.extend(b"x-junk");
+    let mut rest = value_len - 127;
+    field.push(0x7f);
+    while rest >= 128 {
+        field.push((rest % 128) as u8 | 0x80);
+        rest /= 128;
+    }
+    field.push(rest as u8);
+    field.extend(std::iter::repeat_n(b'a', value_len));
+    // HEADERS without END_HEADERS, then CONTINUATION frames without it either.
+    let mut flood = h2_frame(0x1, 0, 1, &should_rate_limit_headers());
+    for _ in 0..FRAMES {
+        flood.extend(h2_frame(0x9, 0, 1, &field));
+    }
+    let mut conn = h2_connection(sluice.grpc).await;
+    let writing = tokio::spawn(async move {
+        // The server closes long before the end: the rest fails to send.
+        let _ = conn.write_all(&flood).await;
+        conn
+    });
+    let mut client = sluice.client().await;
+    let req = request("conn", vec![descriptor(&[("user", "beside-the-flood")])]);
+    assert_eq!(code(&mut client, &req).await, Code::Ok);
+    let mut conn = writing.await.unwrap();
+    // 30 s: the GOAWAY comes within milliseconds on a quiet machine.
+    let goaway = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut kinds = Vec::new();
+        while let Some((kind, payload)) = next_frame(&mut conn).await {
+            if kind == GOAWAY {
+                return (Some(payload), kinds);
+            }
+            kinds.push(kind);
+        }
+        (None, kinds)
+    })
+    .await
+    .expect("the flooding connection is neither sent away nor closed in 30 s");
+    let (payload, before) = goaway;
+    let payload = payload.unwrap_or_else(|| panic!("closed without a GOAWAY, after {before:?}"));
+    let reason = u32::from_be_bytes(payload[4..8].try_into().unwrap());
+    println!("GOAWAY reason {reason:#x} after frames {before:?}");
+    assert_eq!(reason, ENHANCE_YOUR_CALM);
+    // No HEADERS (an answer to the call) came before it.
+    assert!(
+        !before.contains(&0x1),
+        "frames before the GOAWAY: {before:?}"
+    );
+    assert_eq!(code(&mut client, &req).await, Code::Ok);
 }
 
 /// `GRPC_HANDSHAKE_TIMEOUT` on the TLS listener: one budget from the accept for the TLS
