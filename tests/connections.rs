@@ -735,6 +735,64 @@ async fn a_client_cancelling_its_calls_at_once_is_sent_away_and_others_are_serve
     }
 }
 
+/// MadeYouReset (CVE-2025-8671): a client that makes the server reset its calls, here by a
+/// malformed request on each (a `connection` header, which HTTP/2 forbids: a stream error), is not counted by the
+/// rapid-reset limit, since the resets are the server's. Sluice's HTTP/2 counts the calls it reset for a client's error and,
+/// past 1 024 of them, answers GOAWAY with ENHANCE_YOUR_CALM. Checked: a burst of 5 000 such
+/// calls is sent away before its end, while a gRPC client on its own connection is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_making_the_server_reset_its_calls_is_sent_away() {
+    const CALLS: u32 = 5_000;
+    const ENHANCE_YOUR_CALM: u32 = 0xb;
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(dir.path(), None, &[]);
+    let mut headers = should_rate_limit_headers();
+    headers.extend([0u8, 10]);
+    headers.extend(b"connection");
+    headers.extend([5u8]);
+    headers.extend(b"close");
+    let mut burst = Vec::new();
+    for i in 0..CALLS {
+        // END_HEADERS and END_STREAM: a whole (malformed) request.
+        burst.extend(h2_frame(0x1, 0x5, 2 * i + 1, &headers));
+    }
+    let mut conn = h2_connection(sluice.grpc).await;
+    let writing = tokio::spawn(async move {
+        // The server may close before the whole burst is written.
+        let _ = conn.write_all(&burst).await;
+        conn
+    });
+    let mut client = sluice.client().await;
+    let req = request("conn", vec![descriptor(&[("user", "beside-the-resets")])]);
+    assert_eq!(code(&mut client, &req).await, Code::Ok);
+    let mut conn = writing.await.unwrap();
+    let (mut resets, mut goaway) = (0, None);
+    // 30 s: the GOAWAY comes within milliseconds on a quiet machine.
+    let _ = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some((kind, payload)) = next_frame(&mut conn).await {
+            match kind {
+                0x3 => resets += 1,
+                GOAWAY => {
+                    goaway = Some(payload);
+                    return;
+                }
+                _ => {}
+            }
+        }
+    })
+    .await;
+    println!("{resets} RST_STREAM, then GOAWAY {goaway:?}");
+    let payload = goaway.expect("no GOAWAY in 30 s");
+    let last_stream = u32::from_be_bytes(payload[0..4].try_into().unwrap()) & 0x7fff_ffff;
+    let reason = u32::from_be_bytes(payload[4..8].try_into().unwrap());
+    assert_eq!(reason, ENHANCE_YOUR_CALM, "after {resets} resets");
+    assert!(
+        last_stream < 2 * CALLS - 1,
+        "every call of the burst was taken up (last stream {last_stream})"
+    );
+    assert_eq!(code(&mut client, &req).await, Code::Ok);
+}
+
 /// CONTINUATION flood (the 2024 HTTP/2 "CONTINUATION" advisories): a call's headers that never
 /// end, one CONTINUATION frame after another, each buffered by a server that waits for the
 /// end of the header block. Sluice's HTTP/2 (h2) takes at most 5 CONTINUATION frames (what a

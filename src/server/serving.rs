@@ -204,6 +204,12 @@ pub(crate) async fn serve_http1<IO>(
 /// it; `tests/connections.rs` sends such bursts.
 const MAX_CANCELLED_BEFORE_ACCEPT: usize = 20;
 
+/// Calls the server may reset for a client's protocol errors (a malformed request, say) before
+/// that client's connection is sent away (GOAWAY `ENHANCE_YOUR_CALM`): the defence against
+/// MadeYouReset (CVE-2025-8671), rapid reset with the resets made the server's so that the limit
+/// above does not count them. hyper's default, stated here for the same reason.
+const MAX_RESETS_FOR_CLIENT_ERRORS: usize = 1024;
+
 /// Serves the gRPC `routes` over HTTP/2 on every connection of `incoming` until `stopped`.
 pub(crate) async fn serve_http2<IO>(
     incoming: impl Stream<Item = io::Result<IO>>,
@@ -219,6 +225,7 @@ pub(crate) async fn serve_http2<IO>(
         .timer(TokioTimer::new())
         .max_concurrent_streams(options.max_streams)
         .max_pending_accept_reset_streams(MAX_CANCELLED_BEFORE_ACCEPT)
+        .max_local_error_reset_streams(MAX_RESETS_FOR_CLIENT_ERRORS)
         .keep_alive_interval(options.keepalive_interval)
         .keep_alive_timeout(options.keepalive_timeout);
     accept_loop(incoming, stopped, |io, shutdown| {
