@@ -9,13 +9,14 @@
 //!
 //! A sink that cannot reach its server logs (at most once a minute) and drops that flush; it
 //! never touches a decision. Over TCP a restarted server loses nothing: before each flush the
-//! sink looks whether the server closed the connection and, if so, connects again (written into
-//! a closed connection, a flush is accepted by the kernel and lost, and the next fails too). On DogStatsD each line is a datagram of its own, and one that fails
-//! (too long for a datagram, a full buffer) is skipped, not the rest of the flush (issue #27:
-//! one 70 KB line lost every line after it). Lost lines are counted in
-//! `sluice_statsd_lines_dropped_total`. It connects before it formats: a flush holds a line per timer
-//! sample, one per request, and formatting them cost more instructions per request than the
-//! memory store's decision (docs/BENCHMARKS.md), for lines that would be lost anyway.
+//! sink looks whether the server closed the connection and, if so, connects again (written
+//! into a closed connection, a flush is taken by the kernel and lost, and the next one fails
+//! too). On DogStatsD each line is a datagram of its own, and one that fails (too long for a
+//! datagram, a full buffer) is skipped, not the rest of the flush (issue #27: one 70 KB line
+//! lost every line after it). Lost lines are counted in `sluice_statsd_lines_dropped_total`.
+//! It connects before it formats: a flush holds a line per timer sample, one per request, and
+//! formatting them cost more instructions per request than the memory store's decision
+//! (docs/BENCHMARKS.md), for lines that would be lost anyway.
 
 use std::io;
 use std::sync::{Arc, Mutex};
