@@ -756,41 +756,15 @@ async fn a_client_making_the_server_reset_its_calls_is_sent_away() {
         // END_HEADERS and END_STREAM: a whole (malformed) request.
         burst.extend(h2_frame(0x1, 0x5, 2 * i + 1, &headers));
     }
-    let mut conn = h2_connection(sluice.grpc).await;
-    let writing = tokio::spawn(async move {
-        // The server may close before the whole burst is written.
-        let _ = conn.write_all(&burst).await;
-        conn
-    });
-    let mut client = sluice.client().await;
-    let req = request("conn", vec![descriptor(&[("user", "beside-the-resets")])]);
-    assert_eq!(code(&mut client, &req).await, Code::Ok);
-    let mut conn = writing.await.unwrap();
-    let (mut resets, mut goaway) = (0, None);
-    // 30 s: the GOAWAY comes within milliseconds on a quiet machine.
-    let _ = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some((kind, payload)) = next_frame(&mut conn).await {
-            match kind {
-                0x3 => resets += 1,
-                GOAWAY => {
-                    goaway = Some(payload);
-                    return;
-                }
-                _ => {}
-            }
-        }
-    })
-    .await;
-    println!("{resets} RST_STREAM, then GOAWAY {goaway:?}");
-    let payload = goaway.expect("no GOAWAY in 30 s");
-    let last_stream = u32::from_be_bytes(payload[0..4].try_into().unwrap()) & 0x7fff_ffff;
-    let reason = u32::from_be_bytes(payload[4..8].try_into().unwrap());
+    let sent = abuse_beside_a_client(&sluice, burst, "beside-the-resets").await;
+    let resets = sent.before.iter().filter(|&&kind| kind == 0x3).count();
+    println!("{resets} RST_STREAM, then GOAWAY {:?}", sent.goaway);
+    let (last_stream, reason) = sent.goaway.expect("no GOAWAY in 30 s");
     assert_eq!(reason, ENHANCE_YOUR_CALM, "after {resets} resets");
     assert!(
         last_stream < 2 * CALLS - 1,
         "every call of the burst was taken up (last stream {last_stream})"
     );
-    assert_eq!(code(&mut client, &req).await, Code::Ok);
 }
 
 /// CONTINUATION flood (the 2024 HTTP/2 "CONTINUATION" advisories): a call's headers that never
@@ -824,40 +798,65 @@ async fn a_header_block_that_never_ends_is_sent_away() {
     for _ in 0..FRAMES {
         flood.extend(h2_frame(0x9, 0, 1, &field));
     }
-    let mut conn = h2_connection(sluice.grpc).await;
-    let writing = tokio::spawn(async move {
-        // The server closes long before the end: the rest fails to send.
-        let _ = conn.write_all(&flood).await;
-        conn
-    });
-    let mut client = sluice.client().await;
-    let req = request("conn", vec![descriptor(&[("user", "beside-the-flood")])]);
-    assert_eq!(code(&mut client, &req).await, Code::Ok);
-    let mut conn = writing.await.unwrap();
-    // 30 s: the GOAWAY comes within milliseconds on a quiet machine.
-    let goaway = tokio::time::timeout(Duration::from_secs(30), async {
-        let mut kinds = Vec::new();
-        while let Some((kind, payload)) = next_frame(&mut conn).await {
-            if kind == GOAWAY {
-                return (Some(payload), kinds);
-            }
-            kinds.push(kind);
-        }
-        (None, kinds)
-    })
-    .await
-    .expect("the flooding connection is neither sent away nor closed in 30 s");
-    let (payload, before) = goaway;
-    let payload = payload.unwrap_or_else(|| panic!("closed without a GOAWAY, after {before:?}"));
-    let reason = u32::from_be_bytes(payload[4..8].try_into().unwrap());
-    println!("GOAWAY reason {reason:#x} after frames {before:?}");
+    let sent = abuse_beside_a_client(&sluice, flood, "beside-the-flood").await;
+    println!("GOAWAY {:?} after frames {:?}", sent.goaway, sent.before);
+    let (_, reason) = sent.goaway.expect("no GOAWAY in 30 s");
     assert_eq!(reason, ENHANCE_YOUR_CALM);
     // No HEADERS (an answer to the call) came before it.
     assert!(
-        !before.contains(&0x1),
-        "frames before the GOAWAY: {before:?}"
+        !sent.before.contains(&0x1),
+        "frames before the GOAWAY: {:?}",
+        sent.before
     );
-    assert_eq!(code(&mut client, &req).await, Code::Ok);
+}
+
+/// What the server sent an abusive client: the types of the frames before its GOAWAY, and the
+/// GOAWAY's last stream id and error code (`None` when the connection closed without one or
+/// was still open after 30 s).
+struct SentAway {
+    before: Vec<u8>,
+    goaway: Option<(u32, u32)>,
+}
+
+/// Writes `abuse` on a new raw HTTP/2 connection to the gRPC port while a gRPC client on a
+/// connection of its own asks about `user` (admitted, under `CONFIG`'s limit), then reads what
+/// the server sent the abusive connection, up to its GOAWAY; the other client is asked again
+/// after.
+async fn abuse_beside_a_client(sluice: &Sluice, abuse: Vec<u8>, user: &str) -> SentAway {
+    let mut conn = h2_connection(sluice.grpc).await;
+    let writing = tokio::spawn(async move {
+        // The server may close before the whole of it is written: the rest fails to send.
+        let _ = conn.write_all(&abuse).await;
+        conn
+    });
+    let mut client = sluice.client().await;
+    let req = request("conn", vec![descriptor(&[("user", user)])]);
+    assert_eq!(code(&mut client, &req).await, Code::Ok, "the other client");
+    let mut conn = writing.await.unwrap();
+    let mut before = Vec::new();
+    // 30 s: the GOAWAY comes within milliseconds on a quiet machine.
+    let goaway = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some((kind, payload)) = next_frame(&mut conn).await {
+            if kind == GOAWAY {
+                return Some(payload);
+            }
+            before.push(kind);
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten();
+    assert_eq!(
+        code(&mut client, &req).await,
+        Code::Ok,
+        "the other client, after"
+    );
+    let word = |p: &[u8], at: usize| u32::from_be_bytes(p[at..at + 4].try_into().unwrap());
+    SentAway {
+        before,
+        goaway: goaway.map(|p| (word(&p, 0) & 0x7fff_ffff, word(&p, 4))),
+    }
 }
 
 /// `GRPC_HANDSHAKE_TIMEOUT` on the TLS listener: one budget from the accept for the TLS
