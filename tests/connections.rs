@@ -573,6 +573,8 @@ fn should_rate_limit_headers() -> Vec<u8> {
 }
 
 const GOAWAY: u8 = 0x7;
+/// The GOAWAY error code of a peer sent away for abuse.
+const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 /// A raw HTTP/2 client (preface and empty SETTINGS sent) on the gRPC port.
 async fn h2_connection(addr: std::net::SocketAddr) -> TcpStream {
@@ -663,7 +665,6 @@ async fn an_idle_grpc_connection_gets_a_goaway_and_its_client_carries_on() {
 async fn a_client_cancelling_its_calls_at_once_is_sent_away_and_others_are_served() {
     const CALLS_PER_BURST: u32 = 5_000;
     const ATTACKS: usize = 20;
-    const ENHANCE_YOUR_CALM: u32 = 0xb;
     const CANCEL: u32 = 0x8;
     let dir = config_dir(CONFIG);
     let sluice = Sluice::start(dir.path(), None, &[]);
@@ -736,14 +737,14 @@ async fn a_client_cancelling_its_calls_at_once_is_sent_away_and_others_are_serve
 }
 
 /// MadeYouReset (CVE-2025-8671): a client that makes the server reset its calls, here by a
-/// malformed request on each (a `connection` header, which HTTP/2 forbids: a stream error), is not counted by the
-/// rapid-reset limit, since the resets are the server's. Sluice's HTTP/2 counts the calls it reset for a client's error and,
-/// past 1 024 of them, answers GOAWAY with ENHANCE_YOUR_CALM. Checked: a burst of 5 000 such
-/// calls is sent away before its end, while a gRPC client on its own connection is served.
+/// malformed request on each (a `connection` header, which HTTP/2 forbids: a stream error), is
+/// not counted by the rapid-reset limit, since the resets are the server's. Sluice's HTTP/2
+/// counts the calls it reset for a client's error and, past 1 024 of them, answers GOAWAY with
+/// ENHANCE_YOUR_CALM. Checked: a burst of 5 000 such calls is sent away before its end, while a
+/// gRPC client on its own connection is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_making_the_server_reset_its_calls_is_sent_away() {
     const CALLS: u32 = 5_000;
-    const ENHANCE_YOUR_CALM: u32 = 0xb;
     let dir = config_dir(CONFIG);
     let sluice = Sluice::start(dir.path(), None, &[]);
     let mut headers = should_rate_limit_headers();
@@ -771,13 +772,12 @@ async fn a_client_making_the_server_reset_its_calls_is_sent_away() {
 /// end, one CONTINUATION frame after another, each buffered by a server that waits for the
 /// end of the header block. Sluice's HTTP/2 (h2) takes at most 5 CONTINUATION frames (what a
 /// full 16 KiB header list needs plus a quarter, at least 5) and then answers GOAWAY with
-/// ENHANCE_YOUR_CALM. Checked: a
-/// client sending 16 MB of CONTINUATION frames (1 000 of 16 000 bytes) is sent away so, having
-/// had no answer to its call, and a gRPC client on its own connection is served meanwhile.
+/// ENHANCE_YOUR_CALM. Checked: a client sending 16 MB of CONTINUATION frames (1 000 of 16 000
+/// bytes) is sent away so, having had no answer to its call, and a gRPC client on its own
+/// connection is served meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_header_block_that_never_ends_is_sent_away() {
     const FRAMES: usize = 1_000;
-    const ENHANCE_YOUR_CALM: u32 = 0xb;
     let dir = config_dir(CONFIG);
     let sluice = Sluice::start(dir.path(), None, &[]);
     // One literal header field per frame, `x-junk: <15 990 bytes>`: the value's length is an
