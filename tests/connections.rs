@@ -12,6 +12,10 @@ mod common;
 
 use std::time::Duration;
 
+use common::raw_h2::{
+    CONTINUATION, END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM, GOAWAY, HEADERS, RST_STREAM,
+    encode_frame, header_block, should_rate_limit_headers,
+};
 use common::*;
 use sluice::proto::{Code, RateLimitRequest, RateLimitServiceClient};
 use tokio::io::AsyncWriteExt;
@@ -537,44 +541,10 @@ async fn next_frame(stream: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
             Vec::new()
         };
         // The server may have closed already; the next read says so.
-        let _ = stream.write_all(&h2_frame(kind, 0x1, 0, &body)).await;
+        let _ = stream.write_all(&encode_frame(kind, 0x1, 0, &body)).await;
     }
     Some((kind, payload))
 }
-
-/// One HTTP/2 frame: type, flags, stream id, payload.
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = (payload.len() as u32).to_be_bytes();
-    let mut frame = vec![len[1], len[2], len[3], kind, flags];
-    frame.extend(stream.to_be_bytes());
-    frame.extend(payload);
-    frame
-}
-
-/// The HPACK block of a `ShouldRateLimit` call's request headers, every field a literal (no
-/// table, no Huffman coding).
-fn should_rate_limit_headers() -> Vec<u8> {
-    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-    let mut headers = Vec::new();
-    for (name, value) in [
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", path),
-        (":authority", "localhost"),
-        ("content-type", "application/grpc"),
-    ] {
-        headers.push(0u8);
-        headers.push(name.len() as u8);
-        headers.extend(name.as_bytes());
-        headers.push(value.len() as u8);
-        headers.extend(value.as_bytes());
-    }
-    headers
-}
-
-const GOAWAY: u8 = 0x7;
-/// The GOAWAY error code of a peer sent away for abuse.
-const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 /// A raw HTTP/2 client (preface and empty SETTINGS sent) on the gRPC port.
 async fn h2_connection(addr: std::net::SocketAddr) -> TcpStream {
@@ -597,9 +567,14 @@ async fn an_idle_grpc_connection_gets_a_goaway_and_its_client_carries_on() {
     let mut busy = h2_connection(sluice.grpc).await;
     // A call whose request never ends (HEADERS with END_HEADERS, no END_STREAM): in flight for
     // as long as the connection lives.
-    busy.write_all(&h2_frame(0x1, 0x4, 1, &should_rate_limit_headers()))
-        .await
-        .unwrap();
+    busy.write_all(&encode_frame(
+        HEADERS,
+        END_HEADERS,
+        1,
+        &should_rate_limit_headers("localhost"),
+    ))
+    .await
+    .unwrap();
 
     // 30 s: thirty times the idle timeout.
     let goaway = tokio::time::timeout(Duration::from_secs(30), async {
@@ -670,12 +645,12 @@ async fn a_client_cancelling_its_calls_at_once_is_sent_away_and_others_are_serve
     let sluice = Sluice::start(dir.path(), None, &[]);
     // The honest client's calls take about a second; 30 s of margin keeps them in one hour.
     avoid_window_edge(3600, 30).await;
-    let headers = should_rate_limit_headers();
+    let headers = should_rate_limit_headers("localhost");
     let mut burst = Vec::new();
     for i in 0..CALLS_PER_BURST {
         let stream = 2 * i + 1;
-        burst.extend(h2_frame(0x1, 0x4, stream, &headers));
-        burst.extend(h2_frame(0x3, 0, stream, &CANCEL.to_be_bytes()));
+        burst.extend(encode_frame(HEADERS, END_HEADERS, stream, &headers));
+        burst.extend(encode_frame(RST_STREAM, 0, stream, &CANCEL.to_be_bytes()));
     }
     let addr = sluice.grpc;
     let attacks = tokio::spawn(async move {
@@ -684,19 +659,7 @@ async fn a_client_cancelling_its_calls_at_once_is_sent_away_and_others_are_serve
             let mut conn = h2_connection(addr).await;
             // The server may close before the whole burst is written.
             let _ = conn.write_all(&burst).await;
-            // 30 s: the GOAWAY comes within milliseconds on a quiet machine.
-            let goaway = tokio::time::timeout(Duration::from_secs(30), async {
-                while let Some((kind, payload)) = next_frame(&mut conn).await {
-                    if kind == GOAWAY {
-                        return Some(payload);
-                    }
-                }
-                None
-            })
-            .await
-            .ok()
-            .flatten();
-            goaways.push(goaway);
+            goaways.push(until_goaway(&mut conn).await.goaway);
         }
         goaways
     });
@@ -722,9 +685,7 @@ async fn a_client_cancelling_its_calls_at_once_is_sent_away_and_others_are_serve
     let goaways = attacks.await.unwrap();
     println!("{calls} honest calls answered during {ATTACKS} bursts");
     for (i, goaway) in goaways.into_iter().enumerate() {
-        let payload = goaway.unwrap_or_else(|| panic!("burst {i}: no GOAWAY"));
-        let last_stream = u32::from_be_bytes(payload[0..4].try_into().unwrap()) & 0x7fff_ffff;
-        let reason = u32::from_be_bytes(payload[4..8].try_into().unwrap());
+        let (last_stream, reason) = goaway.unwrap_or_else(|| panic!("burst {i}: no GOAWAY"));
         println!("burst {i}: GOAWAY reason {reason:#x}, last stream {last_stream}");
         assert_eq!(reason, ENHANCE_YOUR_CALM, "burst {i}");
         // Sent away within the first tenth of the burst.
@@ -747,18 +708,24 @@ async fn a_client_making_the_server_reset_its_calls_is_sent_away() {
     const CALLS: u32 = 5_000;
     let dir = config_dir(CONFIG);
     let sluice = Sluice::start(dir.path(), None, &[]);
-    let mut headers = should_rate_limit_headers();
-    headers.extend([0u8, 10]);
-    headers.extend(b"connection");
-    headers.extend([5u8]);
-    headers.extend(b"close");
+    let mut headers = should_rate_limit_headers("localhost");
+    headers.extend(header_block(&[("connection", "close")]));
     let mut burst = Vec::new();
     for i in 0..CALLS {
-        // END_HEADERS and END_STREAM: a whole (malformed) request.
-        burst.extend(h2_frame(0x1, 0x5, 2 * i + 1, &headers));
+        // A whole (malformed) request.
+        burst.extend(encode_frame(
+            HEADERS,
+            END_HEADERS | END_STREAM,
+            2 * i + 1,
+            &headers,
+        ));
     }
     let sent = abuse_beside_a_client(&sluice, burst, "beside-the-resets").await;
-    let resets = sent.before.iter().filter(|&&kind| kind == 0x3).count();
+    let resets = sent
+        .before
+        .iter()
+        .filter(|&&kind| kind == RST_STREAM)
+        .count();
     println!("{resets} RST_STREAM, then GOAWAY {:?}", sent.goaway);
     let (last_stream, reason) = sent.goaway.expect("no GOAWAY in 30 s");
     assert_eq!(reason, ENHANCE_YOUR_CALM, "after {resets} resets");
@@ -780,23 +747,12 @@ async fn a_header_block_that_never_ends_is_sent_away() {
     const FRAMES: usize = 1_000;
     let dir = config_dir(CONFIG);
     let sluice = Sluice::start(dir.path(), None, &[]);
-    // One literal header field per frame, `x-junk: <15 990 bytes>`: the value's length is an
-    // HPACK integer on a 7-bit prefix (127, then 7 bits a byte).
-    let value_len = 15_990usize;
-    let mut field = vec![0u8, 6];
-    field.extend(b"x-junk");
-    let mut rest = value_len - 127;
-    field.push(0x7f);
-    while rest >= 128 {
-        field.push((rest % 128) as u8 | 0x80);
-        rest /= 128;
-    }
-    field.push(rest as u8);
-    field.extend(std::iter::repeat_n(b'a', value_len));
+    // One header field per frame, `x-junk: <15 990 bytes>`.
+    let field = header_block(&[("x-junk", &"a".repeat(15_990))]);
     // HEADERS without END_HEADERS, then CONTINUATION frames without it either.
-    let mut flood = h2_frame(0x1, 0, 1, &should_rate_limit_headers());
+    let mut flood = encode_frame(HEADERS, 0, 1, &should_rate_limit_headers("localhost"));
     for _ in 0..FRAMES {
-        flood.extend(h2_frame(0x9, 0, 1, &field));
+        flood.extend(encode_frame(CONTINUATION, 0, 1, &field));
     }
     let sent = abuse_beside_a_client(&sluice, flood, "beside-the-flood").await;
     println!("GOAWAY {:?} after frames {:?}", sent.goaway, sent.before);
@@ -804,7 +760,7 @@ async fn a_header_block_that_never_ends_is_sent_away() {
     assert_eq!(reason, ENHANCE_YOUR_CALM);
     // No HEADERS (an answer to the call) came before it.
     assert!(
-        !sent.before.contains(&0x1),
+        !sent.before.contains(&HEADERS),
         "frames before the GOAWAY: {:?}",
         sent.before
     );
@@ -833,10 +789,21 @@ async fn abuse_beside_a_client(sluice: &Sluice, abuse: Vec<u8>, user: &str) -> S
     let req = request("conn", vec![descriptor(&[("user", user)])]);
     assert_eq!(code(&mut client, &req).await, Code::Ok, "the other client");
     let mut conn = writing.await.unwrap();
+    let sent = until_goaway(&mut conn).await;
+    assert_eq!(
+        code(&mut client, &req).await,
+        Code::Ok,
+        "the other client, after"
+    );
+    sent
+}
+
+/// Reads what the server sends on `conn` up to its GOAWAY, for at most 30 s (it comes within
+/// milliseconds on a quiet machine).
+async fn until_goaway(conn: &mut TcpStream) -> SentAway {
     let mut before = Vec::new();
-    // 30 s: the GOAWAY comes within milliseconds on a quiet machine.
     let goaway = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some((kind, payload)) = next_frame(&mut conn).await {
+        while let Some((kind, payload)) = next_frame(conn).await {
             if kind == GOAWAY {
                 return Some(payload);
             }
@@ -847,11 +814,6 @@ async fn abuse_beside_a_client(sluice: &Sluice, abuse: Vec<u8>, user: &str) -> S
     .await
     .ok()
     .flatten();
-    assert_eq!(
-        code(&mut client, &req).await,
-        Code::Ok,
-        "the other client, after"
-    );
     let word = |p: &[u8], at: usize| u32::from_be_bytes(p[at..at + 4].try_into().unwrap());
     SentAway {
         before,

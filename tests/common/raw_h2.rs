@@ -14,9 +14,12 @@ pub const HEADERS: u8 = 0x1;
 pub const RST_STREAM: u8 = 0x3;
 pub const SETTINGS: u8 = 0x4;
 pub const GOAWAY: u8 = 0x7;
+pub const CONTINUATION: u8 = 0x9;
 pub const END_STREAM: u8 = 0x1;
 pub const END_HEADERS: u8 = 0x4;
 pub const ACK: u8 = 0x1;
+/// The GOAWAY error code of a peer sent away for abuse.
+pub const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 pub fn encode_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = u32::try_from(payload.len()).unwrap();
@@ -55,6 +58,21 @@ pub fn header_block(fields: &[(&str, &str)]) -> Vec<u8> {
     out
 }
 
+/// The header block of a `ShouldRateLimit` call to `authority`.
+pub fn should_rate_limit_headers(authority: &str) -> Vec<u8> {
+    header_block(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (
+            ":path",
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        ),
+        (":authority", authority),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ])
+}
+
 fn read_frame(stream: &mut impl Read) -> (u8, u8, u32, Vec<u8>) {
     let mut head = [0u8; 9];
     stream.read_exact(&mut head).unwrap();
@@ -74,17 +92,7 @@ pub fn should_rate_limit(
 ) -> Result<RateLimitResponse, String> {
     let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     out.extend(encode_frame(SETTINGS, 0, 0, &[]));
-    let headers = header_block(&[
-        (":method", "POST"),
-        (":scheme", "http"),
-        (
-            ":path",
-            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-        ),
-        (":authority", authority),
-        ("content-type", "application/grpc"),
-        ("te", "trailers"),
-    ]);
+    let headers = should_rate_limit_headers(authority);
     out.extend(encode_frame(HEADERS, END_HEADERS, 1, &headers));
     let message = request.encode_to_vec();
     let mut body = vec![0u8];
