@@ -73,8 +73,9 @@ pub struct Metrics {
     pub memory_evictions: IntCounter,
     /// The named limiters' client states on the memory store (their own table).
     pub memory_limiter_states: IntGauge,
-    /// New clients of named limiters refused on the memory store because a limiter
-    /// (`LIMITER_MAX_CLIENTS`) or the table (`MEMORY_MAX_LIMITER_STATES`) was full.
+    /// New clients of named limiters refused, on either store, because a limiter
+    /// (`LIMITER_MAX_CLIENTS`) or the memory store's table (`MEMORY_MAX_LIMITER_STATES`) was
+    /// full: the store refuses, the native API's adapter (`server/named.rs`) counts.
     pub limiter_clients_refused: IntCounter,
     pub connections_open: IntGaugeVec,
     pub connections_rejected: IntCounterVec,
