@@ -22,19 +22,26 @@ local REPLY_PER_CHECK = 4
 local args_per_check = ALGORITHM_ARGS + 2
 local now_us = script_now()
 
--- Decides checks first..last: their reply, as one call of them gets it.
+-- Decides check `check`: its four numbers.
+local function decide_check(check)
+  local at = 3 + (check - 1) * args_per_check
+  local final = at + ALGORITHM_ARGS
+  -- Every algorithm but the fixed window takes (key, now_us, hits, record, its arguments...):
+  -- see dispatch.lua.
+  return decide_one(KEYS[check], now_us, ARGV[at], ARGV[final + 1] == '1',
+    unpack(ARGV, at + 1, final))
+end
+
+-- Decides checks first..last: their reply, as one call of them gets it. A call of one check,
+-- the common one and every call of a merge at one descriptor a request, gets its reply built
+-- whole: a table filled a slot at a time is resized as it grows, which was 5 % of the GCRA
+-- script's instructions inside Redis (docs/BENCHMARKS.md, "the two targets left").
 local function decide_checks(first, last)
+  if first == last then return { decide_check(first) } end
   local reply = {}
   for check = first, last do
-    local at = 3 + (check - 1) * args_per_check
-    local final = at + ALGORITHM_ARGS
-    -- Every algorithm but the fixed window takes (key, now_us, hits, record, its arguments...):
-    -- see dispatch.lua.
-    local admitted, remaining, reset, used = decide_one(KEYS[check], now_us, ARGV[at],
-      ARGV[final + 1] == '1', unpack(ARGV, at + 1, final))
     local base = (check - first) * REPLY_PER_CHECK
-    reply[base + 1], reply[base + 2], reply[base + 3], reply[base + 4] = admitted, remaining,
-      reset, used
+    reply[base + 1], reply[base + 2], reply[base + 3], reply[base + 4] = decide_check(check)
   end
   return reply
 end
