@@ -1127,8 +1127,14 @@ async fn without_plain_commands_plain_fixed_windows_take_the_lean_script() {
         ..fixed_window_check("h", 1, 10, 60, now)
     };
     store.check(&[&fixed, &fixed]).await.unwrap();
+    // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT spares only the other checks of a call: one
+    // check on its own is charged as under Each, and takes the lean script; two need the trial.
     store
         .check_with(&[&fixed], Charging::StopWhenOver)
+        .await
+        .unwrap();
+    store
+        .check_with(&[&fixed, &fixed], Charging::StopWhenOver)
         .await
         .unwrap();
     store.check(&[&fixed, &gcra]).await.unwrap();
@@ -1136,19 +1142,16 @@ async fn without_plain_commands_plain_fixed_windows_take_the_lean_script() {
     // Redis forgot its scripts: the lean one is loaded again like the others.
     redis.cli(&["SCRIPT", "FLUSH"]).unwrap();
     let out = store.check(&[&fixed]).await.unwrap();
-    assert_eq!(out[0].used, 6, "{out:?}");
+    assert_eq!(out[0].used, 8, "{out:?}");
 
     let lean = sluice::store::RedisStore::lean_script_sha1();
     let shas = scripts_run(&redis);
-    assert_eq!(shas.len(), 6, "{shas:?}");
-    assert_eq!(shas[0], lean);
-    assert!(
-        shas[1] != lean && shas[2] != lean && shas[3] != lean,
-        "{shas:?}"
-    );
-    assert!(shas[1] == shas[2] && shas[2] == shas[3], "{shas:?}");
+    assert_eq!(shas.len(), 7, "{shas:?}");
+    assert_eq!(&shas[..2], [lean, lean]);
+    assert!(shas[2..5].iter().all(|sha| sha != lean), "{shas:?}");
+    assert!(shas[2] == shas[3] && shas[3] == shas[4], "{shas:?}");
     // The call that met NOSCRIPT, then its resend.
-    assert_eq!(&shas[4..], [lean, lean]);
+    assert_eq!(&shas[5..], [lean, lean]);
 }
 
 /// The commands Redis logged since `SLOWLOG RESET` (the threshold must be 0) that act on
@@ -1246,6 +1249,50 @@ async fn the_common_decision_is_plain_commands_from_redis_7() {
         vec!["PEXPIRE", r, "3600000", "NX"],
     ];
     assert_eq!(commands, expected);
+}
+
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` spares only the other checks of a call when one
+/// would go over, so a request of one descriptor is charged as under `Each`: from Redis 7 it is
+/// plain commands like any other (a fifth of the full script's Redis time), counted past its
+/// limit and refused there, as with the script.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lone_descriptor_under_stop_cache_is_plain_commands() {
+    use sluice::store::{Charging, CounterStore};
+    let redis = RedisServer::start();
+    let info = redis.cli(&["INFO", "server"]).unwrap();
+    let major: u32 = info
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("redis_version:"))
+        .and_then(|v| v.split('.').next()?.parse().ok())
+        .unwrap();
+    let store = store_on(&redis, None).await;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let check = fixed_window_check("s", 1, 2, 3600, now);
+    log_every_command(&redis);
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let out = store
+            .check_with(&[&check], Charging::StopWhenOver)
+            .await
+            .unwrap();
+        answers.push((out[0].admitted, out[0].used));
+    }
+    assert_eq!(answers, [(true, 1), (true, 2), (false, 3)]);
+    if major < 7 {
+        return;
+    }
+    let key = check.key.as_str();
+    let one = vec![
+        vec!["INCRBY", key, "1"],
+        vec!["PEXPIRE", key, "3600000", "NX"],
+    ];
+    assert_eq!(
+        counter_commands(&redis),
+        [one.clone(), one.clone(), one].concat()
+    );
 }
 
 /// What the plain commands cannot count fails as the scripts fail, with the same error kind: a

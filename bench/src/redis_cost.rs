@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use hdrhistogram::Histogram;
 use sluice::store::redis::{PipelineCounts, StartupRetry, Target};
-use sluice::store::{Check, CounterStore, RedisOptions, RedisStore, Rule};
+use sluice::store::{Charging, Check, CounterStore, RedisOptions, RedisStore, Rule};
 
 use crate::{parse_seconds, procs};
 
@@ -69,6 +69,9 @@ pub(crate) struct RedisCostArgs {
 pub(crate) enum Workload {
     /// One fixed-window descriptor (upstream's algorithm; the common case).
     Fixed1,
+    /// The same under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (`Charging::StopWhenOver`),
+    /// which decides with the full script's trial pass.
+    Fixed1Stop,
     /// Ten fixed-window descriptors in one request.
     Fixed10,
     SlidingWindowLog,
@@ -77,8 +80,9 @@ pub(crate) enum Workload {
     WarmUp,
 }
 
-const ALL: [Workload; 6] = [
+const ALL: [Workload; 7] = [
     Workload::Fixed1,
+    Workload::Fixed1Stop,
     Workload::Fixed10,
     Workload::SlidingWindowLog,
     Workload::SlidingWindowCounter,
@@ -90,6 +94,7 @@ impl Workload {
     fn name(self) -> &'static str {
         match self {
             Workload::Fixed1 => "fixed_window D=1",
+            Workload::Fixed1Stop => "fixed_window D=1, stop when over",
             Workload::Fixed10 => "fixed_window D=10",
             Workload::SlidingWindowLog => "sliding_window_log",
             Workload::SlidingWindowCounter => "sliding_window_counter",
@@ -102,6 +107,7 @@ impl Workload {
     fn tag(self) -> &'static str {
         match self {
             Workload::Fixed1 | Workload::Fixed10 => "fw",
+            Workload::Fixed1Stop => "fws",
             Workload::SlidingWindowLog => "swl",
             Workload::SlidingWindowCounter => "swc",
             Workload::Gcra => "gcra",
@@ -113,13 +119,21 @@ impl Workload {
         if self == Workload::Fixed10 { 10 } else { 1 }
     }
 
+    fn charging(self) -> Charging {
+        if self == Workload::Fixed1Stop {
+            Charging::StopWhenOver
+        } else {
+            Charging::Each
+        }
+    }
+
     /// The rule of every check; the fixed window's key names its window, as the service's do.
     fn rule(self, now_secs: u64) -> Rule {
         const HOUR: u64 = 3600;
         const SECOND_US: u64 = 1_000_000;
         const LIMIT: u64 = 1_000_000_000;
         match self {
-            Workload::Fixed1 | Workload::Fixed10 => Rule::FixedWindow {
+            Workload::Fixed1 | Workload::Fixed1Stop | Workload::Fixed10 => Rule::FixedWindow {
                 limit: LIMIT,
                 window_secs: HOUR,
                 window_start: sluice::store::window_start(now_secs, HOUR),
@@ -342,7 +356,7 @@ async fn drive(
                 let refs: Vec<&Check> = checks.iter().collect();
                 let sent = Instant::now();
                 store
-                    .check(&refs)
+                    .check_with(&refs, workload.charging())
                     .await
                     .map_err(|e| anyhow::anyhow!("decision failed: {e}"))?;
                 let _ = latency.record(sent.elapsed().as_micros().max(1) as u64);

@@ -318,13 +318,20 @@ pub enum Charging {
 }
 
 /// Whether a call must first try its checks without writing (to learn which would go over)
-/// before charging them: under [`Charging::StopWhenOver`], and whenever a check belongs to a
-/// group.
+/// before charging them: under [`Charging::StopWhenOver`] with more than one check, and
+/// whenever a check belongs to a group.
+///
+/// [`Charging::StopWhenOver`] spares only the *other* checks of a call when one would go over
+/// ([`charged_hits`]): a call of one check on its own is charged exactly as under
+/// [`Charging::Each`], so it needs no trial and takes `Each`'s paths. On Redis that is plain
+/// commands rather than the full script, a fifth of the Redis time per decision (a request with
+/// one descriptor under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`; docs/BENCHMARKS.md).
 pub fn needs_trial(checks: &[&Check], charging: Charging) -> bool {
+    let any_group = || checks.iter().any(|c| c.group.is_some());
     match charging {
         Charging::LookOnly => false,
-        Charging::StopWhenOver => true,
-        Charging::Each => checks.iter().any(|c| c.group.is_some()),
+        Charging::StopWhenOver => checks.len() > 1 || any_group(),
+        Charging::Each => any_group(),
     }
 }
 

@@ -210,12 +210,13 @@ const LEAN_REPLY_PER_CHECK: usize = 1;
 
 /// Whether [`FIXED_WINDOW_LEAN`] decides `checks` exactly as [`DECISION`] would, and so may
 /// stand in for it: every check is a fixed window, and every check is charged on its own (the
-/// lean script has no trial pass, which [`Charging::StopWhenOver`] and a group of limits
-/// decided all or nothing need, see [`crate::store::needs_trial`], and never only looks). A
+/// lean script has no trial pass, which [`Charging::StopWhenOver`] over several checks and a
+/// group of limits decided all or nothing need, see [`crate::store::needs_trial`], and never
+/// only looks). A
 /// pinned clock is read the same way by both. The one place that decides it: whatever else
 /// needs the full script must be excluded here.
 pub(super) fn fits_lean(checks: &[&Check], charging: Charging) -> bool {
-    charging == Charging::Each
+    charging != Charging::LookOnly
         && !crate::store::needs_trial(checks, charging)
         && checks
             .iter()
@@ -319,7 +320,7 @@ pub(super) fn mergeable(sha: &[u8]) -> Option<&'static LuaScript> {
 /// does: every check is charged on its own (no trial pass, as for [`fits_lean`]) and every check
 /// uses the same algorithm, other than the fixed window. The one place that decides it.
 pub(super) fn fits_each(checks: &[&Check], charging: Charging) -> Option<&'static EachScript> {
-    if charging != Charging::Each || crate::store::needs_trial(checks, charging) {
+    if charging == Charging::LookOnly || crate::store::needs_trial(checks, charging) {
         return None;
     }
     let algorithm = rule_name(&checks.first()?.rule);
@@ -779,7 +780,15 @@ mod tests {
             None,
             "a group"
         );
-        assert_eq!(name(fits_each(&[&gcra], Charging::StopWhenOver)), None);
+        assert_eq!(
+            name(fits_each(&[&gcra], Charging::StopWhenOver)),
+            Some("gcra"),
+            "one check on its own is charged as under Each"
+        );
+        assert_eq!(
+            name(fits_each(&[&gcra, &gcra], Charging::StopWhenOver)),
+            None
+        );
         assert_eq!(name(fits_each(&[&gcra], Charging::LookOnly)), None);
         assert_eq!(
             name(fits_each(&[&fixed], Charging::Each)),
@@ -914,7 +923,11 @@ mod tests {
             ..fixed.clone()
         };
         assert!(fits_lean(&[&fixed, &fixed], Charging::Each));
-        assert!(!fits_lean(&[&fixed], Charging::StopWhenOver));
+        assert!(
+            fits_lean(&[&fixed], Charging::StopWhenOver),
+            "one check on its own is charged as under Each"
+        );
+        assert!(!fits_lean(&[&fixed, &fixed], Charging::StopWhenOver));
         assert!(!fits_lean(&[&fixed], Charging::LookOnly));
         assert!(!fits_lean(&[&fixed, &gcra], Charging::Each));
         assert!(
