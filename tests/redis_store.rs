@@ -599,6 +599,23 @@ fn info_field(redis: &RedisServer, section: &str, field: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The server's major version, from `INFO server`.
+fn major_version(redis: &RedisServer) -> u32 {
+    let info = redis.cli(&["INFO", "server"]).unwrap();
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix("redis_version:"))
+        .and_then(|v| v.split('.').next()?.parse().ok())
+        .unwrap()
+}
+
+/// The wall clock in microseconds, as the store's clock reads it.
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
 /// Calls of `command` that Redis ran, from `INFO commandstats`.
 fn command_calls(redis: &RedisServer, command: &str) -> f64 {
     let stats = redis.cli(&["INFO", "commandstats"]).unwrap();
@@ -1196,17 +1213,9 @@ fn log_every_command(redis: &RedisServer) {
 async fn the_common_decision_is_plain_commands_from_redis_7() {
     use sluice::store::CounterStore;
     let redis = RedisServer::start();
-    let version = redis.cli(&["INFO", "server"]).unwrap();
-    let major: u32 = version
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("redis_version:"))
-        .and_then(|v| v.split('.').next()?.parse().ok())
-        .unwrap();
+    let major = major_version(&redis);
     let store = store_on(&redis, None).await;
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64;
+    let now = now_micros();
     let counted = fixed_window_check("a", 3, 10, 3600, now);
     let look = fixed_window_check("l", 0, 10, 3600, now);
     let repaired = fixed_window_check("r", 1, 10, 3600, now);
@@ -1259,17 +1268,9 @@ async fn the_common_decision_is_plain_commands_from_redis_7() {
 async fn a_lone_descriptor_under_stop_cache_is_plain_commands() {
     use sluice::store::{Charging, CounterStore};
     let redis = RedisServer::start();
-    let info = redis.cli(&["INFO", "server"]).unwrap();
-    let major: u32 = info
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("redis_version:"))
-        .and_then(|v| v.split('.').next()?.parse().ok())
-        .unwrap();
+    let major = major_version(&redis);
     let store = store_on(&redis, None).await;
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64;
+    let now = now_micros();
     let check = fixed_window_check("s", 1, 2, 3600, now);
     log_every_command(&redis);
     let mut answers = Vec::new();
