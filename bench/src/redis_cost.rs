@@ -69,8 +69,9 @@ pub(crate) struct RedisCostArgs {
 pub(crate) enum Workload {
     /// One fixed-window descriptor (upstream's algorithm; the common case).
     Fixed1,
-    /// The same under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (`Charging::StopWhenOver`),
-    /// which decides with the full script's trial pass.
+    /// The same under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (`Charging::StopWhenOver`): one
+    /// check on its own needs no trial pass and is decided as `Fixed1` is (before 89b7326 it
+    /// took the full script's trial).
     Fixed1Stop,
     /// Ten fixed-window descriptors in one request.
     Fixed10,

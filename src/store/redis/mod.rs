@@ -382,10 +382,10 @@ impl RedisStore {
     /// in request order.
     ///
     /// `charging` applies to each call on its own. A call that needs a trial pass
-    /// ([`needs_trial`]: [`Charging::StopWhenOver`], a group of limits) stays one call per slot,
-    /// so which checks stop each other's charges depends on slots as documented, never on which
-    /// master serves them; the other checks are each decided on their own, so one call per
-    /// master answers exactly what one call per slot would.
+    /// ([`needs_trial`]: [`Charging::StopWhenOver`] over several checks, a group of limits) stays
+    /// one call per slot, so which checks stop each other's charges depends on slots as
+    /// documented, never on which master serves them; the other checks are each decided on their
+    /// own, so one call per master answers exactly what one call per slot would.
     async fn run(&self, checks: &[&Check], charging: Charging) -> Result<Vec<Outcome>, StoreError> {
         let plain = self.fastest.load(Ordering::Relaxed) >= DecisionPath::PlainCommands as u8
             && script::fits_lean(checks, charging);

@@ -212,8 +212,7 @@ const LEAN_REPLY_PER_CHECK: usize = 1;
 /// stand in for it: every check is a fixed window, and every check is charged on its own (the
 /// lean script has no trial pass, which [`Charging::StopWhenOver`] over several checks and a
 /// group of limits decided all or nothing need, see [`crate::store::needs_trial`], and never
-/// only looks). A
-/// pinned clock is read the same way by both. The one place that decides it: whatever else
+/// only looks). A pinned clock is read the same way by both. The one place that decides it: whatever else
 /// needs the full script must be excluded here.
 pub(super) fn fits_lean(checks: &[&Check], charging: Charging) -> bool {
     charging != Charging::LookOnly
