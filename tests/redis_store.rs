@@ -20,6 +20,14 @@ fn now_secs() -> u64 {
         .as_secs()
 }
 
+/// The wall clock in microseconds, as the store's clock reads it.
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn keys_are_upstreams_and_always_expire() {
     let redis = RedisServer::start();
@@ -608,14 +616,6 @@ fn major_version(redis: &RedisServer) -> u32 {
         .unwrap()
 }
 
-/// The wall clock in microseconds, as the store's clock reads it.
-fn now_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64
-}
-
 /// Calls of `command` that Redis ran, from `INFO commandstats`.
 fn command_calls(redis: &RedisServer, command: &str) -> f64 {
     let stats = redis.cli(&["INFO", "commandstats"]).unwrap();
@@ -1068,20 +1068,14 @@ async fn unpinned_the_reset_is_the_rest_of_the_window() {
     lean.use_path(DecisionPath::LeanScript);
     let full = store_on(&redis, None).await;
     full.use_path(DecisionPath::FullScript);
-    let micros = || {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_micros() as u64
-    };
     for (name, store) in [("plain", &plain), ("lean", &lean), ("full", &full)] {
-        let before = micros();
+        let before = now_micros();
         let check = fixed_window_check(name, 2, 5, 3600, before);
         let Rule::FixedWindow { window_start, .. } = check.rule else {
             unreachable!()
         };
         let out = store.check(&[&check]).await.unwrap()[0];
-        let after = micros();
+        let after = now_micros();
         let end_ms = (window_start + 3600) * 1000;
         assert!(
             end_ms - after / 1000 <= out.reset_ms + 1 && out.reset_ms <= end_ms - before / 1000,
@@ -1314,10 +1308,7 @@ async fn plain_commands_fail_as_the_scripts_do() {
         store.use_path(path);
         stores.push((path, store));
     }
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64;
+    let now = now_micros();
     let mut conn = redis.connection();
     let hash = fixed_window_check("hash", 1, 10, 3600, now);
     let () = conn.hset(&hash.key, "f", "v").unwrap();
@@ -1367,10 +1358,7 @@ async fn a_failover_to_an_older_redis_and_back_returns_to_plain_commands() {
     let mut redis = RedisServer::start();
     let store = store_on(&redis, None).await;
     store.ask_servers_every(Duration::from_millis(200));
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64;
+    let now = now_micros();
     let check = fixed_window_check("f", 1, 1_000_000, 3600, now);
     // Decides once, retrying while the store meets the connections the restart broke; the count.
     let decide = || async {

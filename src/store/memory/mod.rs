@@ -128,8 +128,9 @@ impl MemoryStore {
     }
 
     /// Decides `checks` when a trial comes first ([`super::needs_trial`]: under
-    /// [`Charging::StopWhenOver`] with several checks, or with a group): the shards of all their keys are locked at
-    /// once (in index order, so two such calls never wait on each other in a cycle), each
+    /// [`Charging::StopWhenOver`] with several checks, or with a group): the shards of all
+    /// their keys are locked at once (in index order, so two such calls never wait on each
+    /// other in a cycle), each
     /// check is first tried without writing ([`super::trial`], which lets each see what the
     /// checks before it charge), and then each is charged what
     /// [`super::charged_hits`] says. A check that would go over and is charged nothing keeps

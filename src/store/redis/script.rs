@@ -208,15 +208,20 @@ const LEAN_LEADING_REPLY: usize = 1;
 /// Integers per check in [`FIXED_WINDOW_LEAN`]'s reply: the count after its hits.
 const LEAN_REPLY_PER_CHECK: usize = 1;
 
+/// Whether every check of a call is charged on its own, as the lean scripts and the plain
+/// commands decide them: not only looked at, and needing no trial pass (which
+/// [`Charging::StopWhenOver`] over several checks and a group of limits decided all or nothing
+/// need, see [`crate::store::needs_trial`]).
+fn charged_each_alone(checks: &[&Check], charging: Charging) -> bool {
+    charging != Charging::LookOnly && !crate::store::needs_trial(checks, charging)
+}
+
 /// Whether [`FIXED_WINDOW_LEAN`] decides `checks` exactly as [`DECISION`] would, and so may
-/// stand in for it: every check is a fixed window, and every check is charged on its own (the
-/// lean script has no trial pass, which [`Charging::StopWhenOver`] over several checks and a
-/// group of limits decided all or nothing need, see [`crate::store::needs_trial`], and never
-/// only looks). A pinned clock is read the same way by both. The one place that decides it: whatever else
-/// needs the full script must be excluded here.
+/// stand in for it: every check is a fixed window, charged on its own
+/// ([`charged_each_alone`]). A pinned clock is read the same way by both. The one place that
+/// decides it: whatever else needs the full script must be excluded here.
 pub(super) fn fits_lean(checks: &[&Check], charging: Charging) -> bool {
-    charging != Charging::LookOnly
-        && !crate::store::needs_trial(checks, charging)
+    charged_each_alone(checks, charging)
         && checks
             .iter()
             .all(|check| matches!(check.rule, Rule::FixedWindow { .. }))
@@ -316,10 +321,10 @@ pub(super) fn mergeable(sha: &[u8]) -> Option<&'static LuaScript> {
 }
 
 /// The lean script of [`EACH`] that decides `checks` exactly as [`DECISION`] would, if one
-/// does: every check is charged on its own (no trial pass, as for [`fits_lean`]) and every check
-/// uses the same algorithm, other than the fixed window. The one place that decides it.
+/// does: every check is charged on its own ([`charged_each_alone`]) and every check uses the
+/// same algorithm, other than the fixed window. The one place that decides it.
 pub(super) fn fits_each(checks: &[&Check], charging: Charging) -> Option<&'static EachScript> {
-    if charging == Charging::LookOnly || crate::store::needs_trial(checks, charging) {
+    if !charged_each_alone(checks, charging) {
         return None;
     }
     let algorithm = rule_name(&checks.first()?.rule);
