@@ -157,6 +157,9 @@ fn start(age: &str, grace: &str, extra: &[(&str, &str)]) -> (Sluice, tempfile::T
     let mut env = vec![
         ("GRPC_MAX_CONNECTION_AGE", age),
         ("GRPC_MAX_CONNECTION_AGE_GRACE", grace),
+        // The calls kept in flight here never finish their request; the request deadline
+        // (`tests/stalled_calls.rs`) would end them before the grace does.
+        ("HTTP_READ_HEADER_TIMEOUT", "60s"),
     ];
     env.extend_from_slice(extra);
     (Sluice::start(dir.path(), None, &env), dir)

@@ -2,7 +2,8 @@
 //! API's own port, the debug and the Prometheus listeners, in that order) and serving on them
 //! until [`StopSignal::stop`]. Each listener gets the connection caps and timeouts of
 //! `MAX_CONNECTIONS`, `MAX_CONNECTIONS_PER_PEER`, `HTTP_READ_HEADER_TIMEOUT` and the gRPC
-//! connection settings; the statsd sink's flushes run beside them.
+//! connection settings; the gRPC listeners also the request budgets and the overload manager
+//! ([`Pressure`]); the statsd sink's flushes run beside them.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -14,8 +15,10 @@ use tokio::sync::watch;
 use super::AbortOnDrop;
 use crate::metrics::{Metrics, StatsdOptions};
 use crate::rls::RateLimiter;
+use crate::server::budget::{RequestBudget, RequestLimits};
 use crate::server::connections::{ConnectionLimit, LimitedListener};
 use crate::server::named::NamedApiService;
+use crate::server::overload::{self, Overload};
 use crate::server::serving::{Closed, Http1Options};
 use crate::server::{
     Caps, GrpcListener, GrpcOptions, Health, ServeError, bind, bind_unix, debug, http, rls,
@@ -219,14 +222,59 @@ pub(super) struct ListenerOptions {
 }
 
 impl ListenerOptions {
-    pub(super) fn new(settings: &Settings) -> Self {
-        let (caps, http1, grpc) = listener_options(settings);
+    pub(super) fn new(settings: &Settings, pressure: &Pressure) -> Self {
+        let (caps, http1, grpc) = listener_options(settings, pressure);
         Self { caps, http1, grpc }
     }
 }
 
+/// What callers may make the process hold: the request budgets every gRPC call is read under,
+/// and the overload manager (its task runs until this is dropped).
+pub(super) struct Pressure {
+    budget: Arc<RequestBudget>,
+    overload: Arc<Overload>,
+    _manager: Option<AbortOnDrop>,
+}
+
+impl Pressure {
+    pub(super) fn start(settings: &Settings, metrics: &Metrics) -> Self {
+        let bytes = settings.pending_request_bytes;
+        let limits = RequestLimits {
+            timeout: (!settings.http_read_header_timeout.is_zero())
+                .then_some(settings.http_read_header_timeout),
+            per_connection: bytes.per_connection,
+            per_peer: bytes.per_peer,
+            total: bytes.total,
+        };
+        let budget = RequestBudget::new(limits, metrics.pressure.clone());
+        let overload = Arc::new(Overload::default());
+        let manager = match settings.overload_memory_limit.resolve() {
+            Some(ceiling) => {
+                tracing::info!(ceiling, "overload manager: memory ceiling");
+                Some(AbortOnDrop(tokio::spawn(overload::run(
+                    ceiling,
+                    overload.clone(),
+                    budget.clone(),
+                    metrics.pressure.clone(),
+                ))))
+            }
+            None => {
+                tracing::info!(
+                    "overload manager off (OVERLOAD_MEMORY_LIMIT=0 or no ceiling found)"
+                );
+                None
+            }
+        };
+        Self {
+            budget,
+            overload,
+            _manager: manager,
+        }
+    }
+}
+
 /// The connection caps, the HTTP/1 options and the gRPC options every listener is served with.
-fn listener_options(settings: &Settings) -> (Caps, Http1Options, GrpcOptions) {
+fn listener_options(settings: &Settings, pressure: &Pressure) -> (Caps, Http1Options, GrpcOptions) {
     let caps = Caps {
         max: settings.max_connections,
         per_peer: settings.max_connections_per_peer,
@@ -243,6 +291,8 @@ fn listener_options(settings: &Settings) -> (Caps, Http1Options, GrpcOptions) {
         caps,
         tls: settings.grpc_tls.clone(),
         reload_interval: settings.reload_interval,
+        budget: pressure.budget.clone(),
+        overload: pressure.overload.clone(),
     };
     (caps, http1, grpc_options)
 }

@@ -2,7 +2,8 @@
 //! runs them, and shuts them down. Only this module and `cli` read the settings; everything
 //! below takes option structs of its own.
 //!
-//! [`serve`] reads as the list of start-up steps, each a function of its own: the metrics, the
+//! [`serve`] reads as the list of start-up steps, each a function of its own: the metrics, what
+//! callers may make the process hold (the request budgets and the overload manager), the
 //! config source (`config_source.rs`), the stores with their layers (`stores.rs`, where the
 //! layers are stacked: measured → circuit breaker → Redis), the limiters (`limiters.rs`), the
 //! first configuration, health, then the listeners (`listeners.rs`).
@@ -29,7 +30,9 @@ use std::time::Duration;
 
 use self::config_source::{first_config, follow_configs, start_config_source};
 use self::limiters::{named_api, rls_limiter};
-use self::listeners::{ListenerOptions, MainListeners, Served, StopSignal, start_serving};
+use self::listeners::{
+    ListenerOptions, MainListeners, Pressure, Served, StopSignal, start_serving,
+};
 use self::stores::{Stores, open_stores};
 use crate::clock::SystemClock;
 use crate::metrics::{Mapper, Metrics, StatStore};
@@ -46,6 +49,7 @@ pub async fn serve(
     let mut shutdown = std::pin::pin!(shutdown);
     // Start-up, in order.
     let metrics = Arc::new(metrics(&settings)?);
+    let pressure = Pressure::start(&settings, &metrics);
     let (mut configs, _stop_config_source) = start_config_source(&settings, &metrics)?;
     let keys = KeyBuilder::new(&settings.cache_key_prefix)?;
     let clock = Arc::new(SystemClock);
@@ -73,7 +77,7 @@ pub async fn serve(
         health_service,
         memory_store: memory,
     };
-    let options = ListenerOptions::new(&settings);
+    let options = ListenerOptions::new(&settings, &pressure);
     let serving = start_serving(&settings, &options, main_listeners, served, &metrics, &stop)?;
 
     // Poll `shutdown` once before telling anyone we listen: the SIGTERM handler is installed on

@@ -15,12 +15,14 @@
 
 mod instrumented;
 mod mapper;
+mod pressure;
 mod stats;
 mod statsd;
 mod store_metrics;
 
 pub use instrumented::Instrumented;
 pub use mapper::{Mapper, MapperError};
+pub use pressure::PressureMetrics;
 pub use stats::{Counter, Observe, SeriesCap, Stat, StatStore};
 pub use statsd::{StatsdOptions, run as run_statsd};
 
@@ -80,6 +82,8 @@ pub struct Metrics {
     pub connections_open: IntGaugeVec,
     pub connections_rejected: IntCounterVec,
     pub connections_closed: IntCounterVec,
+    /// What callers make the process hold, and the overload manager's actions.
+    pub pressure: PressureMetrics,
     descriptors_refused: IntCounterVec,
     long_parts: IntCounterVec,
     /// The bound on stat series named after request values (`MAX_DETAILED_METRIC_SERIES`).
@@ -174,6 +178,7 @@ impl Metrics {
         let stores = StoreMetrics::register(&r);
         let connections = ConnectionMetrics::register(&r);
         let inputs = InputMetrics::register(&r);
+        let pressure = PressureMetrics::register(&r);
         Self {
             near_limit_ratio,
             global_shadow_mode: stats.counter("ratelimit.service.global_shadow_mode"),
@@ -206,6 +211,7 @@ impl Metrics {
             connections_open: connections.connections_open,
             connections_rejected: connections.connections_rejected,
             connections_closed: connections.connections_closed,
+            pressure,
             descriptors_refused: inputs.descriptors_refused,
             long_parts: inputs.long_parts,
             detailed_series: SeriesCap::new(DEFAULT_DETAILED_SERIES),
@@ -554,7 +560,8 @@ impl ConnectionMetrics {
                 r,
                 "sluice_connections_rejected_total",
                 "Connections closed at accept, by listener and reason: max_connections (the \
-                 listener was full) or max_connections_per_peer (the peer had its share)",
+                 listener was full), max_connections_per_peer (the peer had its share) or \
+                 overload (a gRPC listener, while the process is near its memory ceiling)",
                 &["listener", "reason"],
             ),
             connections_closed: counter_vec(

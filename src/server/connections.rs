@@ -14,6 +14,9 @@
 //! IPv6 ones by their /64 (one host usually holds a whole /64, so counting its addresses one by
 //! one would give it millions of shares).
 //!
+//! The gRPC listeners also follow the overload manager (`overload.rs`): while the process is
+//! near its memory ceiling they close new connections at accept.
+//!
 //! `sluice_connections_open{listener}` and `sluice_connections_rejected_total{listener,reason}`
 //! show the caps at work.
 //!
@@ -37,6 +40,7 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 
+use super::overload::Overload;
 use crate::metrics::Metrics;
 
 /// The caps of one listener.
@@ -46,9 +50,12 @@ pub(crate) struct ConnectionLimit {
     permits: Option<Arc<Semaphore>>,
     /// `None`: no per-peer cap.
     peers: Option<Arc<PeerCounts>>,
+    /// Set on the gRPC listeners: no connection is admitted while it says so.
+    overload: Option<Arc<Overload>>,
     open: IntGauge,
     rejected_full: IntCounter,
     rejected_peer: IntCounter,
+    rejected_overload: IntCounter,
 }
 
 /// The caps each listener enforces.
@@ -76,15 +83,27 @@ impl ConnectionLimit {
                     held: Mutex::new(HashMap::new()),
                 })
             }),
+            overload: None,
             open: metrics.connections_open.with_label_values(&[listener]),
             rejected_full: rejected("max_connections"),
             rejected_peer: rejected("max_connections_per_peer"),
+            rejected_overload: rejected("overload"),
         }
+    }
+
+    /// This limit, also closing new connections while `overload` stops accepting.
+    pub(crate) fn following(mut self, overload: Arc<Overload>) -> ConnectionLimit {
+        self.overload = Some(overload);
+        self
     }
 
     /// Wraps `io` with its permits, or drops it (closing the connection) when a cap is reached.
     /// `peer` is the client's address (`None` on a Unix socket: no per-peer cap there).
     pub(crate) fn admit<IO>(&self, io: IO, peer: Option<IpAddr>) -> Option<Admitted<IO>> {
+        if self.overload.as_ref().is_some_and(|o| !o.accepting()) {
+            self.rejected_overload.inc();
+            return None;
+        }
         let peer_slot = match (&self.peers, peer) {
             (Some(peers), Some(peer)) => match peers.take(peer) {
                 Some(slot) => Some(slot),
@@ -108,6 +127,7 @@ impl ConnectionLimit {
         self.open.inc();
         Some(Admitted {
             io,
+            peer,
             _permit: permit,
             _peer: peer_slot,
             open: self.open.clone(),
@@ -193,7 +213,7 @@ impl PeerCounts {
 
 /// The address a peer is counted under: IPv4 as it is (IPv4-mapped IPv6 included), IPv6 by
 /// its /64.
-fn peer_key(peer: IpAddr) -> IpAddr {
+pub(crate) fn peer_key(peer: IpAddr) -> IpAddr {
     match peer {
         IpAddr::V4(_) => peer,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -280,9 +300,29 @@ impl LimitedListener {
 /// A connection holding its permit: closing (dropping) it gives the permit back.
 pub(crate) struct Admitted<IO> {
     io: IO,
+    peer: Option<IpAddr>,
     _permit: Option<OwnedSemaphorePermit>,
     _peer: Option<PeerSlot>,
     open: IntGauge,
+}
+
+/// A connection that knows its client's address, wherever it is wrapped (TLS, deadlines): the
+/// request budgets (`budget.rs`) count per peer.
+pub(crate) trait Peer {
+    /// `None` on a Unix socket.
+    fn peer(&self) -> Option<IpAddr>;
+}
+
+impl<IO> Peer for Admitted<IO> {
+    fn peer(&self) -> Option<IpAddr> {
+        self.peer
+    }
+}
+
+impl<IO: Peer> Peer for Expiring<IO> {
+    fn peer(&self) -> Option<IpAddr> {
+        self.io.peer()
+    }
 }
 
 impl<IO> Drop for Admitted<IO> {

@@ -3,11 +3,13 @@
 //! timeouts and connection age, live config reload, and the health status. Each takes the options it
 //! needs; `app` builds them from the settings, wires them to the limiters and runs them.
 
+pub(crate) mod budget;
 pub(crate) mod connections;
 pub(crate) mod debug;
 mod health;
 pub(crate) mod http;
 pub(crate) mod named;
+pub mod overload;
 mod oversized;
 pub mod reload;
 pub(crate) mod rls;
@@ -109,6 +111,10 @@ pub struct GrpcOptions {
     pub caps: Caps,
     pub tls: Option<tls::ServerTls>,
     pub reload_interval: Duration,
+    /// The request budgets every gRPC call is read under, shared by every gRPC listener.
+    pub(crate) budget: std::sync::Arc<budget::RequestBudget>,
+    /// The overload manager's switches: the gRPC listeners stop accepting when it says so.
+    pub(crate) overload: std::sync::Arc<overload::Overload>,
 }
 
 /// Completes on SIGTERM or SIGINT (Ctrl-C).

@@ -133,7 +133,8 @@ where
         + 'static,
     H::Future: Send + 'static,
 {
-    let limit = ConnectionLimit::new(options.caps, "grpc", &metrics);
+    let limit =
+        ConnectionLimit::new(options.caps, "grpc", &metrics).following(options.overload.clone());
     let closed = Closed::new("grpc", &metrics);
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
@@ -167,7 +168,8 @@ pub(crate) fn serve_named_api(
     metrics: &Metrics,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError> {
-    let limit = ConnectionLimit::new(options.caps, "limiter_api", metrics);
+    let limit = ConnectionLimit::new(options.caps, "limiter_api", metrics)
+        .following(options.overload.clone());
     let closed = Closed::new("limiter_api", metrics);
     let routes = GrpcRoutes::routed(tonic::service::Routes::new(service));
     listen(
@@ -233,6 +235,7 @@ fn listen(
 ) -> Result<Serving, ServeError> {
     let lifetime = lifetime(options);
     let http2 = http2_options(options);
+    let budget = options.budget.clone();
     let handshake = (!options.handshake_timeout.is_zero()).then_some(options.handshake_timeout);
     let listener = match listener {
         GrpcListener::Tcp(listener) => listener,
@@ -241,7 +244,7 @@ fn listen(
             let incoming = connections::incoming(listener, limit, lifetime)
                 .map(with_preface(handshake, closed.clone()));
             return Ok(Box::pin(async move {
-                serving::serve_http2(incoming, routes, http2, closed, stopped).await;
+                serving::serve_http2(incoming, routes, http2, budget, closed, stopped).await;
                 Ok(())
             }));
         }
@@ -251,7 +254,7 @@ fn listen(
             let incoming = connections::incoming(listener, limit, lifetime)
                 .map(with_preface(handshake, closed.clone()));
             Ok(Box::pin(async move {
-                serving::serve_http2(incoming, routes, http2, closed, stopped).await;
+                serving::serve_http2(incoming, routes, http2, budget, closed, stopped).await;
                 Ok(())
             }))
         }
@@ -268,7 +271,7 @@ fn listen(
                 lifetime,
             )?;
             Ok(Box::pin(async move {
-                serving::serve_http2(incoming, routes, http2, closed, stopped).await;
+                serving::serve_http2(incoming, routes, http2, budget, closed, stopped).await;
                 Ok(())
             }))
         }

@@ -75,6 +75,17 @@ impl GrpcRoutes {
     }
 }
 
+/// The methods served here whose request is a stream of messages rather than one: each message
+/// then gets its own deadline (`budget.rs`), and a stream may wait between them. Every other
+/// method's request is one message, whole within the deadline.
+const STREAMING_REQUESTS: [&str; 1] = ["/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"];
+
+/// Whether the method at `path` takes a stream of request messages.
+pub(crate) fn streams_requests(path: &str) -> bool {
+    // Envoy's calls fail on the first byte.
+    path.starts_with("/grpc.") && STREAMING_REQUESTS.contains(&path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

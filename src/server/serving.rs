@@ -15,6 +15,11 @@
 //!   lets a call racing with it finish), as at `GRPC_MAX_CONNECTION_AGE`. Envoy reconnects on
 //!   its next call. The h2 keep-alive ping closes connections whose peer stopped answering.
 //!
+//! Every gRPC call's request body is read under the request budgets (`budget.rs`): whole within
+//! `HTTP_READ_HEADER_TIMEOUT`, and what a call waiting for the rest holds counted per
+//! connection, peer and process. The HTTP/2 windows are sized for what RLS and the native API
+//! send ([`STREAM_WINDOW`], [`CONNECTION_WINDOW`]).
+//!
 //! A gRPC call's `grpc-timeout` is enforced as tonic's server loop did ([`grpc_timeout`]), and
 //! handed to the store as the deadline of the call's store calls (`store::deadline`), which
 //! then answer first, with a margin, so the caller gets an answer rather than `CANCELLED`.
@@ -41,7 +46,9 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::routes::GrpcRoutes;
+use super::budget::RequestBudget;
+use super::connections::Peer;
+use super::routes::{self, GrpcRoutes};
 use crate::metrics::Metrics;
 
 /// Length of the HTTP/2 client connection preface (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`).
@@ -210,19 +217,34 @@ const MAX_CANCELLED_BEFORE_ACCEPT: usize = 20;
 /// above does not count them. hyper's default, stated here for the same reason.
 const MAX_RESETS_FOR_CLIENT_ERRORS: usize = 1024;
 
-/// Serves the gRPC `routes` over HTTP/2 on every connection of `incoming` until `stopped`.
+/// The flow-control window of one call's request: what a client may send of it before the
+/// server has read any. RLS and native-API requests are a few hundred bytes; a larger one (up to
+/// the 1 MiB message limit) takes a window update per 64 KiB, which the server sends as it
+/// reads. HTTP/2's own default; hyper's is 1 MiB.
+pub(crate) const STREAM_WINDOW: u32 = 64 * 1024;
+
+/// The flow-control window of a connection: the most its client may have sent that the server
+/// has not read yet, over all its calls. It bounds h2's receive buffers per connection; what is
+/// read goes under the request budgets (`budget.rs`).
+pub(crate) const CONNECTION_WINDOW: u32 = 1024 * 1024;
+
+/// Serves the gRPC `routes` over HTTP/2 on every connection of `incoming` until `stopped`,
+/// reading every call's request under `budget`.
 pub(crate) async fn serve_http2<IO>(
     incoming: impl Stream<Item = io::Result<IO>>,
     routes: GrpcRoutes,
     options: Http2Options,
+    budget: Arc<RequestBudget>,
     closed: Closed,
     stopped: impl Future<Output = ()>,
 ) where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    IO: AsyncRead + AsyncWrite + Peer + Unpin + Send + 'static,
 {
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
         .max_concurrent_streams(options.max_streams)
         .max_pending_accept_reset_streams(MAX_CANCELLED_BEFORE_ACCEPT)
         .max_local_error_reset_streams(MAX_RESETS_FOR_CLIENT_ERRORS)
@@ -233,6 +255,7 @@ pub(crate) async fn serve_http2<IO>(
             builder: builder.clone(),
             routes: routes.clone(),
             options,
+            budget: budget.clone(),
             closed: closed.clone(),
         };
         tokio::spawn(connection.serve(io, shutdown));
@@ -244,27 +267,34 @@ struct Http2Connection {
     builder: hyper::server::conn::http2::Builder<TokioExecutor>,
     routes: GrpcRoutes,
     options: Http2Options,
+    budget: Arc<RequestBudget>,
     closed: Closed,
 }
 
 impl Http2Connection {
     async fn serve<IO>(self, io: IO, mut shutdown: watch::Receiver<()>)
     where
-        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        IO: AsyncRead + AsyncWrite + Peer + Unpin + Send + 'static,
     {
         let Http2Connection {
             builder,
             routes,
             options,
+            budget,
             closed,
         } = self;
         let calls = Arc::new(Calls::new());
+        let budget = budget.connection(io.peer());
         let service = {
             let calls = calls.clone();
             hyper::service::service_fn(move |request: http::Request<Incoming>| {
                 let call = calls.start();
                 let arrived = Instant::now();
                 let deadline = grpc_timeout(request.headers());
+                let header_bytes = header_bytes(&request);
+                let streaming = routes::streams_requests(request.uri().path());
+                let request =
+                    request.map(|body| budget.body(body, arrived, header_bytes, streaming));
                 // The store's calls answer before the caller's deadline (less a margin for
                 // the answer to travel), whatever REDIS_TIMEOUT says, so the enforcement
                 // below only cuts a handler that is late for other reasons.
@@ -341,6 +371,17 @@ fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
         "n" => Duration::from_nanos(n),
         _ => return None,
     })
+}
+
+/// What a call's headers hold, about as HPACK counts a header list: each field's name and
+/// value, plus 32 bytes of overhead, and the path. Charged only if the call waits for its body.
+fn header_bytes<B>(request: &http::Request<B>) -> usize {
+    let fields: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 32)
+        .sum();
+    fields + request.uri().path().len()
 }
 
 /// Completes after `duration`; never when `None`.
@@ -448,6 +489,12 @@ impl<IO> Preface<IO> {
 #[derive(Debug, thiserror::Error)]
 #[error("no HTTP/2 preface within GRPC_HANDSHAKE_TIMEOUT")]
 pub(crate) struct PrefaceTimeout;
+
+impl<IO: Peer> Peer for Preface<IO> {
+    fn peer(&self) -> Option<std::net::IpAddr> {
+        self.io.peer()
+    }
+}
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Preface<IO> {
     fn poll_read(

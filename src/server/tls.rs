@@ -119,6 +119,12 @@ impl ServerTls {
 /// A TLS connection as the gRPC server serves it.
 pub(crate) type Connection = Expiring<Preface<TlsStream<Admitted<TcpStream>>>>;
 
+impl<IO: super::connections::Peer> super::connections::Peer for TlsStream<IO> {
+    fn peer(&self) -> Option<std::net::IpAddr> {
+        self.get_ref().0.peer()
+    }
+}
+
 /// How a listener's TLS handshakes are done.
 pub(crate) struct Handshake {
     pub tls: ServerTls,

@@ -67,6 +67,26 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         }
     }
 
+    /// A size in bytes: a whole number, or one with a binary suffix as Kubernetes writes
+    /// memory (`Ki`, `Mi`, `Gi`).
+    pub(super) fn bytes(&self, name: &str, default: usize) -> Result<usize, SettingsError> {
+        let Some(v) = self.raw(name) else {
+            return Ok(default);
+        };
+        let v = v.trim();
+        let (digits, shift) = match v.len().checked_sub(2).map(|at| v.split_at(at)) {
+            Some((digits, "Ki")) => (digits, 10),
+            Some((digits, "Mi")) => (digits, 20),
+            Some((digits, "Gi")) => (digits, 30),
+            _ => (v, 0),
+        };
+        digits
+            .parse::<usize>()
+            .ok()
+            .and_then(|n| n.checked_mul(1 << shift))
+            .ok_or_else(|| self.error(name, "expected a number of bytes, e.g. 4194304 or 4Mi"))
+    }
+
     pub(super) fn duration(
         &self,
         name: &str,

@@ -1,12 +1,14 @@
 //! Listener settings: where Sluice listens (`GRPC_HOST:GRPC_PORT` or the Unix socket `GRPC_UDS`,
 //! `HOST:PORT`), the gRPC listener's TLS, and what each listener grants a connection: the caps per
-//! listener and per peer, the handshake, header and idle deadlines, the connection age, and the
-//! grace of in-flight requests at shutdown. Read in one step, [`Listeners::from_vars`].
+//! listener and per peer, the handshake, header and idle deadlines, the connection age, the
+//! grace of in-flight requests at shutdown, the bytes of unfinished gRPC requests held, and the
+//! memory ceiling of the overload manager. Read in one step, [`Listeners::from_vars`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::server::overload::MemoryCeiling;
 use crate::server::tls::ServerTls;
 
 use super::{Env, SettingsError};
@@ -26,6 +28,68 @@ pub(super) struct Listeners {
     pub(super) grpc_handshake_timeout: Duration,
     pub(super) grpc_max_connection_idle: Duration,
     pub(super) http_read_header_timeout: Duration,
+    pub(super) pending_request_bytes: PendingRequestBytes,
+    pub(super) overload_memory_limit: MemoryCeiling,
+}
+
+/// What gRPC calls still receiving their request may hold (`server::budget`); 0: no bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingRequestBytes {
+    /// `MAX_PENDING_REQUEST_BYTES_PER_CONNECTION`.
+    pub per_connection: usize,
+    /// `MAX_PENDING_REQUEST_BYTES_PER_PEER`.
+    pub per_peer: usize,
+    /// `MAX_PENDING_REQUEST_BYTES`: in the whole process.
+    pub total: usize,
+}
+
+impl PendingRequestBytes {
+    fn from_vars<F: Fn(&str) -> Option<String>>(
+        env: &Env<F>,
+    ) -> Result<PendingRequestBytes, SettingsError> {
+        // 64 MiB in all: 64 messages of the 1 MiB limit at once, thousands of times what Envoys
+        // have in flight (their requests are whole in one read and are never counted).
+        let total = env.bytes("MAX_PENDING_REQUEST_BYTES", 64 << 20)?;
+        let bytes = PendingRequestBytes {
+            // Half of the whole, as for connections: one peer leaves room for the others.
+            per_peer: env.bytes("MAX_PENDING_REQUEST_BYTES_PER_PEER", total.div_ceil(2))?,
+            // Four messages of the largest size at once on one connection.
+            per_connection: env.bytes("MAX_PENDING_REQUEST_BYTES_PER_CONNECTION", 4 << 20)?,
+            total,
+        };
+        // A budget below one message of the limit would refuse a whole message of that size.
+        let least = crate::server::MAX_REQUEST_BYTES + 64 * 1024;
+        for (name, value) in [
+            ("MAX_PENDING_REQUEST_BYTES", bytes.total),
+            ("MAX_PENDING_REQUEST_BYTES_PER_PEER", bytes.per_peer),
+            (
+                "MAX_PENDING_REQUEST_BYTES_PER_CONNECTION",
+                bytes.per_connection,
+            ),
+        ] {
+            if value != 0 && value < least {
+                return Err(env.error(
+                    name,
+                    format!("at least {least} bytes (a 1 MiB message and its headers), or 0"),
+                ));
+            }
+        }
+        Ok(bytes)
+    }
+}
+
+/// `OVERLOAD_MEMORY_LIMIT`: bytes (`512Mi`, `2Gi` as Kubernetes writes them, or a plain
+/// number); `0` turns the overload manager off; unset, the cgroup's limit or the machine's memory.
+fn overload_memory_limit<F: Fn(&str) -> Option<String>>(
+    env: &Env<F>,
+) -> Result<MemoryCeiling, SettingsError> {
+    if env.raw("OVERLOAD_MEMORY_LIMIT").is_none() {
+        return Ok(MemoryCeiling::Detect);
+    }
+    Ok(match env.bytes("OVERLOAD_MEMORY_LIMIT", 0)? {
+        0 => MemoryCeiling::Off,
+        bytes => MemoryCeiling::Bytes(bytes as u64),
+    })
 }
 
 impl Listeners {
@@ -64,6 +128,8 @@ impl Listeners {
             // waits longer between scrapes reconnects.
             http_read_header_timeout: env
                 .duration("HTTP_READ_HEADER_TIMEOUT", Duration::from_secs(10))?,
+            pending_request_bytes: PendingRequestBytes::from_vars(env)?,
+            overload_memory_limit: overload_memory_limit(env)?,
         })
     }
 }
@@ -136,6 +202,46 @@ mod tests {
         assert!(s.grpc_max_connection_idle.is_zero());
         assert_eq!(s.http_read_header_timeout, Duration::from_secs(2));
         assert!(settings(&[("GRPC_HANDSHAKE_TIMEOUT", "soon")]).is_err());
+    }
+
+    #[test]
+    fn pending_request_bytes_and_the_memory_ceiling_are_read_as_sizes() {
+        use super::{MemoryCeiling, PendingRequestBytes};
+        let s = settings(&[]).unwrap();
+        assert_eq!(
+            s.pending_request_bytes,
+            PendingRequestBytes {
+                per_connection: 4 << 20,
+                per_peer: 32 << 20,
+                total: 64 << 20,
+            }
+        );
+        assert_eq!(s.overload_memory_limit, MemoryCeiling::Detect);
+        let s = settings(&[
+            ("MAX_PENDING_REQUEST_BYTES", "256Mi"),
+            ("MAX_PENDING_REQUEST_BYTES_PER_CONNECTION", "0"),
+            ("OVERLOAD_MEMORY_LIMIT", "2Gi"),
+        ])
+        .unwrap();
+        assert_eq!(s.pending_request_bytes.total, 256 << 20);
+        assert_eq!(
+            s.pending_request_bytes.per_peer,
+            128 << 20,
+            "half the whole"
+        );
+        assert_eq!(s.pending_request_bytes.per_connection, 0, "no bound");
+        assert_eq!(s.overload_memory_limit, MemoryCeiling::Bytes(2 << 30));
+        let off = settings(&[("OVERLOAD_MEMORY_LIMIT", "0")]).unwrap();
+        assert_eq!(off.overload_memory_limit, MemoryCeiling::Off);
+        for bad in [
+            ("MAX_PENDING_REQUEST_BYTES", "lots"),
+            ("OVERLOAD_MEMORY_LIMIT", "1Ti"),
+        ] {
+            assert!(settings(&[bad]).is_err(), "{bad:?}");
+        }
+        // Below one message of the limit, a whole message would be refused.
+        let small = settings(&[("MAX_PENDING_REQUEST_BYTES_PER_CONNECTION", "1Mi")]);
+        assert!(small.unwrap_err().reason.contains("at least"));
     }
 
     #[test]

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use crate::config::LoadOptions;
 use crate::rls::RlsOptions;
+use crate::server::overload::MemoryCeiling;
 use crate::server::tls::ServerTls;
 use crate::store::breaker::BreakerOptions;
 use crate::telemetry::{LogSettings, TraceSettings};
@@ -34,6 +35,7 @@ pub mod upstream;
 
 pub use config_source::{ConfigSource, ConfigSourceSettings};
 pub use env::{Env, SettingsError};
+pub use listeners::PendingRequestBytes;
 pub use native_api::LimiterApiSettings;
 pub use stats::{PrometheusListener, StatsSettings, StatsdSink};
 pub use stores::{Backend, DegradedOptions, redis_url};
@@ -85,6 +87,11 @@ pub struct Settings {
     /// headers must arrive within this of the server starting to wait for them, which also
     /// bounds the idle time of a keep-alive connection; zero: no deadline.
     pub http_read_header_timeout: Duration,
+    /// `MAX_PENDING_REQUEST_BYTES*`: what gRPC calls still receiving their request may hold, per
+    /// connection, per peer and in all (`server::budget`).
+    pub pending_request_bytes: PendingRequestBytes,
+    /// `OVERLOAD_MEMORY_LIMIT`: the memory ceiling of the overload manager.
+    pub overload_memory_limit: MemoryCeiling,
     /// Longest wait of the native API's `Acquire`/`TryAcquire`.
     pub limiter_max_wait: Duration,
     /// The native API (`sluice.v1.Limiter`); `None` unless `LIMITER_API_ENABLED=true`.
@@ -152,6 +159,8 @@ impl Settings {
             grpc_handshake_timeout: listeners.grpc_handshake_timeout,
             grpc_max_connection_idle: listeners.grpc_max_connection_idle,
             http_read_header_timeout: listeners.http_read_header_timeout,
+            pending_request_bytes: listeners.pending_request_bytes,
+            overload_memory_limit: listeners.overload_memory_limit,
         })
     }
 }
