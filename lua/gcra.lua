@@ -1,7 +1,9 @@
 -- GCRA: one number per key, the theoretical arrival time (TAT, microseconds). Also the token
 -- bucket (capacity `burst`, one token per `interval`) and the leaky bucket as a meter: with
 -- tokens = burst - (TAT - now) / interval the three admission rules are the same inequality.
--- The key expires when the bucket would be full again. Twin of gcra in src/store/algorithms.rs.
+-- A recorded refusal (record_refused_hits) can put the bucket in debt, of one bucket at most (the
+-- TAT at most two bucket times from now). The key expires when the bucket would be full again.
+-- Twin of gcra in src/store/algorithms.rs.
 -- Whole tokens left when the TAT is `tat`: the backlog beyond now, at most a full bucket, taken
 -- from the capacity (burst * interval, microseconds).
 local function gcra_tokens(tat, now, interval, capacity)
@@ -12,8 +14,12 @@ end
 
 -- Refused, still charged: the hits are taken in full, past empty into a debt of at most one
 -- bucket, which the refill pays back before anything is admitted again. Returns the new TAT.
+-- Exact in doubles: a bucket spans at most 2^51 microseconds (config::check_numbers), so the
+-- ceiling now + 2 * capacity stays below 2^53 until the clock passes 2^52 (the year 2112). A
+-- product hits * interval beyond 2^53 (hits go up to 2^32) may round, but is then above the
+-- ceiling, which the minimum picks.
 local function gcra_charge(key, now, hits, interval, capacity, tat)
-  local charged = math.min(tat + math.min(hits * interval, capacity), now + 2 * capacity)
+  local charged = math.min(tat + hits * interval, now + 2 * capacity)
   if charged > tat then
     write('SET', key, string.format('%.0f', charged), 'PX', micros_to_ms(charged - now))
     return charged

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use common::{RedisServer, fixed_window_check};
 use sluice::clock::{Clock, ManualClock};
+use sluice::config::Algorithm as ConfigAlgorithm;
 use sluice::named::{NamedError, NamedLimiters};
 use sluice::proto::sluice::v1::{Algorithm, LimiterConfig, Mode};
-use sluice::rls::KeyBuilder;
+use sluice::rls::{KeyBuilder, rule_for};
 use sluice::store::redis::Target;
 use sluice::store::{
     Charging, Check, CounterStore, MemoryStore, MemoryStoreOptions, Outcome, RedisOptions,
@@ -232,7 +233,7 @@ fn rules() -> Vec<(&'static str, Rule)> {
 async fn every_algorithm_agrees_on_a_scripted_sequence() {
     let p = pair().await;
     // Arrivals (ms after T0) and costs: bursts, idle gaps, window edges, zero-cost looks, costs
-    // above what any of the rules can grant.
+    // above what any of the rules can grant, up to the largest (2^32).
     let steps: &[(u64, u64)] = &[
         (0, 1),
         (0, 1),
@@ -251,6 +252,13 @@ async fn every_algorithm_agrees_on_a_scripted_sequence() {
         (19_999, 1),
         (20_000, 0),
         (25_000, 5),
+        // Far above every rule (a bucket's debt is one bucket however large the charge), then
+        // checks while a debt is paid back.
+        (26_000, 1 << 32),
+        (27_000, 0),
+        (33_000, 7),
+        (37_999, 0),
+        (38_000, 0),
         (40_000, 1),
         (40_100, 1),
         (40_200, 1),
@@ -279,12 +287,20 @@ async fn every_algorithm_agrees_on_a_scripted_sequence() {
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
 
-    /// Random arrival sequences: the two stores never disagree.
+    /// Random arrival sequences: the two stores never disagree. Costs are mostly around the
+    /// rules' limits (5, burst 3, 4 per window), sometimes far above them (up to 2^32), which
+    /// with recorded refusals puts a bucket into its deepest debt.
     #[test]
     fn random_sequences_agree(
         rule_index in 0usize..4,
         record_refused in proptest::bool::ANY,
-        steps in proptest::collection::vec((0u64..3_000_000, 0u64..7), 1..60),
+        steps in proptest::collection::vec(
+            (
+                0u64..3_000_000,
+                proptest::prop_oneof![8 => 0u64..7, 1 => 7u64..1_000, 1 => proptest::strategy::Just(1u64 << 32)],
+            ),
+            1..60,
+        ),
     ) {
         runtime().block_on(async {
             let p = shared_pair().await;
@@ -326,6 +342,114 @@ async fn shared<T: Sync, F: std::future::Future<Output = T>>(
 async fn shared_pair() -> &'static Pair {
     static PAIR: std::sync::OnceLock<Pair> = std::sync::OnceLock::new();
     shared(&PAIR, pair).await
+}
+
+/// Issue #40 (item 3), on both stores at a pinned time: `token_bucket`, 100 a minute,
+/// `record_refused_hits: true` (the rule the config makes of it), a full bucket, then one charge
+/// as Envoy sends it when a stream ends. A charge of 100 empties the bucket: 3 tokens are back
+/// 2 s later. A charge of 200, or of 10^9 (Envoy's largest), is counted in full into a debt of
+/// one bucket, as deep as a debt goes: no token 2 s later, checks refused until the refill has
+/// paid the debt and one token is back (60.6 s), and the key kept until the bucket would be full
+/// again (2 minutes). Both used to forgive all but one bucket and leave 3 tokens, as 100 did.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_charge_above_the_bucket_leaves_a_debt_of_one_bucket() {
+    let p = pair().await;
+    let rule = rule_for(ConfigAlgorithm::TokenBucket { burst: 100 }, 100, 60_000_000);
+    assert_eq!(
+        rule,
+        Rule::Gcra {
+            interval: 600_000,
+            burst: 100
+        }
+    );
+    let check = |charge: u64, hits| Check {
+        key: format!("debt:{charge}"),
+        hits,
+        rule: rule.clone(),
+        record_refused: true,
+        group: None,
+    };
+    let mut conn = p._server.connection();
+    let mut in_debt = Vec::new();
+    for charge in [100, 200, 1_000_000_000] {
+        p.clock.set_micros(T0);
+        let charged = p.both(&[check(charge, charge)]).await[0];
+        assert_eq!(charged.admitted, charge == 100, "{charge}");
+        assert_eq!(charged.remaining, 0, "{charge}");
+        // Redis counts the key's TTL down on its own clock, from 60 s (emptied) or 120 s (in
+        // debt); the test takes far less than the margins.
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(format!("debt:{charge}"))
+            .query(&mut conn)
+            .unwrap();
+        let want = if charge == 100 {
+            30_000..=60_000
+        } else {
+            90_000..=120_000
+        };
+        assert!(want.contains(&ttl), "{charge}: TTL {ttl} ms");
+
+        p.clock.set_micros(T0 + 2_000_000);
+        let look = p.both(&[check(charge, 0)]).await[0];
+        if charge == 100 {
+            assert_eq!((look.admitted, look.remaining), (true, 3), "{charge}");
+            continue;
+        }
+        let mut seen = vec![charged, look];
+        assert_eq!(
+            look,
+            Outcome {
+                admitted: false,
+                remaining: 0,
+                reset_ms: 58_600,
+                used: 100
+            },
+            "{charge}"
+        );
+        // Still refused a minute after the charge; the first token is back 600 ms after the
+        // debt is paid, and the look that sees it takes nothing.
+        for (at, admitted) in [(60_000_000, false), (60_599_999, false), (60_600_000, true)] {
+            p.clock.set_micros(T0 + at);
+            let look = p.both(&[check(charge, 0)]).await[0];
+            assert_eq!(look.admitted, admitted, "{charge} at {at} µs");
+            seen.push(look);
+        }
+        assert_eq!(seen.last().map(|o| o.remaining), Some(1), "{charge}");
+        in_debt.push(seen);
+    }
+    assert_eq!(in_debt[0], in_debt[1], "10^9 leaves the debt 200 leaves");
+}
+
+/// The longest bucket a config allows (a span of 2^51 µs) charged the largest cost (2^32) at an
+/// odd microsecond: the TAT in Redis's Lua is the memory store's to the microsecond (two spans
+/// ahead, below 2^53 where doubles stop being exact), and both stores refuse until it and admit
+/// from it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_deepest_debt_of_the_longest_bucket_is_exact() {
+    let p = pair().await;
+    let span = 1u64 << 51;
+    let now = T0 + 1;
+    let check = |hits| Check {
+        key: "longest".into(),
+        hits,
+        rule: Rule::Gcra {
+            interval: span,
+            burst: 1,
+        },
+        record_refused: true,
+        group: None,
+    };
+    p.clock.set_micros(now);
+    assert!(!p.both(&[check(1 << 32)]).await[0].admitted);
+    let stored: String = redis::cmd("GET")
+        .arg("longest")
+        .query(&mut p._server.connection())
+        .unwrap();
+    assert_eq!(stored, (now + 2 * span).to_string());
+    p.clock.set_micros(now + 2 * span - 1);
+    assert!(!p.both(&[check(0)]).await[0].admitted);
+    p.clock.set_micros(now + 2 * span);
+    assert!(p.both(&[check(0)]).await[0].admitted);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -201,8 +201,10 @@ impl Algorithm {
 /// The largest `sliding_window_log` limit: its memory is one entry per admitted request.
 pub const MAX_LOG_LIMIT: u64 = 100_000;
 
-/// GCRA-family state is in microseconds, kept exact in Lua's doubles (2^53) with headroom.
-const MAX_BUCKET_SPAN_MICROS: f64 = 4_503_599_627_370_496.0; // 2^52
+/// GCRA-family state is in microseconds, kept exact in Lua's doubles (2^53): a TAT in debt lies
+/// up to two bucket spans ahead of the clock (`store::algorithms::gcra`), and now + 2 × 2^51 stays
+/// below 2^53 until the clock passes 2^52 µs (the year 2112).
+const MAX_BUCKET_SPAN_MICROS: f64 = 2_251_799_813_685_248.0; // 2^51
 
 /// Most permits a cold warm-up limiter stores. Both stores keep them in millionths, which stay
 /// exact in Lua's doubles (2^53) below 2^32 permits; a warm-up period of years at a high rate
@@ -311,7 +313,7 @@ impl Algorithm {
             {
                 problem(
                     AlgorithmField::Burst,
-                    "burst times the time per request exceeds 2^52 microseconds (about 142 years)"
+                    "burst times the time per request exceeds 2^51 microseconds (about 71 years)"
                         .to_string(),
                 )
             }

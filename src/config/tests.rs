@@ -490,6 +490,13 @@ fn algorithms_and_their_parameters() {
         ),
         Algorithm::LeakyBucket { burst: 1 }
     );
+    // The longest bucket: 71 years (2^51 µs is 71.4), one token a year.
+    assert_eq!(
+        ok(
+            "      unit: year\n      requests_per_unit: 1\n      algorithm: token_bucket\n      burst: 71\n"
+        ),
+        Algorithm::TokenBucket { burst: 71 }
+    );
     assert_eq!(
         ok(
             "      unit: second\n      requests_per_unit: 5\n      algorithm: warm_up\n      warmup_period: 1m30s\n"
@@ -571,7 +578,12 @@ fn algorithm_parameters_that_make_no_sense_are_refused() {
         ),
         (
             "      unit: year\n      requests_per_unit: 1\n      algorithm: gcra\n      burst: 1000000\n",
-            "limits.yaml:8: burst times the time per request exceeds 2^52 microseconds (about 142 years)",
+            "limits.yaml:8: burst times the time per request exceeds 2^51 microseconds (about 71 years)",
+        ),
+        (
+            // 72 years; 71 load (above): a TAT two bucket spans ahead must stay exact in Lua.
+            "      unit: year\n      requests_per_unit: 1\n      algorithm: token_bucket\n      burst: 72\n",
+            "limits.yaml:8: burst times the time per request exceeds 2^51 microseconds (about 71 years)",
         ),
     ];
     for (yaml, want) in cases {

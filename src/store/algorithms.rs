@@ -19,13 +19,24 @@
 //! most the limit.
 //!
 //! `record_refused` (the per-limit `record_refused_hits: true`) makes a refused request with a
-//! cost still charge it, as upstream's fixed window does, bounded so that one refusal never costs
-//! more than the whole limit: the log is filled up to `limit` hits, the counter's current
-//! window up to `limit`, a bucket gives its tokens past empty into a debt of at most one bucket
-//! (the refill pays it back before anything is admitted again: a cost charged after the fact,
-//! as Envoy's stream-done charge, counts in full), and a warm-up's next free time moves by the
-//! hits' stable cost, at most to one window from now. The outcome is then
-//! computed on the charged state. Zero-cost checks are never recorded.
+//! cost still charge it, as upstream's fixed window does, within a bound per algorithm:
+//!
+//! * a window never holds more than its limit: the log is filled up to `limit` hits, the
+//!   counter's current window up to `limit`, and the rest of the charge is forgotten;
+//! * a bucket (GCRA) takes the hits in full, past empty, into a debt of at most one bucket: the
+//!   TAT moves by `hits × interval`, to two bucket times from now at most, never back. The refill
+//!   pays the debt back before anything is admitted again, so a cost charged after the fact (as
+//!   Envoy's stream-done charge) counts in full up to one bucket past empty; and no charge,
+//!   however large, keeps a key refused for longer than one bucket time and one token's (its
+//!   state then lives until the bucket is full again, two bucket times);
+//! * a warm-up's next free time moves by the hits' stable cost, to one window from now at most.
+//!   A warm-up is no bucket for this rule: it holds no balance of tokens that could go below
+//!   zero, only the time the next request may start, and it admits one request per spacing
+//!   whatever that request costs. One window is the wait its largest request
+//!   (`permits_per_window`) leaves at the stable rate, so a recorded refusal never makes a client
+//!   wait longer than an admitted request of the largest size would.
+//!
+//! The outcome is then computed on the charged state. Zero-cost checks are never recorded.
 
 use std::collections::VecDeque;
 
@@ -462,6 +473,26 @@ fn sliding_window_wait(
     wait.min(window)
 }
 
+/// A refused GCRA request, still charged (`record_refused`): the hits are taken in full, past
+/// empty into a debt that the refill pays back before anything is admitted again, so a cost
+/// charged after the fact (Envoy's stream-done charge) counts as a cost. The debt stops at one
+/// bucket (the TAT at two bucket times from now, never moved back), so no charge, however large,
+/// keeps a key refused for longer than one bucket time and one token's. Returns the state to
+/// keep, if the TAT moved. Twin of `gcra_charge` in `lua/gcra.lua`.
+fn gcra_charge(
+    tat: u64,
+    hits: u64,
+    interval: u64,
+    capacity: u64,
+    now: u64,
+) -> Option<(State, u64)> {
+    let charged = tat
+        .saturating_add(hits.saturating_mul(interval))
+        .min(now.saturating_add(capacity.saturating_mul(2)))
+        .max(tat);
+    (charged > tat).then_some((State::Tat(charged), charged - now))
+}
+
 /// GCRA with emission interval `interval` and room for `burst` requests at once. This is also the
 /// token bucket (capacity `burst`, one token per `interval`) and the leaky bucket as a meter
 /// (size `burst`, draining one per `interval`): with tokens = burst - (TAT - now) / interval the
@@ -480,18 +511,11 @@ pub fn gcra(
     };
     // A TAT in the future is kept when the clock steps back: no tokens are minted.
     let tat = stored.max(now);
-    let capacity = burst * interval;
-    // Refused, still charged: the hits are taken in full, past empty into a debt that the
-    // refill pays back before anything is admitted again, so a cost charged after the fact
-    // (Envoy's stream-done charge) counts as a cost; but one refusal takes at most a whole
-    // bucket, and the debt stays under one bucket (the state then empties within two).
-    let charge = |tat: u64| {
-        let charged = tat
-            .saturating_add(hits.saturating_mul(interval).min(capacity))
-            .min(now + 2 * capacity)
-            .max(tat);
-        (charged > tat).then_some((State::Tat(charged), charged - now))
-    };
+    // Saturating here and below: the numbers a config allows keep every sum far from u64::MAX
+    // (a bucket spans at most 2^51 µs), but a degraded share (`degraded/share.rs`) multiplies
+    // the interval, and a charge multiplies it by hits up to 2^32.
+    let capacity = burst.saturating_mul(interval);
+    let charge = |tat| gcra_charge(tat, hits, interval, capacity, now);
     let tokens =
         |tat: u64| ((capacity - (tat - now).min(capacity)) as f64 / interval as f64).floor() as u64;
     if hits > burst {
@@ -510,9 +534,9 @@ pub fn gcra(
         };
     }
     // A zero-cost check is decided as a one-hit request and counts nothing.
-    let probe_tat = tat + hits.max(1) * interval;
+    let probe_tat = tat.saturating_add(hits.max(1).saturating_mul(interval));
     if probe_tat - now <= capacity {
-        let new_tat = tat + hits * interval;
+        let new_tat = tat.saturating_add(hits.saturating_mul(interval));
         let remaining = tokens(new_tat);
         return Step {
             outcome: Outcome {
@@ -535,7 +559,9 @@ pub fn gcra(
         outcome: Outcome {
             admitted: false,
             remaining,
-            reset_ms: micros_to_ms(tat + hits.max(1) * interval - now - capacity),
+            reset_ms: micros_to_ms(
+                tat.saturating_add(hits.max(1).saturating_mul(interval)) - now - capacity,
+            ),
             used: burst - remaining,
         },
         keep,
@@ -898,7 +924,7 @@ mod tests {
     }
 
     #[test]
-    fn recorded_refusals_charge_at_most_the_whole_limit() {
+    fn recorded_refusals_fill_a_window_or_put_a_bucket_in_debt() {
         let now = 1_000 * S;
         // Log, limit 3: 2 logged, a refused charge of 5 fills it to 3, never beyond.
         let (_, state) = after(
@@ -923,8 +949,8 @@ mod tests {
         ));
 
         // Bucket, burst 3 at 1 per second, one taken: a refused charge of 3 is taken in full,
-        // one token into debt (TAT = now + 4 s); a huge one takes a whole bucket at most, and
-        // the debt never passes one bucket (TAT = now + 6 s).
+        // one token into debt (TAT = now + 4 s); a huge one is taken in full too, up to a debt
+        // of one bucket (TAT = now + 6 s), never beyond.
         let (_, state) = after(|st, h| gcra(st, h, false, S, 3, now), &[1]);
         let step = gcra(state.clone(), 3, true, S, 3, now);
         assert!(!step.outcome.admitted);
@@ -932,7 +958,7 @@ mod tests {
         let in_debt = step.keep.map(|(s, _)| s);
         assert_eq!(in_debt, Some(State::Tat(now + 4 * S)));
         let huge = gcra(state, 1_000, true, S, 3, now);
-        assert_eq!(huge.keep.map(|(s, _)| s), Some(State::Tat(now + 4 * S)));
+        assert_eq!(huge.keep.map(|(s, _)| s), Some(State::Tat(now + 6 * S)));
         let deeper = gcra(in_debt.clone(), 3, true, S, 3, now);
         assert_eq!(deeper.keep.map(|(s, _)| s), Some(State::Tat(now + 6 * S)));
         // In debt, even a zero-cost check waits until the debt is paid and a token is back.
@@ -961,6 +987,72 @@ mod tests {
             step.keep,
             Some((State::WarmUp { next_free: n, .. }, _)) if n == next_free.max(now + S)
         ));
+    }
+
+    #[test]
+    fn a_recorded_charge_above_the_bucket_leaves_a_debt_of_one_bucket() {
+        // Issue #40: token_bucket, 100 a minute (a token every 600 ms), record_refused_hits, a
+        // full bucket. A charge of 100 empties it: 3 tokens are back 2 s later. A charge of 200
+        // or of 10^9 goes one bucket into debt (TAT = now + 120 s), as deep as a debt goes.
+        let (interval, burst, now) = (600_000, 100, 1_000 * S);
+        let bucket = |state, hits, at| gcra(state, hits, true, interval, burst, at);
+        let emptied = bucket(None, 100, now);
+        assert!(emptied.outcome.admitted);
+        let look = bucket(emptied.keep.map(|(s, _)| s), 0, now + 2 * S);
+        assert_eq!((look.outcome.admitted, look.outcome.remaining), (true, 3));
+        for charge in [200, 1_000_000_000] {
+            let step = bucket(None, charge, now);
+            let want = Outcome {
+                admitted: false,
+                remaining: 0,
+                // More than the bucket holds: the wait until it is full again.
+                reset_ms: 120_000,
+                used: 100,
+            };
+            assert_eq!(step.outcome, want, "{charge}");
+            // The key lives until the bucket is full again: two minutes.
+            assert_eq!(
+                step.keep,
+                Some((State::Tat(now + 120 * S), 120 * S)),
+                "{charge}"
+            );
+            let in_debt = step.keep.map(|(s, _)| s);
+            // 2 s later: no token, a zero-cost check refused until the debt is paid (60 s) and
+            // one token is back (600 ms more), and nothing changed by asking.
+            let look = bucket(in_debt.clone(), 0, now + 2 * S);
+            let want = Outcome {
+                admitted: false,
+                remaining: 0,
+                reset_ms: 58_600,
+                used: 100,
+            };
+            assert_eq!(look.outcome, want, "{charge}");
+            assert!(look.keep.is_none());
+            // At the same instant, a charge into a full debt moves nothing.
+            assert!(bucket(in_debt.clone(), 1, now).keep.is_none());
+            let just_before = bucket(in_debt.clone(), 0, now + 60_600_000 - 1);
+            assert!(!just_before.outcome.admitted, "{charge}");
+            let first_token = bucket(in_debt, 1, now + 60_600_000);
+            assert!(first_token.outcome.admitted, "{charge}");
+            assert_eq!(first_token.outcome.remaining, 0);
+        }
+    }
+
+    #[test]
+    fn a_debt_stays_exact_and_bounded_at_the_largest_numbers() {
+        // The longest bucket a config allows (2^51 µs: burst 1, a token every 2^51 µs) and the
+        // largest cost (2^32): the debt is one bucket, no arithmetic overflows. An interval
+        // multiplied past u64 (a degraded share of an already long one) saturates instead.
+        let now = 1_700_000_000_123_457;
+        let span = 1 << 51;
+        let step = gcra(None, 1 << 32, true, span, 1, now);
+        assert_eq!(step.keep, Some((State::Tat(now + 2 * span), 2 * span)));
+        assert_eq!(step.outcome.remaining, 0);
+        for interval in [u64::MAX / 2, u64::MAX] {
+            let step = gcra(None, 1 << 32, true, interval, 2, now);
+            assert!(!step.outcome.admitted);
+            assert_eq!(step.keep, Some((State::Tat(u64::MAX), u64::MAX - now)));
+        }
     }
 
     /// The log as it was before issue #27: one entry per hit. The (time, total) log must give
