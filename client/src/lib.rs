@@ -73,6 +73,9 @@
 //! as Envoy's) admits and marks the answer [`AnsweredBy::FailurePolicy`];
 //! [`FailurePolicy::Closed`] returns the [`Error`], and the layer answers 503 / `UNAVAILABLE`.
 
+// Every public item is documented: the crate's users read it on docs.rs, not in the source.
+#![warn(missing_docs)]
+
 mod client;
 mod layer;
 pub mod limiter;
