@@ -60,7 +60,9 @@ pub enum Error {
     /// The endpoint is not a URI tonic accepts (`http://host:port`, `https://...`).
     #[error("invalid Sluice endpoint {endpoint:?}: {source}")]
     InvalidEndpoint {
+        /// The endpoint as given.
         endpoint: String,
+        /// Why tonic refused it.
         source: tonic::transport::Error,
     },
     /// [`Client::connect`] could not open the connection.

@@ -10,8 +10,16 @@
 //!   `LIMITER_API_ENABLED=true`): [`Client::set_rate`], [`Client::try_acquire`],
 //!   [`Client::acquire`], [`Client::available_permits`], failing with a [`LimiterError`].
 //! - [`RateLimitLayer`]: one RLS call per request, keyed by a value read from the request
-//!   ([`key::header`], [`key::peer_ip`], [`key::method_path`], or any closure); refuses with
-//!   `429` and `RateLimit`/`Retry-After` headers, or `RESOURCE_EXHAUSTED` for gRPC.
+//!   ([`key::extension`] for the identity an authentication layer proved, [`key::peer_ip`],
+//!   [`key::x_forwarded_for`] / [`key::forwarded`] behind proxies of your own,
+//!   [`key::method_path`], [`key::header`], or any closure); refuses with `429` and
+//!   `RateLimit`/`Retry-After` headers, or `RESOURCE_EXHAUSTED` for gRPC.
+//!
+//! The layer fails closed on keys: a request whose key cannot be found (a header absent, no
+//! peer address recorded) is refused, never passed unlimited ([`key::Key::Missing`]). IPv6
+//! addresses are keyed by their /64, so one host cannot rotate through fresh budgets. See the
+//! [`key`] module for which key to choose, and [`RateLimitLayer`] for where to put the layer
+//! (after authentication).
 //!
 //! # Quick start
 //!
@@ -40,28 +48,27 @@
 //! # }
 //! ```
 //!
-//! Limit an axum service by the `x-api-key` header, or the peer's address without one:
+//! Limit an axum service by the caller's address (its /64 for IPv6), which the server records
+//! only when served with connect info:
 //!
 //! ```no_run
 //! use std::net::SocketAddr;
 //! use axum::{Router, routing::get};
-//! use sluice_client::{Client, RateLimitLayer, key::{self, KeyExtractor}};
+//! use sluice_client::{Client, RateLimitLayer, key};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = Client::builder().connect_lazy("http://127.0.0.1:8081")?;
 //! let app = Router::new()
 //!     .route("/", get(|| async { "hello" }))
-//!     .layer(RateLimitLayer::new(
-//!         client,
-//!         "api",
-//!         "user",
-//!         key::header("x-api-key").or(key::peer_ip()),
-//!     ));
+//!     .layer(RateLimitLayer::new(client, "api", "remote_address", key::peer_ip()));
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! To limit each user, put the layer after authentication and key on the identity it proved
+//! ([`RateLimitLayer`] shows the layer order, `examples/limited_axum.rs` a whole service).
 //!
 //! The same layer goes on a tonic server (`Server::builder().layer(...)`), where
 //! [`key::header`] reads gRPC metadata and [`key::method_path`] the method.
@@ -72,6 +79,9 @@
 //! cannot answer (down, `UNAVAILABLE`, deadline passed), [`FailurePolicy::Open`] (the default,
 //! as Envoy's) admits and marks the answer [`AnsweredBy::FailurePolicy`];
 //! [`FailurePolicy::Closed`] returns the [`Error`], and the layer answers 503 / `UNAVAILABLE`.
+
+// Every public item is documented: the crate's users read it on docs.rs, not in the source.
+#![warn(missing_docs)]
 
 mod client;
 mod layer;

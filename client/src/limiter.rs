@@ -62,12 +62,17 @@ impl LimiterError {
 /// A limiter's config: `rate` permits per `interval` under `algorithm`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimiterConfig {
+    /// The limiter's name, which every call on it gives.
     pub name: String,
+    /// How permits come back (token bucket, fixed window, ...).
     pub algorithm: Algorithm,
+    /// Permits per `interval`.
     pub rate: u64,
+    /// The period `rate` is counted over.
     pub interval: Duration,
     /// Bucket algorithms: most permits taken at once; 0 means `rate`.
     pub burst: u64,
+    /// One budget for all callers (`OVERALL`), or one per `client_id` (`PER_CLIENT`).
     pub mode: Mode,
     /// `WARM_UP` only: how long the rate takes to climb, and how much slower it starts.
     pub warm_up: Option<(Duration, f64)>,
@@ -148,6 +153,7 @@ pub struct Acquired {
     pub remaining: u64,
     /// When refused: how long until the same request would succeed.
     pub retry_after: Duration,
+    /// Sluice, or the failure policy when Sluice could not answer.
     pub answered_by: AnsweredBy,
 }
 

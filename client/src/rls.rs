@@ -110,6 +110,7 @@ impl RateLimitRequest {
 
 /// The unit of a limit's rate, as Sluice reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)] // Each variant is its name.
 pub enum Unit {
     Second,
     Minute,
@@ -153,6 +154,7 @@ impl Unit {
 pub struct Limit {
     /// The rule's `name` in the config; empty when it has none.
     pub name: String,
+    /// Requests allowed per `unit`.
     pub requests_per_unit: u32,
     /// `None` for a unit this crate does not know.
     pub unit: Option<Unit>,
@@ -199,6 +201,7 @@ pub struct Decision {
     /// `LIMIT_RESPONSE_HEADERS_ENABLED`, the IETF draft's `RateLimit`/`RateLimit-Policy` when
     /// its draft headers are on), as `(name, value)`.
     pub response_headers: Vec<(String, String)>,
+    /// Sluice, or the failure policy when Sluice could not answer.
     pub answered_by: AnsweredBy,
 }
 

@@ -17,7 +17,7 @@ use tower_service::Service;
 
 use crate::client::Client;
 use crate::rls::{Decision, Descriptor, RateLimitRequest};
-use key::KeyExtractor;
+use key::{Key, KeyExtractor, Missing};
 
 /// Limits the service it wraps through Sluice.
 ///
@@ -33,9 +33,64 @@ use key::KeyExtractor;
 /// | nothing, [`FailurePolicy::Closed`](crate::FailurePolicy::Closed) | `503` | `200`, `grpc-status: 14` (`UNAVAILABLE`) |
 /// | an error about the request (`INVALID_ARGUMENT`) | `503` | `grpc-status: 14` |
 ///
-/// A request whose key is `None` is not limited and costs no call. A refusal's body is the
-/// service's body type's `Default` (empty), which axum's, tonic's and `http_body_util`'s
-/// `Full`/`Empty` bodies have. Each request waits for Sluice at most the client's deadline.
+/// Before any call, the key decides:
+///
+/// | the extractor answers | HTTP request | gRPC request |
+/// |---|---|---|
+/// | [`Key::Value`](key::Key::Value) | asks Sluice, as above | asks Sluice, as above |
+/// | [`Key::Exempt`](key::Key::Exempt) | the service's response, no call | the service's response, no call |
+/// | [`Missing::Request`](key::Missing::Request) (a header absent, say) | `400` | `grpc-status: 3` (`INVALID_ARGUMENT`), the reason as `grpc-message` |
+/// | [`Missing::Wiring`](key::Missing::Wiring) (no peer address recorded, say) | `500`, logged at error level | `grpc-status: 13` (`INTERNAL`), the reason as `grpc-message` |
+///
+/// A request whose key cannot be found is never passed unlimited: a client could otherwise
+/// drop the header it is limited by, and a server that records no peer address would switch
+/// the limit off for everyone.
+///
+/// **Layer order.** A key the client chooses (a raw `x-api-key` header) is a fresh budget for
+/// every value it makes up, so key on what authentication proved: put this layer *inside* the
+/// authentication layer, so that authentication runs first and refuses unknown keys, and key
+/// on the identity it stores ([`key::extension`]). With axum's `Router::layer` the layer added
+/// last runs first; with `tower::ServiceBuilder` the layer listed first does:
+///
+/// ```no_run
+/// use axum::{Router, extract::Request, http::StatusCode, middleware::{self, Next},
+///     response::Response, routing::get};
+/// use sluice_client::{Client, RateLimitLayer, key};
+///
+/// /// Who the caller is, as authentication proved it.
+/// #[derive(Clone)]
+/// struct User(String);
+///
+/// impl std::fmt::Display for User {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str(&self.0)
+///     }
+/// }
+///
+/// async fn authenticate(mut request: Request, next: Next) -> Result<Response, StatusCode> {
+///     let key = request.headers().get("x-api-key").and_then(|v| v.to_str().ok());
+///     let user = match key {
+///         Some("key-of-alice") => User("alice".into()),
+///         _ => return Err(StatusCode::UNAUTHORIZED),
+///     };
+///     request.extensions_mut().insert(user);
+///     Ok(next.run(request).await)
+/// }
+///
+/// # fn run() -> Result<(), sluice_client::Error> {
+/// let client = Client::builder().connect_lazy("http://127.0.0.1:8081")?;
+/// let app: Router = Router::new()
+///     .route("/", get(|| async { "hello" }))
+///     // Added first, so it runs second: only authenticated requests reach it.
+///     .layer(RateLimitLayer::new(client, "api", "user", key::extension::<User>()))
+///     .layer(middleware::from_fn(authenticate));
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A refusal's body is the service's body type's `Default` (empty), which axum's, tonic's and
+/// `http_body_util`'s `Full`/`Empty` bodies have. Each request waits for Sluice at most the
+/// client's deadline.
 #[derive(Clone)]
 pub struct RateLimitLayer {
     limit: Arc<Limit>,
@@ -164,8 +219,10 @@ where
         let mut inner = std::mem::replace(&mut self.inner, ready);
         let limit = Arc::clone(&self.limit);
         Box::pin(async move {
-            let Some(key) = key else {
-                return inner.call(request).await;
+            let key = match key {
+                Key::Value(key) => key,
+                Key::Exempt => return inner.call(request).await,
+                Key::Missing(missing) => return Ok(refuse_without_key(grpc, &missing)),
             };
             match limit.judge(key).await {
                 Verdict::Pass => inner.call(request).await,
@@ -174,4 +231,19 @@ where
             }
         })
     }
+}
+
+/// The answer to a request whose key could not be found. A wiring mistake refuses every
+/// request until it is fixed, so it is logged where operators look; a request that lacks its
+/// key is the client's business, logged only for debugging.
+fn refuse_without_key<B: Default>(grpc: bool, missing: &Missing) -> Response<B> {
+    match missing {
+        Missing::Wiring(reason) => {
+            tracing::error!(%reason, "request refused: its rate limit key cannot be found");
+        }
+        Missing::Request(reason) => {
+            tracing::debug!(%reason, "request refused: it lacks its rate limit key");
+        }
+    }
+    refusal::missing_key(grpc, missing)
 }

@@ -1,6 +1,8 @@
 //! The answers [`crate::RateLimitLayer`] gives instead of calling the service: over the limit
-//! (`429 Too Many Requests`, or gRPC `RESOURCE_EXHAUSTED`) and Sluice unreachable under
-//! [`crate::FailurePolicy::Closed`] (`503 Service Unavailable`, or gRPC `UNAVAILABLE`).
+//! (`429 Too Many Requests`, or gRPC `RESOURCE_EXHAUSTED`), Sluice unreachable under
+//! [`crate::FailurePolicy::Closed`] (`503 Service Unavailable`, or gRPC `UNAVAILABLE`), and no
+//! key to ask about (`400`/`INVALID_ARGUMENT` when the request lacks it, `500`/`INTERNAL` when
+//! the service is wired so that it cannot be found).
 //!
 //! A gRPC refusal is a trailers-only response: HTTP 200 whose headers carry `grpc-status`, as a
 //! gRPC server answers an error before any message. The body is the service's body type's
@@ -10,10 +12,13 @@
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
+use super::key::Missing;
 use crate::rls::Decision;
 
 /// gRPC status codes this module answers with.
+const INVALID_ARGUMENT: &str = "3";
 const RESOURCE_EXHAUSTED: &str = "8";
+const INTERNAL: &str = "13";
 const UNAVAILABLE: &str = "14";
 
 /// True for a gRPC request (`application/grpc`, `application/grpc+proto`, ...).
@@ -26,7 +31,10 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 /// Over the limit: the limit's headers, `Retry-After`, and 429 or `RESOURCE_EXHAUSTED`.
 pub(crate) fn over_limit<B: Default>(grpc: bool, decision: &Decision) -> Response<B> {
     let mut response = if grpc {
-        grpc_status(RESOURCE_EXHAUSTED, "rate limit exceeded")
+        grpc_status(
+            RESOURCE_EXHAUSTED,
+            HeaderValue::from_static("rate limit exceeded"),
+        )
     } else {
         plain(StatusCode::TOO_MANY_REQUESTS)
     };
@@ -50,9 +58,25 @@ pub(crate) fn over_limit<B: Default>(grpc: bool, decision: &Decision) -> Respons
 /// Sluice could not decide and the policy is to refuse.
 pub(crate) fn unavailable<B: Default>(grpc: bool) -> Response<B> {
     if grpc {
-        grpc_status(UNAVAILABLE, "rate limit service unavailable")
+        grpc_status(
+            UNAVAILABLE,
+            HeaderValue::from_static("rate limit service unavailable"),
+        )
     } else {
         plain(StatusCode::SERVICE_UNAVAILABLE)
+    }
+}
+
+/// No key to ask Sluice about: the request lacks it, or the service cannot find it.
+pub(crate) fn missing_key<B: Default>(grpc: bool, missing: &Missing) -> Response<B> {
+    let (status, code) = match missing {
+        Missing::Request(_) => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT),
+        Missing::Wiring(_) => (StatusCode::INTERNAL_SERVER_ERROR, INTERNAL),
+    };
+    if grpc {
+        grpc_status(code, grpc_message(missing.reason()))
+    } else {
+        plain(status)
     }
 }
 
@@ -62,13 +86,28 @@ fn plain<B: Default>(status: StatusCode) -> Response<B> {
     response
 }
 
-fn grpc_status<B: Default>(code: &'static str, message: &'static str) -> Response<B> {
+fn grpc_status<B: Default>(code: &'static str, message: HeaderValue) -> Response<B> {
     let mut response = Response::new(B::default());
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert("grpc-status", HeaderValue::from_static(code));
-    headers.insert("grpc-message", HeaderValue::from_static(message));
+    headers.insert("grpc-message", message);
     response
+}
+
+/// `text` as a `grpc-message` value: percent-encoded outside printable ASCII and for `%`
+/// itself, as the gRPC HTTP/2 protocol asks, so any reason makes a valid header.
+fn grpc_message(text: &str) -> HeaderValue {
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if (b' '..=b'~').contains(&byte) && byte != b'%' {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    // Only printable ASCII is left, which a header value always takes.
+    HeaderValue::try_from(encoded).unwrap_or(HeaderValue::from_static("no rate limit key"))
 }
 
 /// The IETF draft's `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers,
@@ -138,6 +177,28 @@ mod tests {
     fn names_are_structured_field_strings() {
         assert_eq!(sf_string("per_user"), "\"per_user\"");
         assert_eq!(sf_string("a\"b\\c\u{e9}"), "\"a\\\"b\\\\c\"");
+    }
+
+    #[test]
+    fn a_grpc_message_is_percent_encoded() {
+        assert_eq!(grpc_message("no x-user header"), "no x-user header");
+        assert_eq!(grpc_message("100% caf\u{e9}\n"), "100%25 caf%C3%A9%0A");
+    }
+
+    #[test]
+    fn a_missing_key_is_400_or_500_by_whose_mistake_it_is() {
+        let request = Missing::Request("the request has no x-user header".into());
+        let wiring = Missing::Wiring("no peer address".into());
+        assert_eq!(missing_key::<()>(false, &request).status(), 400);
+        assert_eq!(missing_key::<()>(false, &wiring).status(), 500);
+        let grpc = missing_key::<()>(true, &wiring);
+        assert_eq!(grpc.status(), 200);
+        assert_eq!(grpc.headers()["grpc-status"], "13");
+        assert_eq!(grpc.headers()["grpc-message"], "no peer address");
+        assert_eq!(
+            missing_key::<()>(true, &request).headers()["grpc-status"],
+            "3"
+        );
     }
 
     #[test]

@@ -25,6 +25,8 @@ use sluice_client::{Client, FailurePolicy};
 
 /// The Sluice config every test of this crate uses: domain `client_test`. Daily windows, so a
 /// test's few seconds almost never straddle a window's end (which would double a budget).
+/// `peer=::/64` (IPv6 loopback's network, as `key::peer_ip` keys it) has a limit of its own,
+/// so a test can tell which key a request from `::1` was charged to.
 pub const CONFIG: &str = "\
 domain: client_test
 descriptors:
@@ -42,6 +44,12 @@ descriptors:
     rate_limit:
       unit: day
       requests_per_unit: 2
+  - key: peer
+    value: \"::/64\"
+    rate_limit:
+      name: loopback_64
+      unit: day
+      requests_per_unit: 1
 ";
 
 pub fn free_port() -> u16 {

@@ -1,7 +1,8 @@
 //! Real services behind [`RateLimitLayer`] on real sockets, and a plain HTTP/1.1 client for
-//! them: an axum router (HTTP, the peer address recorded), a hyper service served by hyper
-//! itself, and a tonic server running the gRPC health service (gRPC), each on a free port,
-//! served by a task of the calling test's runtime.
+//! them: an axum router (HTTP, the peer address recorded or not, optionally behind an
+//! authentication middleware), a hyper service served by hyper itself, and a tonic server
+//! running the gRPC health service (gRPC), each on a free port, served by a task of the
+//! calling test's runtime.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -22,22 +23,78 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use tower::ServiceBuilder;
 
-/// Serves `GET /` → `hello` behind `layer`, recording each connection's peer address.
+/// Serves `GET /` → `hello` behind `layer` on 127.0.0.1, recording each connection's peer
+/// address.
 pub async fn serve_http(layer: RateLimitLayer) -> SocketAddr {
+    serve_axum(layer, "127.0.0.1:0", true).await
+}
+
+/// Serves `GET /` → `hello` behind `layer` on `bind`, with axum's connect info (the peer's
+/// address in each request) or without it, as `axum::serve(listener, app)` serves.
+pub async fn serve_axum(layer: RateLimitLayer, bind: &str, connect_info: bool) -> SocketAddr {
     let app = Router::new()
         .route("/", get(|| async { "hello" }))
         .layer(layer);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve_router(app, bind, connect_info).await
+}
+
+/// Serves `app` on `bind` from a task of the calling test's runtime.
+async fn serve_router(app: Router, bind: &str, connect_info: bool) -> SocketAddr {
+    let listener = TcpListener::bind(bind).await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
+        if connect_info {
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
+            axum::serve(listener, app).await.unwrap();
+        } else {
+            axum::serve(listener, app).await.unwrap();
+        }
     });
     addr
+}
+
+/// The identity [`authenticate`] proved, which the layer can key on.
+#[derive(Debug, Clone)]
+pub struct User(pub String);
+
+impl std::fmt::Display for User {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The API keys [`authenticate`] knows: alice has two.
+const API_KEYS: &[(&str, &str)] = &[
+    ("key-alice-1", "alice"),
+    ("key-alice-2", "alice"),
+    ("key-bob", "bob"),
+];
+
+/// An authentication middleware: `x-api-key` must be one of [`API_KEYS`] (else 401), and the
+/// request goes on with its [`User`] in its extensions.
+async fn authenticate(
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Result<axum::response::Response, http::StatusCode> {
+    let key = request.headers().get("x-api-key").map(|v| v.as_bytes());
+    let user = API_KEYS
+        .iter()
+        .find(|(known, _)| key == Some(known.as_bytes()))
+        .ok_or(http::StatusCode::UNAUTHORIZED)?
+        .1;
+    request.extensions_mut().insert(User(user.to_string()));
+    Ok(next.run(request).await)
+}
+
+/// Serves `GET /` → `hello` on 127.0.0.1 with [`authenticate`] first and `layer` after it, as
+/// the crate's docs wire them.
+pub async fn serve_authenticated(layer: RateLimitLayer) -> SocketAddr {
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        // Added first, so it runs second, on authenticated requests only.
+        .layer(layer)
+        .layer(axum::middleware::from_fn(authenticate));
+    serve_router(app, "127.0.0.1:0", true).await
 }
 
 /// Serves `hello` to every request with hyper alone (no framework) behind `layer`: the layer
@@ -153,4 +210,13 @@ pub async fn http_get_with(addr: SocketAddr, header_lines: &[u8]) -> HttpRespons
         .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
     HttpResponse { status, headers }
+}
+
+/// The statuses of `n` requests in a row, each with `header_lines`.
+pub async fn statuses_of(addr: SocketAddr, header_lines: &[u8], n: usize) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for _ in 0..n {
+        statuses.push(http_get_with(addr, header_lines).await.status);
+    }
+    statuses
 }
