@@ -15,9 +15,19 @@
 //! (the same wire format: length-delimited), and the service judges whatever bytes arrive. The
 //! encoded set written to OUT_DIR keeps the original `string` types, so reflection and the JSON
 //! mapping show the protocol as Envoy defines it.
+//!
+//! # A request that does not decode is the caller's error
+//!
+//! tonic's prost codec answers a message that does not decode with `INTERNAL`, which gRPC
+//! clients take for a server bug and may retry. The generated servers use [`SERVER_CODEC`]
+//! instead, which answers `INVALID_ARGUMENT` (`src/proto/codec.rs`); the generated clients keep
+//! prost's codec, where a response that does not decode is the server's fault and `INTERNAL` is
+//! right. tonic's builder takes one codec for everything it generates, so each service goes
+//! through two generators, one writing its client and one its server.
 
 use std::path::PathBuf;
 
+use prost_build::ServiceGenerator;
 use prost_types::field_descriptor_proto::Type;
 use prost_types::{DescriptorProto, FileDescriptorSet};
 
@@ -27,6 +37,9 @@ const PROTOS: &[&str] = &[
     "ratelimit/config/ratelimit/v3/rls_conf.proto",
     "sluice/v1/limiter.proto",
 ];
+
+/// The codec of the generated servers (the clients keep `tonic_prost::ProstCodec`).
+const SERVER_CODEC: &str = "crate::proto::codec::ServerCodec";
 
 /// The client-controlled `string` fields decoded as bytes: (package, message path, field).
 const AS_BYTES: &[(&str, &[&str], &str)] = &[
@@ -63,11 +76,42 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (package, path, field) in AS_BYTES {
         as_bytes(&mut descriptors, package, path, field)?;
     }
-    tonic_prost_build::configure()
-        .build_server(true)
+    let clients = tonic_prost_build::configure()
+        .build_server(false)
         .build_client(true)
+        .service_generator();
+    let servers = tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(false)
+        .codec_path(SERVER_CODEC)
+        .service_generator();
+    prost_build::Config::new()
+        .service_generator(Box::new(ClientsAndServers { clients, servers }))
         .compile_fds(descriptors)?;
     Ok(())
+}
+
+/// Writes each service's client with one generator and its server with another.
+struct ClientsAndServers {
+    clients: Box<dyn ServiceGenerator>,
+    servers: Box<dyn ServiceGenerator>,
+}
+
+impl ServiceGenerator for ClientsAndServers {
+    fn generate(&mut self, service: prost_build::Service, buf: &mut String) {
+        self.clients.generate(service.clone(), buf);
+        self.servers.generate(service, buf);
+    }
+
+    fn finalize(&mut self, buf: &mut String) {
+        self.clients.finalize(buf);
+        self.servers.finalize(buf);
+    }
+
+    fn finalize_package(&mut self, package: &str, buf: &mut String) {
+        self.clients.finalize_package(package, buf);
+        self.servers.finalize_package(package, buf);
+    }
 }
 
 /// Turns one `string` field into `bytes`; fails the build when the field is not found or not a

@@ -8,6 +8,10 @@
 //! open as shipped, lets the request through. Sluice decodes those fields as bytes (`build.rs`)
 //! and judges them like any other value. These tests send the byte through a real Envoy (raw
 //! TCP: HTTP client libraries refuse such a header) and straight over gRPC, on both stores.
+//!
+//! Issue #40: what does not decode at all (bytes that are not protobuf, or a native-API `name` or
+//! `client_id` that is not UTF-8) is the caller's error, `INVALID_ARGUMENT`, on both APIs; it was
+//! `INTERNAL`, which says "server bug, retry".
 
 mod common;
 
@@ -17,6 +21,7 @@ use std::time::Duration;
 
 use common::envoy::{Envoy, RatelimitStats, StatusCounts, Upstream};
 use common::{Sluice, avoid_window_edge, config_dir, for_each_store};
+use prost::Message;
 use sluice::proto::{Code, DescriptorEntry, RateLimitDescriptor, RateLimitRequest};
 
 /// The shipped Envoy sends `[remote_address=<peer>]` and, with an `x-user-id` header,
@@ -325,4 +330,151 @@ async fn request_over_the_size_limit_is_refused_not_an_error() {
         .unwrap()
         .into_inner();
     assert_eq!(Code::try_from(reply.overall_code).unwrap(), Code::Ok);
+}
+
+/// A codec that sends and receives bytes as they are, so a test can send what no generated client
+/// would.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        buf: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(buf, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        buf: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let n = bytes::Buf::remaining(buf);
+        Ok(Some(bytes::Buf::copy_to_bytes(buf, n).to_vec()))
+    }
+}
+
+/// Calls `method` with `message` as the request's bytes; the status of the answer (OK when
+/// there is a message).
+async fn raw_call(addr: SocketAddr, method: &str, message: &[u8]) -> tonic::Status {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path: http::uri::PathAndQuery = method.parse().unwrap();
+    match grpc
+        .unary(tonic::Request::new(message.to_vec()), path, RawCodec)
+        .await
+    {
+        Ok(_) => tonic::Status::ok(""),
+        Err(status) => status,
+    }
+}
+
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// One field of a message on the wire: `field` (length-delimited) holding `bytes`.
+fn field(number: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut out = vec![number << 3 | 2, u8::try_from(bytes.len()).unwrap()];
+    out.extend(bytes);
+    out
+}
+
+/// Issue #40: a request that does not decode is `INVALID_ARGUMENT` naming the message, field and
+/// reason, on both APIs (it was `INTERNAL`); RLS still judges bytes that are not UTF-8, and
+/// `/json` still answers 400 for a body that does not parse.
+#[tokio::test]
+async fn undecodable_requests_are_invalid_argument_on_both_apis() {
+    let config = config_dir(BYTE_LIMITS);
+    let sluice = Sluice::start(config.path(), None, &[]);
+    let addr = sluice.grpc;
+    let invalid = |status: tonic::Status, says: &[&str]| {
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        for part in says {
+            assert!(status.message().contains(part), "{part}: {status:?}");
+        }
+    };
+
+    // RLS: bytes that are not protobuf (a field 15 of wire type 7, which does not exist), and a
+    // length past the end of the message.
+    for garbage in [&[0xff, 0xff, 0xff][..], &[0x0a, 0x7f, b'd']] {
+        let status = raw_call(addr, SHOULD_RATE_LIMIT, garbage).await;
+        invalid(status, &["failed to decode Protobuf message"]);
+    }
+    // A domain, key or value that is not UTF-8 still decodes and is judged (OK).
+    let judged = raw_request(b"d", b"k", b"v\xff").encode_to_vec();
+    let status = raw_call(addr, SHOULD_RATE_LIMIT, &judged).await;
+    assert_eq!(status.code(), tonic::Code::Ok, "{status:?}");
+
+    // The native API: `name` (and `client_id`) not UTF-8 in each request that has them.
+    let not_utf8 = b"api\xff";
+    let limiter = |method: &str| format!("/sluice.v1.Limiter/{method}");
+    let cases: [(&str, Vec<u8>, &str); 8] = [
+        ("TryAcquire", field(1, not_utf8), "TryAcquireRequest.name"),
+        (
+            "TryAcquire",
+            [field(1, b"api"), field(4, not_utf8)].concat(),
+            "TryAcquireRequest.client_id",
+        ),
+        ("Acquire", field(1, not_utf8), "AcquireRequest.name"),
+        (
+            "Acquire",
+            [field(1, b"api"), field(3, not_utf8)].concat(),
+            "AcquireRequest.client_id",
+        ),
+        (
+            "AvailablePermits",
+            [field(1, b"api"), field(2, not_utf8)].concat(),
+            "AvailablePermitsRequest.client_id",
+        ),
+        ("GetConfig", field(1, not_utf8), "GetConfigRequest.name"),
+        ("Delete", field(1, not_utf8), "DeleteRequest.name"),
+        (
+            "SetRate",
+            field(1, &field(1, not_utf8)),
+            "LimiterConfig.name",
+        ),
+    ];
+    for (method, message, names) in cases {
+        let status = raw_call(addr, &limiter(method), &message).await;
+        invalid(status, &[names, "not UTF-8"]);
+    }
+    // Bytes that are not protobuf.
+    let status = raw_call(addr, &limiter("TryAcquire"), &[0xff, 0xff, 0xff]).await;
+    invalid(status, &["failed to decode Protobuf message"]);
+    // The same call well formed reaches the limiters: no such limiter.
+    let status = raw_call(addr, &limiter("TryAcquire"), &field(1, b"api")).await;
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+
+    // `/json` answers 400 for a body that does not parse, or a field of the wrong type.
+    assert_eq!(sluice.http("POST", "/json", "\u{1}not json").0, 400);
+    assert_eq!(sluice.http("POST", "/json", r#"{"domain":7}"#).0, 400);
 }

@@ -1,7 +1,7 @@
 //! The xDS config source against a test ADS server (`tests/common/xds.rs`, go-control-plane's
 //! behaviour): what Sluice sends (node, type, version, nonce, NACK details, headers), that each
 //! accepted response replaces the whole config with counters kept, that a bad snapshot is
-//! refused once and never hot-looped on, that an outage keeps the last config and the next one
+//! refused and counted on every NACK and never hot-looped on, that an outage keeps the last config and the next one
 //! is picked up after reconnecting; and `FORCE_START_WITHOUT_INITIAL_CONFIG` and
 //! `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` for xDS and files.
 
@@ -54,7 +54,7 @@ fn acked(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn updates_replace_the_config_bad_snapshots_are_refused_once_and_outages_keep_it() {
+async fn updates_replace_the_config_bad_snapshots_are_refused_and_outages_keep_it() {
     let mut server = AdsServer::start(None);
     server.set(limits("1", 2, true));
     let sluice = sluice_for(
@@ -133,10 +133,9 @@ async fn updates_replace_the_config_bad_snapshots_are_refused_once_and_outages_k
         .filter(|(at, r)| *at >= since && r.error_detail.is_some())
         .count();
     assert!((1..=15).contains(&nacks), "{nacks} NACKs in 1.5 s");
-    // Validated and counted once.
-    assert_eq!(sluice.metric("ratelimit_service_config_load_error"), 1.0);
 
-    // A resource that does not decode: NACK, no config_load_error (as upstream).
+    // A resource that does not decode: NACK, no config_load_error (as upstream). Version 3's
+    // NACKs end here, and each of them was counted (as upstream counts every refused response).
     server.set(Snapshot {
         version: "4".into(),
         resources: vec![prost_types::Any {
@@ -150,7 +149,12 @@ async fn updates_replace_the_config_bad_snapshots_are_refused_once_and_outages_k
             .is_some_and(|e| e.message.contains("cannot decode"))
     });
     assert_eq!(nack.version_info, "2");
-    assert_eq!(sluice.metric("ratelimit_service_config_load_error"), 1.0);
+    let counted = load_error_nacks(&server);
+    assert!(counted >= 2, "{counted}");
+    assert_eq!(
+        sluice.metric("ratelimit_service_config_load_error"),
+        counted as f64
+    );
 
     // Two resources for one domain are refused without MERGE_DOMAIN_CONFIG.
     let twice = [
@@ -163,11 +167,14 @@ async fn updates_replace_the_config_bad_snapshots_are_refused_once_and_outages_k
             .as_ref()
             .is_some_and(|e| e.message == "second: duplicate domain 'd' in config file")
     });
-    assert_eq!(sluice.metric("ratelimit_service_config_load_error"), 2.0);
 
     // The server goes away: Sluice keeps answering from v2.
     server.set(limits("2", 4, false));
     acked(&server, "2");
+    assert_eq!(
+        sluice.metric("ratelimit_service_config_load_error"),
+        load_error_nacks(&server) as f64
+    );
     server.stop();
     assert_eq!(code(&sluice, "k", "a").await, Code::OverLimit);
     assert_eq!(code(&sluice, "k", "c").await, Code::Ok);
@@ -384,6 +391,48 @@ async fn a_fixed_snapshot_is_applied_within_seconds_after_a_refused_one() {
         assert_eq!(code(&sluice, "k", "a").await, Code::Ok);
     }
     assert_eq!(code(&sluice, "k", "a").await, Code::OverLimit);
-    // Refused once, however often it came back.
-    assert_eq!(sluice.metric("ratelimit_service_config_load_error"), 1.0);
+    // Counted as often as it was refused.
+    assert_eq!(
+        sluice.metric("ratelimit_service_config_load_error"),
+        nacks() as f64
+    );
+}
+
+/// The NACKs of configs that decoded but did not load: those `config_load_error` counts.
+fn load_error_nacks(server: &AdsServer) -> usize {
+    server
+        .requests()
+        .iter()
+        .filter(|(_, r)| {
+            r.error_detail
+                .as_ref()
+                .is_some_and(|e| !e.message.contains("cannot decode"))
+        })
+        .count()
+}
+
+/// Issue #40: upstream counts `config_load_error` for every refused response; Sluice counted a
+/// refused snapshot once however often the server sent it again (an Envoy Gateway-shaped check
+/// saw 5 NACKs and a count of 1). Now every NACK of it counts, at the same pace as before. The
+/// response that loads afterwards counts once in `config_load_success`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_nack_of_a_refused_snapshot_counts_as_a_load_error() {
+    let server = AdsServer::start(None);
+    server.set(limits("1", 1, false));
+    let sluice = sluice_for(&server, &[]);
+    acked(&server, "1");
+    let bad = limited(node("k", ""), U::Unknown, 1);
+    server.set(Snapshot::new("2", &[config("broken", "d", vec![bad])]));
+    // The server sends the refused snapshot again after each NACK, so they keep coming.
+    wait_until("5 NACKs", || load_error_nacks(&server) >= 5);
+    // A good snapshot ends them: the server sends it in answer to the next NACK.
+    server.set(limits("3", 1, false));
+    acked(&server, "3");
+    let nacks = load_error_nacks(&server);
+    assert!(nacks >= 5, "{nacks}");
+    assert_eq!(
+        sluice.metric("ratelimit_service_config_load_error"),
+        nacks as f64
+    );
+    assert_eq!(sluice.metric("ratelimit_service_config_load_success"), 2.0);
 }

@@ -3,7 +3,7 @@
 //!
 //! | cause | status |
 //! |---|---|
-//! | bad config, more permits than the limiter can ever grant (checked before any state is touched), missing client_id | `INVALID_ARGUMENT` |
+//! | a request that does not decode (a `name` or `client_id` that is not UTF-8, bytes that are not protobuf: `proto::codec`), bad config, more permits than the limiter can ever grant (checked before any state is touched), missing client_id | `INVALID_ARGUMENT` |
 //! | no such limiter | `NOT_FOUND` |
 //! | `Acquire` would wait past the server's maximum | `DEADLINE_EXCEEDED` |
 //! | creating a limiter while `LIMITER_MAX_COUNT` exist | `RESOURCE_EXHAUSTED` |

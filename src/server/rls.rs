@@ -7,6 +7,7 @@
 //! | cause | status |
 //! |---|---|
 //! | empty domain or descriptor list (input limits are answered per descriptor) | `INVALID_ARGUMENT` |
+//! | a message that does not decode (never from Envoy, which sends valid protobuf) | `INVALID_ARGUMENT` (`proto::codec`) |
 //! | (not an error) a message over 1 MiB | OK, `overall_code: OVER_LIMIT` (`oversized.rs`) |
 //! | no configuration loaded | `UNAVAILABLE` |
 //! | store failure or timeout | `UNAVAILABLE` |

@@ -14,10 +14,15 @@
 //! that answers a NACK by pushing the same snapshot again (go-control-plane does, and Envoy
 //! Gateway uses it) is answered again only after a short wait (the backoff, capped at
 //! [`REPEAT_PACE_MAX`], 1 s), so a bad snapshot costs one exchange per wait, never a hot loop,
-//! and is validated and counted once. The wait is short because such a server sends nothing new
-//! until it has the answer: a corrected snapshot is applied at most that long after it was
-//! pushed (with the reconnect backoff's pace it waited 10 to 90 s, issue #27). A server that
-//! pushes something new during the wait is answered at once.
+//! and is validated once. The wait is short because such a server sends nothing new until it
+//! has the answer: a corrected snapshot is applied at most that long after it was pushed (with
+//! the reconnect backoff's pace it waited 10 to 90 s, issue #27). A server that pushes something
+//! new during the wait is answered at once.
+//!
+//! Every NACK of a config that did not load counts in `config_load_error`, repeats included, as
+//! upstream counts every refused response (its provider loads each response and reports each
+//! failure); a resource that does not even decode is NACKed uncounted, as upstream's is. Every
+//! response that loads counts in `config_load_success`, a re-sent version included, as upstream.
 
 mod options;
 
@@ -91,6 +96,19 @@ struct Refusal {
     version: String,
     resources: Vec<prost_types::Any>,
     message: String,
+    /// The resources decoded but did not load: each NACK of them counts as a load error.
+    load_error: bool,
+}
+
+/// How to answer one response.
+#[derive(Debug)]
+struct Reply {
+    request: DiscoveryRequest,
+    /// How long to wait before sending it: a repeat of a refused snapshot is paced.
+    wait: Option<Duration>,
+    /// A NACK of a config that did not load, counted in `config_load_error` when it is sent
+    /// (so the count is the NACKs the server saw, never one superseded before it went out).
+    load_error: bool,
 }
 
 impl XdsClient {
@@ -222,8 +240,8 @@ impl XdsClient {
                 },
             };
             backoff.reset();
-            let (reply, wait) = self.answer(response, state, &mut repeat_pace, metrics, publish);
-            if let Some(wait) = wait {
+            let reply = self.answer(response, state, &mut repeat_pace, metrics, publish);
+            if let Some(wait) = reply.wait {
                 // A response that arrives meanwhile supersedes the repeat, whose answer is then
                 // never sent: the server wants an answer to its latest nonce only.
                 tokio::select! {
@@ -238,7 +256,10 @@ impl XdsClient {
                     },
                 }
             }
-            if requests.send(reply).await.is_err() {
+            if reply.load_error {
+                metrics.config_load_error.inc();
+            }
+            if requests.send(reply.request).await.is_err() {
                 return XdsError::Closed;
             }
         }
@@ -252,7 +273,7 @@ impl XdsClient {
         repeat_pace: &mut Backoff,
         metrics: &Metrics,
         publish: &ConfigSender,
-    ) -> (DiscoveryRequest, Option<Duration>) {
+    ) -> Reply {
         let DiscoveryResponse {
             version_info: version,
             resources,
@@ -267,16 +288,18 @@ impl XdsClient {
             // Already refused: say so again, but not at once (see the module comment).
             let wait = repeat_pace.next_wait();
             tracing::debug!(%version, ?wait, "the xDS server sent a refused snapshot again");
-            let nack = self.request(&state.accepted_version, &nonce, Some(&refused.message));
-            return (nack, Some(wait));
+            return Reply {
+                request: self.request(&state.accepted_version, &nonce, Some(&refused.message)),
+                wait: Some(wait),
+                load_error: refused.load_error,
+            };
         }
-        let decoded = decode(&type_url, &resources);
-        let loaded = decoded.and_then(|configs| {
-            config::load_resources(&configs, &self.options.load).map_err(|errors| {
-                metrics.config_load_error.inc();
-                errors.to_string()
-            })
-        });
+        let loaded = decode(&type_url, &resources)
+            .map_err(|e| (e, false))
+            .and_then(|configs| {
+                config::load_resources(&configs, &self.options.load)
+                    .map_err(|errors| (errors.to_string(), true))
+            });
         match loaded {
             Ok(config) => {
                 let (domains, limits) = (config.domain_names().count(), config.limits().len());
@@ -289,18 +312,27 @@ impl XdsClient {
                 state.accepted_version = version.clone();
                 state.refused = None;
                 repeat_pace.reset();
-                (self.request(&version, &nonce, None), None)
+                Reply {
+                    request: self.request(&version, &nonce, None),
+                    wait: None,
+                    load_error: false,
+                }
             }
-            Err(message) => {
+            Err((message, load_error)) => {
                 tracing::error!(%version, errors = %message,
                     "xDS configuration refused (NACK); the previous one stays in force");
-                let nack = self.request(&state.accepted_version, &nonce, Some(&message));
+                let request = self.request(&state.accepted_version, &nonce, Some(&message));
                 state.refused = Some(Refusal {
                     version,
                     resources,
                     message,
+                    load_error,
                 });
-                (nack, None)
+                Reply {
+                    request,
+                    wait: None,
+                    load_error,
+                }
             }
         }
     }

@@ -2,10 +2,12 @@
 //! (ADS) messages and `RateLimitConfig` resources of the xDS config source.
 //!
 //! The module tree mirrors the protobuf packages so generated cross-references resolve. The rest
-//! of the crate imports the few types it needs through the short aliases at the bottom.
+//! of the crate imports the few types it needs through the short aliases at the bottom. The
+//! generated servers decode requests with the codec in `codec.rs` (see `build.rs`).
 
-#![allow(clippy::all, missing_docs)]
+pub mod codec;
 
+#[allow(clippy::all, missing_docs)]
 pub mod envoy {
     pub mod config {
         pub mod core {
@@ -43,6 +45,7 @@ pub mod envoy {
 }
 
 /// The resources of upstream's xDS config source (`proto/ratelimit/config/ratelimit/v3/`).
+#[allow(clippy::all, missing_docs)]
 pub mod ratelimit {
     pub mod config {
         pub mod ratelimit {
@@ -54,6 +57,7 @@ pub mod ratelimit {
 }
 
 /// `google.rpc.Status`, carried by a NACK.
+#[allow(clippy::all, missing_docs)]
 pub mod google {
     pub mod rpc {
         tonic::include_proto!("google.rpc");
@@ -61,6 +65,7 @@ pub mod google {
 }
 
 /// Sluice's own API (`proto/sluice/v1/limiter.proto`).
+#[allow(clippy::all, missing_docs)]
 pub mod sluice {
     pub mod v1 {
         tonic::include_proto!("sluice.v1");
