@@ -157,6 +157,13 @@ const SERIES: &[&str] = &[
     "sluice_descriptors_refused_total",
     "sluice_long_descriptor_parts_total",
     "sluice_script_errors_total",
+    "sluice_request_bytes_held",
+    "sluice_requests_waiting",
+    "sluice_requests_ended_total",
+    "sluice_memory_resident_bytes",
+    "sluice_memory_limit_bytes",
+    "sluice_overload_action_active",
+    "sluice_overload_actions_total",
 ];
 /// Histograms: only their `_bucket`, `_sum` and `_count` series exist.
 const HISTOGRAMS: &[&str] = &[

@@ -302,9 +302,10 @@ impl Flood {
             self.latest()
         );
         assert!(self.slowest <= bystander, "bystander: {:?}", self.slowest);
+        // The flood may be over within a second (shed at once): at least the first call.
         assert!(
-            self.answered >= 4,
-            "the bystander kept calling: {}",
+            self.answered >= 1,
+            "the bystander called: {}",
             self.answered
         );
     }
