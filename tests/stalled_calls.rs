@@ -433,3 +433,44 @@ async fn a_streaming_call_may_wait_between_its_messages() {
         0.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_bodies_that_never_finish_are_held_within_the_budgets() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(dir.path(), None, &[("HTTP_READ_HEADER_TIMEOUT", "3s")]);
+    // 40 bodies of 2 MB each, sent but for their last 450 KB: 60 MiB from one peer, whose budget
+    // is 32 MiB.
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        let mut tcp = TcpStream::connect(sluice.http).await.unwrap();
+        let head = "POST /json HTTP/1.1\r\nhost: sluice\r\ncontent-type: application/json\r\n\
+                    content-length: 2000000\r\n\r\n";
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        tcp.write_all(&FILLER).await.unwrap();
+        tcp.write_all(&FILLER[..500_000]).await.unwrap();
+        held.push(tcp);
+    }
+    let mut statuses = std::collections::BTreeMap::new();
+    for mut tcp in held {
+        let mut answer = vec![0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(20), tcp.read(&mut answer)).await;
+        let status = match read {
+            Ok(Ok(n)) if n >= 12 => String::from_utf8_lossy(&answer[9..12]).to_string(),
+            other => format!("{other:?}"),
+        };
+        *statuses.entry(status).or_insert(0) += 1;
+    }
+    println!("json bodies: {statuses:?}");
+    // Those past the peer's budget are sent away at once; the rest at the body deadline.
+    assert!(statuses.get("503").is_some_and(|n| *n >= 8), "{statuses:?}");
+    assert_eq!(
+        statuses.get("503").unwrap_or(&0) + statuses.get("408").unwrap_or(&0),
+        40,
+        "{statuses:?}"
+    );
+    let per_peer = "sluice_requests_ended_total{reason=\"bytes_per_peer\"}";
+    assert!(sluice.metric(per_peer) >= 8.0);
+    assert_eq!(sluice.metric("sluice_request_bytes_held"), 0.0);
+}

@@ -156,7 +156,7 @@ where
         http1,
         grpc: grpc_options,
     } = options;
-    let (caps, http1) = (*caps, *http1);
+    let caps = *caps;
     let (shared_api, limiter_api) =
         serve_limiter_api(settings, named, grpc_options, metrics, stop)?;
     let limiter_api_addr = limiter_api.as_ref().map(|(addr, _)| *addr);
@@ -170,19 +170,20 @@ where
         stop.stopped(),
     )?;
     let _stop_statsd = start_statsd(settings, metrics, stop);
-    let (debug_addr, debug) = serve_debug(settings, caps, http1, &limiter, metrics, stop)?;
+    let (debug_addr, debug) = serve_debug(settings, caps, http1.clone(), &limiter, metrics, stop)?;
     let observability = http::Observability {
         metrics: metrics.clone(),
         memory_store,
     };
-    let prometheus = serve_prometheus(settings, caps, http1, &observability, metrics, stop)?;
+    let prometheus =
+        serve_prometheus(settings, caps, http1.clone(), &observability, metrics, stop)?;
     let http_listener = LimitedListener {
         listener: main.http,
         limit: ConnectionLimit::new(caps, "http", metrics),
     };
     let http = http::serve(
         http_listener,
-        http1,
+        http1.clone(),
         Closed::new("http", metrics),
         limiter.clone(),
         health,
@@ -282,6 +283,7 @@ fn listener_options(settings: &Settings, pressure: &Pressure) -> (Caps, Http1Opt
     let http1 = Http1Options {
         header_timeout: (!settings.http_read_header_timeout.is_zero())
             .then_some(settings.http_read_header_timeout),
+        budget: pressure.budget.clone(),
     };
     let grpc_options = GrpcOptions {
         max_connection_age: settings.grpc_max_connection_age,

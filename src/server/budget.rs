@@ -20,6 +20,9 @@
 //! - while the overload manager sheds (`overload.rs`, the process near its memory ceiling), every
 //!   waiting call is ended and no call may wait.
 //!
+//! The HTTP/1 listeners read their bodies (`/json`, up to 2 MiB) under the same budgets, as
+//! [`BodyKind::Plain`]: what a request holds is what arrived; its deadline is the listener's own.
+//!
 //! A call whose request is whole in the first read (every Envoy call, every honest unary call)
 //! never waits: it takes no lock, starts no timer and charges nothing, so the request path pays
 //! only the wrapper's reading of the frame header.
@@ -104,7 +107,20 @@ impl Ended {
     }
 }
 
-/// The budgets of the whole process: one per process, shared by every gRPC listener.
+/// What a body is, which decides what it holds and when its deadline runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyKind {
+    /// A unary gRPC call's request: one message, whole (END_STREAM) within the deadline of the
+    /// call's HEADERS; the handler keeps what arrived until it ends.
+    Unary,
+    /// A streaming gRPC call's requests: each message whole within the deadline of its first
+    /// byte, and handed on when whole; between messages the call may wait.
+    Streaming,
+    /// An HTTP/1 request body: the bytes that arrived; no deadline here (`http.rs` has its own).
+    Plain,
+}
+
+/// The budgets of the whole process: one per process, shared by every listener.
 pub(crate) struct RequestBudget {
     limits: RequestLimits,
     total: AtomicUsize,
@@ -231,22 +247,22 @@ impl Drop for ConnectionBudget {
 }
 
 impl ConnectionBudget {
-    /// The body of a call that arrived at `arrived` with headers of `header_bytes`, a stream of
-    /// messages when `streaming`.
+    /// The body of a call that arrived at `arrived` with headers of `header_bytes`.
     pub(crate) fn body<B>(
         self: &Arc<Self>,
         inner: B,
         arrived: Instant,
         header_bytes: usize,
-        streaming: bool,
+        kind: BodyKind,
     ) -> RequestBody<B> {
         RequestBody {
             inner,
             connection: self.clone(),
             arrived,
             header_bytes,
-            streaming,
+            kind,
             framing: Framing::default(),
+            received: 0,
             timer: None,
             waiting: None,
             charged: 0,
@@ -418,8 +434,11 @@ pub(crate) struct RequestBody<B> {
     /// When the HEADERS arrived; a streaming call's current message's first byte, once read.
     arrived: Instant,
     header_bytes: usize,
-    streaming: bool,
+    kind: BodyKind,
+    /// Where a gRPC request stands in its messages.
     framing: Framing,
+    /// Bytes of a plain body that arrived.
+    received: usize,
     /// The deadline's timer, started when the call first waits.
     timer: Option<Pin<Box<Sleep>>>,
     /// Set once the call has waited: its id in the registry, and its entry.
@@ -437,14 +456,24 @@ impl<B> RequestBody<B> {
 
     /// What the call holds now.
     fn holding(&self) -> usize {
-        self.header_bytes + self.framing.held(self.streaming)
+        self.header_bytes
+            + match self.kind {
+                BodyKind::Unary => self.framing.held(false),
+                BodyKind::Streaming => self.framing.held(true),
+                BodyKind::Plain => self.received,
+            }
     }
 
     /// The call's deadline, when one runs now: a unary call's always, a stream's only inside a
-    /// message.
+    /// message, a plain body's never.
     fn deadline(&self) -> Option<Instant> {
         let timeout = self.budget().limits.timeout?;
-        (!self.streaming || self.framing.in_message()).then(|| self.arrived + timeout)
+        let runs = match self.kind {
+            BodyKind::Unary => true,
+            BodyKind::Streaming => self.framing.in_message(),
+            BodyKind::Plain => false,
+        };
+        runs.then(|| self.arrived + timeout)
     }
 
     /// Registers the call as waiting and charges what it holds; `Err` when it must end.
@@ -581,6 +610,26 @@ impl RequestBudget {
     }
 }
 
+impl<B> RequestBody<B> {
+    /// Takes in `data`, as the body's kind reads it.
+    fn read(&mut self, data: &[u8]) {
+        match self.kind {
+            BodyKind::Plain => self.received = self.received.saturating_add(data.len()),
+            BodyKind::Unary => {
+                self.framing.read(data);
+            }
+            BodyKind::Streaming => {
+                let was_in_message = self.framing.in_message();
+                let finished = self.framing.read(data);
+                if self.framing.in_message() && (finished || !was_in_message) {
+                    // A stream's message has its deadline from its own first byte.
+                    self.arrived = Instant::now();
+                }
+            }
+        }
+    }
+}
+
 impl<B> Drop for RequestBody<B> {
     fn drop(&mut self) {
         self.stop_waiting();
@@ -609,13 +658,7 @@ where
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    let was_in_message = this.framing.in_message();
-                    let finished = this.framing.read(data);
-                    if this.streaming && this.framing.in_message() && (finished || !was_in_message)
-                    {
-                        // A stream's message has its deadline from its own first byte.
-                        this.arrived = Instant::now();
-                    }
+                    this.read(data);
                 }
                 if let Err(why) = this.recharge() {
                     return this.end(why);
@@ -696,10 +739,25 @@ mod tests {
         mpsc::Sender<Result<Frame<Bytes>, Infallible>>,
         RequestBody<Chunks>,
     ) {
+        let kind = if streaming {
+            BodyKind::Streaming
+        } else {
+            BodyKind::Unary
+        };
+        body_of(connection, kind)
+    }
+
+    /// A body of `kind` on `connection` and the sender of its chunks.
+    fn body_of(
+        connection: &Arc<ConnectionBudget>,
+        kind: BodyKind,
+    ) -> (
+        mpsc::Sender<Result<Frame<Bytes>, Infallible>>,
+        RequestBody<Chunks>,
+    ) {
         let (tx, rx) = mpsc::channel(16);
         let body = StreamBody::new(ReceiverStream::new(rx));
-        let body = connection.body(body, Instant::now(), HEADERS, streaming);
-        (tx, body)
+        (tx, connection.body(body, Instant::now(), HEADERS, kind))
     }
 
     /// The first `sent` bytes of a gRPC message declaring `declared` bytes.
@@ -925,6 +983,30 @@ mod tests {
             .requests_ended
             .with_label_values(&["overload"]);
         assert_eq!(shed.get(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_plain_body_holds_what_arrived_and_has_no_deadline_here() {
+        let budget = budget(0, 0, 2 << 20);
+        let connection = budget.connection(peer(1));
+        let (tx, mut body) = body_of(&connection, BodyKind::Plain);
+        tx.send(Ok(Frame::data(Bytes::from(vec![1u8; 1000]))))
+            .await
+            .unwrap();
+        assert!(read_now(&mut body).unwrap().unwrap().is_ok());
+        assert!(
+            tokio::time::timeout(Duration::from_secs(60), body.frame())
+                .await
+                .is_err(),
+            "waits past the gRPC deadline"
+        );
+        assert_eq!(budget.total.load(Ordering::Relaxed), HEADERS + 1000);
+        // Waiting already, it is charged as the bytes arrive: past the budget it is ended.
+        tx.send(Ok(Frame::data(Bytes::from(vec![1u8; 2 << 20]))))
+            .await
+            .unwrap();
+        assert_eq!(code(read_now(&mut body)), tonic::Code::ResourceExhausted);
+        assert_eq!(budget.total.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -209,15 +209,30 @@ async fn read_body(body: Body, timeout: Option<Duration>) -> Result<Bytes, Respo
         None => read.await,
     };
     read.map_err(|error| {
-        let too_large = std::error::Error::source(&error)
-            .is_some_and(|e| e.is::<http_body_util::LengthLimitError>());
-        if too_large {
+        let source = std::error::Error::source(&error);
+        if source.is_some_and(|e| e.is::<http_body_util::LengthLimitError>()) {
             let message = format!("request body over {JSON_BODY_LIMIT} bytes");
             (StatusCode::PAYLOAD_TOO_LARGE, message).into_response()
+        } else if let Some(status) = budget_refusal(&error) {
+            // Ended by the request budgets (`budget.rs`): the server is busy, not the client wrong.
+            let message = status.message().to_string();
+            (StatusCode::SERVICE_UNAVAILABLE, message).into_response()
         } else {
             (StatusCode::BAD_REQUEST, error.to_string()).into_response()
         }
     })
+}
+
+/// The request budgets' refusal (`budget.rs`) among the causes of a body's read `error`.
+fn budget_refusal<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e tonic::Status> {
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        if let Some(status) = e.downcast_ref::<tonic::Status>() {
+            return Some(status);
+        }
+        cause = e.source();
+    }
+    None
 }
 
 async fn json(State(state): State<AppState>, body: Body) -> Response {

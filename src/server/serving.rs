@@ -46,7 +46,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::budget::RequestBudget;
+use super::budget::{BodyKind, RequestBudget};
 use super::connections::Peer;
 use super::routes::{self, GrpcRoutes};
 use crate::metrics::Metrics;
@@ -55,10 +55,12 @@ use crate::metrics::Metrics;
 const PREFACE_LEN: usize = 24;
 
 /// What an HTTP/1 listener enforces.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Http1Options {
     /// `HTTP_READ_HEADER_TIMEOUT`; `None`: none.
     pub header_timeout: Option<Duration>,
+    /// The request budgets its bodies are read under (`/json`), shared with every listener.
+    pub budget: Arc<RequestBudget>,
 }
 
 /// What a gRPC (HTTP/2) listener enforces.
@@ -156,7 +158,8 @@ async fn accept_loop<IO>(
     shutdown.drain().await;
 }
 
-/// Serves `app` over HTTP/1 on every connection of `incoming` until `stopped`.
+/// Serves `app` over HTTP/1 on every connection of `incoming` until `stopped`, reading request
+/// bodies under the request budgets.
 pub(crate) async fn serve_http1<IO>(
     incoming: impl Stream<Item = io::Result<IO>>,
     app: axum::Router,
@@ -164,7 +167,7 @@ pub(crate) async fn serve_http1<IO>(
     closed: Closed,
     stopped: impl Future<Output = ()>,
 ) where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    IO: AsyncRead + AsyncWrite + Peer + Unpin + Send + 'static,
 {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -174,11 +177,17 @@ pub(crate) async fn serve_http1<IO>(
         let app = app.clone();
         let builder = builder.clone();
         let closed = closed.clone();
+        let budget = options.budget.connection(io.peer());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
+                let header_bytes = header_bytes(&request);
+                let arrived = Instant::now();
+                let request = request.map(|body| {
+                    axum::body::Body::new(budget.body(body, arrived, header_bytes, BodyKind::Plain))
+                });
                 // axum's router is always ready, so it can be called without `poll_ready`.
                 let mut app = app.clone();
-                app.call(request.map(axum::body::Body::new))
+                app.call(request)
             });
             let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
             let mut shutting_down = false;
@@ -292,9 +301,12 @@ impl Http2Connection {
                 let arrived = Instant::now();
                 let deadline = grpc_timeout(request.headers());
                 let header_bytes = header_bytes(&request);
-                let streaming = routes::streams_requests(request.uri().path());
-                let request =
-                    request.map(|body| budget.body(body, arrived, header_bytes, streaming));
+                let kind = if routes::streams_requests(request.uri().path()) {
+                    BodyKind::Streaming
+                } else {
+                    BodyKind::Unary
+                };
+                let request = request.map(|body| budget.body(body, arrived, header_bytes, kind));
                 // The store's calls answer before the caller's deadline (less a margin for
                 // the answer to travel), whatever REDIS_TIMEOUT says, so the enforcement
                 // below only cuts a handler that is late for other reasons.
