@@ -9,6 +9,7 @@ use crate::clock::SystemClock;
 use crate::metrics::Metrics;
 use crate::named::NamedLimiters;
 use crate::rls::{KeyBuilder, RateLimiter};
+use crate::server::deadline_floor::DeadlineFloor;
 use crate::server::named::{self, NamedApiService};
 use crate::settings::Settings;
 use crate::store::{CounterStore, LimiterStore};
@@ -48,6 +49,7 @@ pub(super) fn named_api(
             limiters,
             api.token.as_deref(),
             metrics.limiter_clients_refused.clone(),
+            DeadlineFloor::new(settings.grpc_min_timeout, "Limiter", metrics),
         )
     })
 }

@@ -243,6 +243,7 @@ fn listener_options(settings: &Settings) -> (Caps, Http1Options, GrpcOptions) {
         caps,
         tls: settings.grpc_tls.clone(),
         reload_interval: settings.reload_interval,
+        min_timeout: settings.grpc_min_timeout,
     };
     (caps, http1, grpc_options)
 }

@@ -4,6 +4,7 @@
 //! needs; `app` builds them from the settings, wires them to the limiters and runs them.
 
 pub(crate) mod connections;
+pub(crate) mod deadline_floor;
 pub(crate) mod debug;
 mod health;
 pub(crate) mod http;
@@ -109,6 +110,10 @@ pub struct GrpcOptions {
     pub caps: Caps,
     pub tls: Option<tls::ServerTls>,
     pub reload_interval: Duration,
+    /// `GRPC_MIN_TIMEOUT`: a call of a service that asks the store whose deadline, less the
+    /// answer's margin, leaves less than this is answered `DEADLINE_EXCEEDED` at once
+    /// (`deadline_floor.rs`).
+    pub min_timeout: Duration,
 }
 
 /// Completes on SIGTERM or SIGINT (Ctrl-C).

@@ -9,6 +9,7 @@
 //! | creating a limiter while `LIMITER_MAX_COUNT` exist | `RESOURCE_EXHAUSTED` |
 //! | a new client of a per-client limiter holding `LIMITER_MAX_CLIENTS` client states (memory store: or `MEMORY_MAX_LIMITER_STATES` over all limiters) | `RESOURCE_EXHAUSTED` |
 //! | store failure or timeout | `UNAVAILABLE` |
+//! | the caller's deadline below `GRPC_MIN_TIMEOUT`, or ran out while the store answered (`deadline_floor.rs`) | `DEADLINE_EXCEEDED` |
 //! | `LIMITER_API_TOKEN` set and the call's bearer token missing or different | `UNAUTHENTICATED` |
 //!
 //! The API is off unless `LIMITER_API_ENABLED=true`. Its calls reach the store through a
@@ -23,6 +24,7 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
+use super::deadline_floor::DeadlineFloor;
 use crate::clock::{Clock, SystemClock};
 use crate::named::{Acquired, NamedError, NamedLimiters};
 use crate::proto::sluice::v1::limiter_server::LimiterServer;
@@ -31,7 +33,7 @@ use crate::proto::sluice::v1::{
     DeleteRequest, DeleteResponse, GetConfigRequest, LimiterConfig, SetMode as ApiSetMode,
     SetRateRequest, SetRateResponse, TryAcquireRequest, limiter_server,
 };
-use crate::store::{SetMode, degraded};
+use crate::store::{SetMode, StoreError, degraded};
 use crate::util::LogThrottle;
 
 pub(crate) struct NamedApi {
@@ -39,6 +41,8 @@ pub(crate) struct NamedApi {
     /// `sluice_limiter_clients_refused_total`: new clients refused because a limiter or the
     /// store's table of client states was full, counted here so that it counts on every store.
     clients_refused: IntCounter,
+    /// Calls whose deadline is too short for the store (every method asks the store).
+    floor: DeadlineFloor,
 }
 
 /// The native API as a gRPC service, behind its token check.
@@ -46,15 +50,17 @@ pub(crate) type NamedApiService = InterceptedService<LimiterServer<NamedApi>, Be
 
 /// The service for `limiters`; with `token`, every call must carry it as a bearer token.
 /// Messages are capped like RLS requests (`super::MAX_REQUEST_BYTES`). Refused new clients
-/// are counted in `clients_refused`.
+/// are counted in `clients_refused`; calls whose deadline is too short are answered by `floor`.
 pub(crate) fn service(
     limiters: Arc<NamedLimiters>,
     token: Option<&str>,
     clients_refused: IntCounter,
+    floor: DeadlineFloor,
 ) -> NamedApiService {
     let server = LimiterServer::new(NamedApi {
         limiters,
         clients_refused,
+        floor,
     })
     .max_decoding_message_size(super::MAX_REQUEST_BYTES);
     InterceptedService::new(server, BearerToken::new(token))
@@ -121,14 +127,17 @@ fn bearer_credentials(value: &str) -> Option<&str> {
 }
 
 impl NamedApi {
-    /// An acquisition's result, a refused new client counted.
-    fn acquisition(&self, result: Result<Acquired, NamedError>) -> Result<Acquired, Status> {
-        result.map_err(|error| {
-            if matches!(error, NamedError::TooManyClients { .. }) {
-                self.clients_refused.inc();
+    /// The status of `error`, counted where it is counted: a refused new client, a store call
+    /// that ran out of the caller's deadline.
+    fn status(&self, error: NamedError) -> Status {
+        match error {
+            NamedError::TooManyClients { .. } => self.clients_refused.inc(),
+            NamedError::Store(e @ StoreError::CallerDeadline(_)) => {
+                return self.floor.ran_out(e.to_string());
             }
-            to_status(error)
-        })
+            _ => {}
+        }
+        to_status(error)
     }
 }
 
@@ -175,6 +184,7 @@ impl limiter_server::Limiter for NamedApi {
         &self,
         request: Request<SetRateRequest>,
     ) -> Result<Response<SetRateResponse>, Status> {
+        self.floor.check()?;
         let request = request.into_inner();
         let mode = match ApiSetMode::try_from(request.set_mode) {
             Ok(ApiSetMode::TrySet) => SetMode::TrySet,
@@ -189,7 +199,7 @@ impl limiter_server::Limiter for NamedApi {
             .limiters
             .set_rate(config, mode)
             .await
-            .map_err(to_status)?;
+            .map_err(|e| self.status(e))?;
         Ok(Response::new(SetRateResponse {
             applied: set.applied,
             config: Some(set.config),
@@ -201,11 +211,12 @@ impl limiter_server::Limiter for NamedApi {
         &self,
         request: Request<GetConfigRequest>,
     ) -> Result<Response<LimiterConfig>, Status> {
+        self.floor.check()?;
         let config = self
             .limiters
             .config(&request.get_ref().name)
             .await
-            .map_err(to_status)?;
+            .map_err(|e| self.status(e))?;
         Ok(Response::new(config))
     }
 
@@ -213,6 +224,7 @@ impl limiter_server::Limiter for NamedApi {
         &self,
         request: Request<TryAcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
+        self.floor.check()?;
         let r = request.into_inner();
         let timeout = match r.timeout.map(Duration::try_from) {
             None => Duration::ZERO,
@@ -223,31 +235,33 @@ impl limiter_server::Limiter for NamedApi {
             .limiters
             .try_acquire(&r.name, &r.client_id, r.permits.max(1), timeout);
         let (acquired, degraded) = degraded::noting(acquiring).await;
-        Ok(response(self.acquisition(acquired)?, degraded))
+        Ok(response(acquired.map_err(|e| self.status(e))?, degraded))
     }
 
     async fn acquire(
         &self,
         request: Request<AcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
+        self.floor.check()?;
         let r = request.into_inner();
         let acquiring = self
             .limiters
             .acquire(&r.name, &r.client_id, r.permits.max(1));
         let (acquired, degraded) = degraded::noting(acquiring).await;
-        Ok(response(self.acquisition(acquired)?, degraded))
+        Ok(response(acquired.map_err(|e| self.status(e))?, degraded))
     }
 
     async fn available_permits(
         &self,
         request: Request<AvailablePermitsRequest>,
     ) -> Result<Response<AvailablePermitsResponse>, Status> {
+        self.floor.check()?;
         let r = request.get_ref();
         let permits = self
             .limiters
             .available(&r.name, &r.client_id)
             .await
-            .map_err(to_status)?;
+            .map_err(|e| self.status(e))?;
         Ok(Response::new(AvailablePermitsResponse { permits }))
     }
 
@@ -255,11 +269,12 @@ impl limiter_server::Limiter for NamedApi {
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
+        self.floor.check()?;
         let deleted = self
             .limiters
             .delete(&request.get_ref().name)
             .await
-            .map_err(to_status)?;
+            .map_err(|e| self.status(e))?;
         Ok(Response::new(DeleteResponse { deleted }))
     }
 }

@@ -10,6 +10,7 @@
 //! | (not an error) a message over 1 MiB | OK, `overall_code: OVER_LIMIT` (`oversized.rs`) |
 //! | no configuration loaded | `UNAVAILABLE` |
 //! | store failure or timeout | `UNAVAILABLE` |
+//! | the caller's deadline below `GRPC_MIN_TIMEOUT`, or ran out while the store answered (`deadline_floor.rs`) | `DEADLINE_EXCEEDED` |
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,6 +27,7 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::connections::{self, ConnectionLimit};
+use super::deadline_floor::DeadlineFloor;
 use super::named::NamedApiService;
 use super::oversized::AnswerOversized;
 use super::routes::GrpcRoutes;
@@ -42,6 +44,7 @@ pub(crate) struct RateLimitService {
     limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
     api: ApiMetrics,
+    floor: DeadlineFloor,
 }
 
 #[tonic::async_trait]
@@ -52,6 +55,7 @@ impl proto::RateLimitService for RateLimitService {
     ) -> Result<Response<RateLimitResponse>, Status> {
         self.api.requests.inc();
         let _timer = self.api.response_time.start_timer();
+        self.floor.check()?;
         let span = tracing::debug_span!("ShouldRateLimit", otel.kind = "server");
         if !span.is_disabled() {
             // The caller's W3C trace context, so our spans join its trace.
@@ -63,13 +67,16 @@ impl proto::RateLimitService for RateLimitService {
             .should_rate_limit(request.get_ref())
             .instrument(span)
             .await;
-        if let Err(e) = &result {
-            self.metrics
-                .errors
-                .with_label_values(&[error_type(e)])
-                .inc();
+        match result {
+            Ok(response) => Ok(Response::new(response)),
+            Err(e @ RlsError::CallerDeadline(_)) => Err(self.floor.ran_out(e.to_string())),
+            Err(e) => {
+                if let Some(kind) = error_type(&e) {
+                    self.metrics.errors.with_label_values(&[kind]).inc();
+                }
+                Err(to_status(e))
+            }
         }
-        result.map(Response::new).map_err(to_status)
     }
 }
 
@@ -93,11 +100,13 @@ impl Extractor for Metadata<'_> {
 }
 
 /// Upstream's `err_type` label: store failures are `redis_error`, everything else
-/// `service_error`.
-pub(crate) fn error_type(error: &RlsError) -> &'static str {
+/// `service_error`; `None` for a caller's deadline, which upstream never answers for (its
+/// store calls do not follow the caller's deadline) and so never counts.
+pub(crate) fn error_type(error: &RlsError) -> Option<&'static str> {
     match error {
-        RlsError::Store(_) => "redis_error",
-        RlsError::InvalidRequest(_) | RlsError::NoConfig => "service_error",
+        RlsError::Store(_) => Some("redis_error"),
+        RlsError::InvalidRequest(_) | RlsError::NoConfig => Some("service_error"),
+        RlsError::CallerDeadline(_) => None,
     }
 }
 
@@ -107,6 +116,7 @@ pub(crate) fn to_status(error: RlsError) -> Status {
         RlsError::NoConfig => Status::unavailable(error.to_string()),
         // Logged by the limiter, at most once a second.
         RlsError::Store(_) => Status::unavailable(error.to_string()),
+        RlsError::CallerDeadline(_) => Status::deadline_exceeded(error.to_string()),
     }
 }
 
@@ -143,6 +153,7 @@ where
         RateLimitServiceServer::new(RateLimitService {
             limiter,
             api: metrics.api("ShouldRateLimit"),
+            floor: DeadlineFloor::new(options.min_timeout, "RateLimitService", &metrics),
             metrics: metrics.clone(),
         })
         .max_decoding_message_size(MAX_REQUEST_BYTES),

@@ -1,13 +1,15 @@
 //! Listener settings: where Sluice listens (`GRPC_HOST:GRPC_PORT` or the Unix socket `GRPC_UDS`,
 //! `HOST:PORT`), the gRPC listener's TLS, and what each listener grants a connection: the caps per
-//! listener and per peer, the handshake, header and idle deadlines, the connection age, and the
-//! grace of in-flight requests at shutdown. Read in one step, [`Listeners::from_vars`].
+//! listener and per peer, the handshake, header and idle deadlines, the connection age, the
+//! shortest deadline a gRPC call may carry to be decided, and the grace of in-flight requests at
+//! shutdown. Read in one step, [`Listeners::from_vars`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::server::tls::ServerTls;
+use crate::store::deadline;
 
 use super::{Env, SettingsError};
 
@@ -26,6 +28,7 @@ pub(super) struct Listeners {
     pub(super) grpc_handshake_timeout: Duration,
     pub(super) grpc_max_connection_idle: Duration,
     pub(super) http_read_header_timeout: Duration,
+    pub(super) grpc_min_timeout: Duration,
 }
 
 impl Listeners {
@@ -64,6 +67,8 @@ impl Listeners {
             // waits longer between scrapes reconnects.
             http_read_header_timeout: env
                 .duration("HTTP_READ_HEADER_TIMEOUT", Duration::from_secs(10))?,
+            // What a store call needs at the least (`store::deadline::DEFAULT_FLOOR`).
+            grpc_min_timeout: env.duration("GRPC_MIN_TIMEOUT", deadline::DEFAULT_FLOOR)?,
         })
     }
 }
@@ -136,6 +141,20 @@ mod tests {
         assert!(s.grpc_max_connection_idle.is_zero());
         assert_eq!(s.http_read_header_timeout, Duration::from_secs(2));
         assert!(settings(&[("GRPC_HANDSHAKE_TIMEOUT", "soon")]).is_err());
+    }
+
+    #[test]
+    fn the_shortest_deadline_a_call_may_carry_defaults_to_a_millisecond() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s.grpc_min_timeout, Duration::from_millis(1));
+        let s = settings(&[("GRPC_MIN_TIMEOUT", "250us")]).unwrap();
+        assert_eq!(s.grpc_min_timeout, Duration::from_micros(250));
+        let s = settings(&[("GRPC_MIN_TIMEOUT", "0")]).unwrap();
+        assert!(
+            s.grpc_min_timeout.is_zero(),
+            "0: only a past deadline is refused"
+        );
+        assert!(settings(&[("GRPC_MIN_TIMEOUT", "short")]).is_err());
     }
 
     #[test]

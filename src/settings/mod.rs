@@ -85,6 +85,10 @@ pub struct Settings {
     /// headers must arrive within this of the server starting to wait for them, which also
     /// bounds the idle time of a keep-alive connection; zero: no deadline.
     pub http_read_header_timeout: Duration,
+    /// `GRPC_MIN_TIMEOUT`: a call to a service that asks the store (RLS, the native API) whose
+    /// `grpc-timeout`, less the answer's margin, leaves less than this is answered
+    /// `DEADLINE_EXCEEDED` without asking the store; zero: only a deadline already past is.
+    pub grpc_min_timeout: Duration,
     /// Longest wait of the native API's `Acquire`/`TryAcquire`.
     pub limiter_max_wait: Duration,
     /// The native API (`sluice.v1.Limiter`); `None` unless `LIMITER_API_ENABLED=true`.
@@ -152,6 +156,7 @@ impl Settings {
             grpc_handshake_timeout: listeners.grpc_handshake_timeout,
             grpc_max_connection_idle: listeners.grpc_max_connection_idle,
             http_read_header_timeout: listeners.http_read_header_timeout,
+            grpc_min_timeout: listeners.grpc_min_timeout,
         })
     }
 }

@@ -75,8 +75,8 @@ pub struct RedisStore {
     connector: Connector,
     /// Every connection the store's pools opened and closed.
     connections: Arc<ConnectionCounts>,
-    /// When any of them last read a reply: tells a slow Redis from a dead one for calls that
-    /// ran out of time before reaching a connection.
+    /// What all of them have been told and have said: tells a slow Redis from a dead one for
+    /// calls that ran out of time before reaching a server (each pool keeps its server's).
     heard: Arc<Heard>,
     options: RedisOptions,
     /// The cheapest [`DecisionPath`] calls may take (all of them, but for tests that compare
@@ -622,9 +622,8 @@ fn parse_record(fields: RecordFields) -> Result<Option<LimiterRecord>, StoreErro
 impl RedisStore {
     /// Every store call gets one deadline, connection checkout included: its caller's
     /// (`grpc-timeout` less a margin, see [`super::deadline`]) when it sent one, else
-    /// `REDIS_TIMEOUT`. A call that runs out of time while Redis keeps answering on its
-    /// connections is [`StoreError::Late`] (slow), otherwise [`StoreError::Timeout`] (nothing
-    /// heard: down or unreachable).
+    /// `REDIS_TIMEOUT`. A call whose caller's deadline has already passed is not sent. One that
+    /// runs out of time is judged by [`RedisStore::ran_out`].
     fn bounded<'a, T: Send + 'a>(
         &'a self,
         call: impl Future<Output = Result<T, StoreError>> + Send + 'a,
@@ -632,26 +631,49 @@ impl RedisStore {
         Box::pin(async move {
             // Read when the call starts, in the caller's task: the server sets the deadline
             // around the handler future this is polled in.
-            let timeout = super::deadline::budget(self.options.timeout);
-            // Learns which connections the call was written to, to tell slow from down.
+            let budget = super::deadline::budget(self.options.timeout);
+            if budget.left.is_zero() && budget.callers {
+                // A zero timer still polls the call once, which may write it: its reply would
+                // race the timer, for nothing the caller could use.
+                return Err(StoreError::CallerDeadline(budget.left));
+            }
+            // Learns which servers the call waited on, to tell slow from down.
             let watch = Watch::default();
-            match tokio::time::timeout(timeout, watch.scope(call)).await {
+            match tokio::time::timeout(budget.left, watch.scope(call)).await {
                 Ok(result) => result,
-                Err(_) => {
-                    if let Connector::Cluster(cluster) = &self.connector {
-                        // A node may have failed over without telling us: look again, in the
-                        // background, so the next calls find the new master.
-                        let cluster = cluster.clone();
-                        tokio::spawn(async move { cluster.refresh().await });
-                    }
-                    if watch.redis_answering(&self.heard) {
-                        Err(StoreError::Late(timeout))
-                    } else {
-                        Err(StoreError::Timeout(timeout))
-                    }
-                }
+                Err(_) => Err(self.ran_out(&watch, budget)),
             }
         })
+    }
+
+    /// Why a call that waited on the servers in `watch` ran out of `budget`:
+    ///
+    /// 1. A server it waited on has owed replies for a second and read none (`wire.rs`,
+    ///    [`Watch::redis_answering`]): [`StoreError::Timeout`], an outage, whoever's deadline
+    ///    it was. A Redis that is black-holed while every caller grants less than
+    ///    `REDIS_TIMEOUT` (Envoy's 20 ms) still opens the breaker: its calls keep being
+    ///    written, or its connections tried, and none is answered.
+    /// 2. Otherwise Redis is answering, or had no chance to (nothing was owed before this
+    ///    call): when the caller granted less than `REDIS_TIMEOUT`, its deadline was too short
+    ///    for this call, [`StoreError::CallerDeadline`]; the caller chose it, so it must tell
+    ///    nothing of the store (no breaker, no failure policy).
+    /// 3. Else the store's own time ran out on a slow Redis: [`StoreError::Late`].
+    fn ran_out(&self, watch: &Watch, budget: super::deadline::Budget) -> StoreError {
+        let answering = watch.redis_answering(&self.heard);
+        if answering && budget.callers {
+            return StoreError::CallerDeadline(budget.left);
+        }
+        if let Connector::Cluster(cluster) = &self.connector {
+            // A node may have failed over without telling us: look again, in the background,
+            // so the next calls find the new master.
+            let cluster = cluster.clone();
+            tokio::spawn(async move { cluster.refresh().await });
+        }
+        if answering {
+            StoreError::Late(budget.left)
+        } else {
+            StoreError::Timeout(budget.left)
+        }
     }
 }
 
