@@ -9,7 +9,6 @@ use crate::clock::SystemClock;
 use crate::metrics::Metrics;
 use crate::named::NamedLimiters;
 use crate::rls::{KeyBuilder, RateLimiter};
-use crate::server::deadline_floor::DeadlineFloor;
 use crate::server::named::{self, NamedApiService};
 use crate::settings::Settings;
 use crate::store::{CounterStore, LimiterStore};
@@ -45,12 +44,7 @@ pub(super) fn named_api(
             let sweeping = NamedLimiters::sweep_idle_forever(Arc::downgrade(&limiters), every);
             tokio::spawn(sweeping);
         }
-        named::service(
-            limiters,
-            api.token.as_deref(),
-            metrics.limiter_clients_refused.clone(),
-            DeadlineFloor::new(settings.grpc_min_timeout, "Limiter", metrics),
-        )
+        named::service(limiters, api.token.as_deref(), metrics)
     })
 }
 

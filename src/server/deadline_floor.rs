@@ -6,66 +6,72 @@
 //! `GRPC_MIN_TIMEOUT`, cannot be met by a store call, and a store call started anyway races its
 //! timer: before this, the timer's end was a store failure, which `fail_open` answered OK and
 //! `local_share` decided on counts of its own, so a caller could be admitted on a limit already
-//! used up by sending `grpc-timeout: 1n`. Such a call is answered `DEADLINE_EXCEEDED` at once,
-//! the store not asked ([`DeadlineFloor::check`]), on either store, so callers see the same
-//! answer whichever store serves them. A store call that ran out of a caller's deadline shorter
-//! than the store may take while the store answered (`StoreError::CallerDeadline`) gets the
-//! same answer ([`DeadlineFloor::ran_out`]). Neither is a store error: no breaker, no failure
-//! policy, no upstream error stat (upstream never answers for a caller's deadline); both are
-//! counted in `sluice_calls_deadline_too_short_total`.
+//! used up by sending `grpc-timeout: 1n`. Such a call is answered `DEADLINE_EXCEEDED` before its
+//! handler runs ([`DeadlineFloor::refuse`], asked by `routes.rs` for the services that ask a
+//! store), on either store, so callers see the same answer whichever store serves them. Before
+//! the handler, not in it: the handler first reads the request's body, and the server's own
+//! enforcement of the deadline (`serving.rs`) would cut it there with `CANCELLED`, after it may
+//! have started. A store call that ran out of a caller's deadline shorter than the store may
+//! take while the store answered (`StoreError::CallerDeadline`) gets the same answer
+//! ([`ran_out`]). Neither is a store error: no breaker, no failure policy, no upstream error
+//! stat (upstream never answers for a caller's deadline); both are counted in
+//! `sluice_calls_deadline_too_short_total`.
 
 use std::time::Duration;
 
 use prometheus::IntCounter;
+use tokio::time::Instant;
 use tonic::Status;
 
 use crate::metrics::Metrics;
 use crate::store::deadline;
 
-/// The floor of one gRPC service, and its counts.
+/// The floor of one gRPC service, and the count of the calls it refused.
 #[derive(Clone)]
 pub(crate) struct DeadlineFloor {
     /// `GRPC_MIN_TIMEOUT`.
     floor: Duration,
-    /// Refused before asking the store.
-    before_store: IntCounter,
-    /// Ran out during a store call while the store answered.
-    in_store: IntCounter,
+    refused: IntCounter,
 }
 
 impl DeadlineFloor {
     /// The floor `floor` of the service `service` (the metric's `service` label).
     pub(crate) fn new(floor: Duration, service: &str, metrics: &Metrics) -> Self {
-        let counter = |stage| {
-            metrics
-                .calls_deadline_too_short
-                .with_label_values(&[service, stage])
-        };
         Self {
             floor,
-            before_store: counter("before_store"),
-            in_store: counter("in_store"),
+            refused: metrics
+                .calls_deadline_too_short
+                .with_label_values(&[service, "before_store"]),
         }
     }
 
-    /// `DEADLINE_EXCEEDED` when the call being served carries a deadline that leaves less than
-    /// the floor (or has passed); to be asked before anything asks the store.
-    pub(crate) fn check(&self) -> Result<(), Status> {
-        if deadline::too_short(self.floor) {
-            self.before_store.inc();
-            return Err(Status::deadline_exceeded(format!(
-                "the call's deadline leaves less than {:?} (GRPC_MIN_TIMEOUT), less than a \
-                 store call needs: not decided",
-                self.floor
-            )));
+    /// `DEADLINE_EXCEEDED` for a call that arrived at `arrived` with `timeout` when that leaves
+    /// less than the floor, or has passed; counted.
+    pub(crate) fn refuse(&self, arrived: Instant, timeout: Duration) -> Option<Status> {
+        if !deadline::too_short(arrived, timeout, self.floor) {
+            return None;
         }
-        Ok(())
+        self.refused.inc();
+        Some(Status::deadline_exceeded(format!(
+            "the call's deadline ({timeout:?}) leaves less than {:?} (GRPC_MIN_TIMEOUT), less \
+             than a store call needs: not decided",
+            self.floor
+        )))
     }
+}
 
-    /// The answer to a call whose store call ran out of its caller's deadline (`message`, the
-    /// store's error) while the store was answering.
-    pub(crate) fn ran_out(&self, message: String) -> Status {
-        self.in_store.inc();
-        Status::deadline_exceeded(message)
-    }
+/// The count of one service's calls whose store call ran out of the caller's deadline while
+/// the store answered.
+pub(crate) fn ran_out_counter(service: &str, metrics: &Metrics) -> IntCounter {
+    metrics
+        .calls_deadline_too_short
+        .with_label_values(&[service, "in_store"])
+}
+
+/// The answer to a call whose store call ran out of its caller's deadline (`message`, the
+/// store's error) while the store was answering; counted in `counter`
+/// ([`ran_out_counter`]).
+pub(crate) fn ran_out(counter: &IntCounter, message: String) -> Status {
+    counter.inc();
+    Status::deadline_exceeded(message)
 }

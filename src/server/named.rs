@@ -20,12 +20,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::IntCounter;
+use tonic::server::NamedService;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
-use super::deadline_floor::DeadlineFloor;
+use super::deadline_floor;
 use crate::clock::{Clock, SystemClock};
+use crate::metrics::Metrics;
 use crate::named::{Acquired, NamedError, NamedLimiters};
 use crate::proto::sluice::v1::limiter_server::LimiterServer;
 use crate::proto::sluice::v1::{
@@ -41,8 +43,9 @@ pub(crate) struct NamedApi {
     /// `sluice_limiter_clients_refused_total`: new clients refused because a limiter or the
     /// store's table of client states was full, counted here so that it counts on every store.
     clients_refused: IntCounter,
-    /// Calls whose deadline is too short for the store (every method asks the store).
-    floor: DeadlineFloor,
+    /// Calls whose store call ran out of the caller's deadline (`deadline_floor.rs`; calls whose
+    /// deadline was too short from the start are refused before they get here, `routes.rs`).
+    ran_out: IntCounter,
 }
 
 /// The native API as a gRPC service, behind its token check.
@@ -50,17 +53,19 @@ pub(crate) type NamedApiService = InterceptedService<LimiterServer<NamedApi>, Be
 
 /// The service for `limiters`; with `token`, every call must carry it as a bearer token.
 /// Messages are capped like RLS requests (`super::MAX_REQUEST_BYTES`). Refused new clients
-/// are counted in `clients_refused`; calls whose deadline is too short are answered by `floor`.
+/// are counted in `metrics`.
 pub(crate) fn service(
     limiters: Arc<NamedLimiters>,
     token: Option<&str>,
-    clients_refused: IntCounter,
-    floor: DeadlineFloor,
+    metrics: &Metrics,
 ) -> NamedApiService {
     let server = LimiterServer::new(NamedApi {
         limiters,
-        clients_refused,
-        floor,
+        clients_refused: metrics.limiter_clients_refused.clone(),
+        ran_out: deadline_floor::ran_out_counter(
+            <LimiterServer<NamedApi> as NamedService>::NAME,
+            metrics,
+        ),
     })
     .max_decoding_message_size(super::MAX_REQUEST_BYTES);
     InterceptedService::new(server, BearerToken::new(token))
@@ -133,7 +138,7 @@ impl NamedApi {
         match error {
             NamedError::TooManyClients { .. } => self.clients_refused.inc(),
             NamedError::Store(e @ StoreError::CallerDeadline(_)) => {
-                return self.floor.ran_out(e.to_string());
+                return deadline_floor::ran_out(&self.ran_out, e.to_string());
             }
             _ => {}
         }
@@ -184,7 +189,6 @@ impl limiter_server::Limiter for NamedApi {
         &self,
         request: Request<SetRateRequest>,
     ) -> Result<Response<SetRateResponse>, Status> {
-        self.floor.check()?;
         let request = request.into_inner();
         let mode = match ApiSetMode::try_from(request.set_mode) {
             Ok(ApiSetMode::TrySet) => SetMode::TrySet,
@@ -211,7 +215,6 @@ impl limiter_server::Limiter for NamedApi {
         &self,
         request: Request<GetConfigRequest>,
     ) -> Result<Response<LimiterConfig>, Status> {
-        self.floor.check()?;
         let config = self
             .limiters
             .config(&request.get_ref().name)
@@ -224,7 +227,6 @@ impl limiter_server::Limiter for NamedApi {
         &self,
         request: Request<TryAcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
-        self.floor.check()?;
         let r = request.into_inner();
         let timeout = match r.timeout.map(Duration::try_from) {
             None => Duration::ZERO,
@@ -242,7 +244,6 @@ impl limiter_server::Limiter for NamedApi {
         &self,
         request: Request<AcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
-        self.floor.check()?;
         let r = request.into_inner();
         let acquiring = self
             .limiters
@@ -255,7 +256,6 @@ impl limiter_server::Limiter for NamedApi {
         &self,
         request: Request<AvailablePermitsRequest>,
     ) -> Result<Response<AvailablePermitsResponse>, Status> {
-        self.floor.check()?;
         let r = request.get_ref();
         let permits = self
             .limiters
@@ -269,7 +269,6 @@ impl limiter_server::Limiter for NamedApi {
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
-        self.floor.check()?;
         let deleted = self
             .limiters
             .delete(&request.get_ref().name)

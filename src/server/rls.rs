@@ -27,7 +27,7 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::connections::{self, ConnectionLimit};
-use super::deadline_floor::DeadlineFloor;
+use super::deadline_floor;
 use super::named::NamedApiService;
 use super::oversized::AnswerOversized;
 use super::routes::GrpcRoutes;
@@ -44,7 +44,8 @@ pub(crate) struct RateLimitService {
     limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
     api: ApiMetrics,
-    floor: DeadlineFloor,
+    /// Calls whose store call ran out of the caller's deadline (`deadline_floor.rs`).
+    ran_out: prometheus::IntCounter,
 }
 
 #[tonic::async_trait]
@@ -55,7 +56,6 @@ impl proto::RateLimitService for RateLimitService {
     ) -> Result<Response<RateLimitResponse>, Status> {
         self.api.requests.inc();
         let _timer = self.api.response_time.start_timer();
-        self.floor.check()?;
         let span = tracing::debug_span!("ShouldRateLimit", otel.kind = "server");
         if !span.is_disabled() {
             // The caller's W3C trace context, so our spans join its trace.
@@ -69,7 +69,9 @@ impl proto::RateLimitService for RateLimitService {
             .await;
         match result {
             Ok(response) => Ok(Response::new(response)),
-            Err(e @ RlsError::CallerDeadline(_)) => Err(self.floor.ran_out(e.to_string())),
+            Err(e @ RlsError::CallerDeadline(_)) => {
+                Err(deadline_floor::ran_out(&self.ran_out, e.to_string()))
+            }
             Err(e) => {
                 if let Some(kind) = error_type(&e) {
                     self.metrics.errors.with_label_values(&[kind]).inc();
@@ -153,7 +155,10 @@ where
         RateLimitServiceServer::new(RateLimitService {
             limiter,
             api: metrics.api("ShouldRateLimit"),
-            floor: DeadlineFloor::new(options.min_timeout, "RateLimitService", &metrics),
+            ran_out: deadline_floor::ran_out_counter(
+                <RateLimitServiceServer<RateLimitService> as NamedService>::NAME,
+                &metrics,
+            ),
             metrics: metrics.clone(),
         })
         .max_decoding_message_size(MAX_REQUEST_BYTES),
@@ -161,11 +166,16 @@ where
         metrics.clone(),
     );
     let mut routes = tonic::service::Routes::new(health).add_service(reflection);
+    let shares_the_port = limiter_api.is_some();
     if let Some(api) = limiter_api {
         routes = routes.add_service(api);
     }
     // Envoy's calls skip the router (`routes.rs`), so the router does not hold the RLS.
-    let routes = GrpcRoutes::new(rls, routes);
+    let mut routes = GrpcRoutes::new(rls, routes)
+        .with_floor::<RateLimitServiceServer<RateLimitService>>(options.min_timeout, &metrics);
+    if shares_the_port {
+        routes = routes.with_floor::<NamedApiService>(options.min_timeout, &metrics);
+    }
     listen(routes, listener, limit, closed, options, stopped)
 }
 
@@ -180,7 +190,8 @@ pub(crate) fn serve_named_api(
 ) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError> {
     let limit = ConnectionLimit::new(options.caps, "limiter_api", metrics);
     let closed = Closed::new("limiter_api", metrics);
-    let routes = GrpcRoutes::routed(tonic::service::Routes::new(service));
+    let routes = GrpcRoutes::routed(tonic::service::Routes::new(service))
+        .with_floor::<NamedApiService>(options.min_timeout, metrics);
     listen(
         routes,
         GrpcListener::Tcp(listener),

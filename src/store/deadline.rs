@@ -54,6 +54,16 @@ pub fn margin(timeout: Duration) -> Duration {
     (timeout / 10).min(MAX_MARGIN)
 }
 
+/// What the caller of a call that arrived at `arrived` with `timeout` grants its store calls:
+/// until `arrived + timeout - margin(timeout)`.
+fn granted(arrived: Instant, timeout: Duration) -> Instant {
+    let granted = timeout.saturating_sub(margin(timeout));
+    // A timeout too long to represent (8 digits of hours) is no deadline worth keeping.
+    arrived
+        .checked_add(granted)
+        .unwrap_or_else(|| arrived + Duration::from_secs(86_400 * 365))
+}
+
 /// `handler` run with the store's deadline set to `arrived + timeout - margin(timeout)`; `None`
 /// (no `grpc-timeout`) runs it as it is, and the store uses `REDIS_TIMEOUT`.
 pub fn scope<F: Future>(
@@ -64,10 +74,7 @@ pub fn scope<F: Future>(
     // Set even when `None`, so that this is one future of the handler's size: every gRPC call's
     // future holds it, and the server moves that future into the call's task.
     let deadlines = timeout.map(|timeout| {
-        // A timeout too long to represent is no deadline worth keeping.
-        let caller = arrived
-            .checked_add(timeout.saturating_sub(margin(timeout)))
-            .unwrap_or_else(|| arrived + Duration::from_secs(86_400 * 365));
+        let caller = granted(arrived, timeout);
         Deadlines {
             caller,
             store: caller,
@@ -85,13 +92,13 @@ pub fn current() -> Option<Instant> {
     deadlines().map(|d| d.store)
 }
 
-/// Whether the call being served has a caller's deadline that leaves less than `floor` (less
-/// than nothing included: already past). Such a call cannot be decided in time by any store
-/// call, so it is answered `DEADLINE_EXCEEDED` without asking one: never an error of the
-/// store, never the failure policy's (`GRPC_MIN_TIMEOUT`, README). A call without a deadline
-/// never is.
-pub fn too_short(floor: Duration) -> bool {
-    deadlines().is_some_and(|d| d.caller.saturating_duration_since(Instant::now()) < floor)
+/// Whether a call that arrived at `arrived` with `timeout` leaves its store calls, from now,
+/// less than `floor` (less than nothing included: already past). No store call can decide such
+/// a call in time, so it is answered `DEADLINE_EXCEEDED` without asking one: never an error of
+/// the store, never the failure policy's (`GRPC_MIN_TIMEOUT`, `server/deadline_floor.rs`).
+pub fn too_short(arrived: Instant, timeout: Duration, floor: Duration) -> bool {
+    let left = granted(arrived, timeout).saturating_duration_since(Instant::now());
+    left.is_zero() || left < floor
 }
 
 /// `call` run with the store's deadline brought forward by what `reserve` keeps of the time
@@ -218,29 +225,35 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_deadline_below_the_floor_or_past_is_too_short() {
+    #[test]
+    fn a_deadline_below_the_floor_or_past_is_too_short() {
         let floor = Duration::from_millis(1);
-        assert!(!too_short(floor), "no deadline is never too short");
         let arrived = Instant::now();
         for timeout in [
             Duration::ZERO,
             Duration::from_nanos(1),
             Duration::from_micros(900),
         ] {
-            let short = scope(arrived, Some(timeout), async { too_short(floor) }).await;
-            assert!(short, "{timeout:?}");
+            assert!(too_short(arrived, timeout, floor), "{timeout:?}");
         }
-        let enough = scope(Instant::now(), Some(Duration::from_millis(50)), async {
-            too_short(floor)
-        })
-        .await;
-        assert!(!enough, "45 ms left");
-        // Time kept back by a layer (local_share's reserve) does not shorten the caller's.
-        let kept_back = scope(Instant::now(), Some(Duration::from_millis(50)), async {
-            sooner(|left| left, async { too_short(floor) }).await
-        })
-        .await;
-        assert!(!kept_back);
+        // 50 ms less the 5 ms margin: 45 ms left.
+        assert!(!too_short(Instant::now(), Duration::from_millis(50), floor));
+        assert!(!too_short(
+            Instant::now(),
+            Duration::from_millis(50),
+            Duration::ZERO
+        ));
+        assert!(
+            too_short(arrived, Duration::ZERO, Duration::ZERO),
+            "already past"
+        );
+        // 1.1 ms less the 0.11 ms margin leaves less than a millisecond.
+        assert!(too_short(
+            Instant::now(),
+            Duration::from_micros(1100),
+            floor
+        ));
+        let far = Duration::from_secs(99_999_999 * 3600);
+        assert!(!too_short(Instant::now(), far, floor), "8 digits of hours");
     }
 }
