@@ -29,13 +29,13 @@ use tokio::time::Instant;
 const LIMIT: u64 = 5;
 const CONFIG: &str = "domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 5}\n  - key: shared\n    rate_limit: {unit: hour, requests_per_unit: 100}\n  - key: free\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n";
 
-/// Deadlines no store call can meet: past at arrival, or far below `GRPC_MIN_TIMEOUT` (1 ms).
+/// Deadlines no store call can meet: past at arrival, or below `GRPC_MIN_TIMEOUT` (100 µs).
 const TOO_SHORT: [Duration; 5] = [
     Duration::ZERO,
     Duration::from_nanos(1),
     Duration::from_micros(3),
     Duration::from_micros(20),
-    Duration::from_micros(200),
+    Duration::from_micros(60),
 ];
 
 /// Upstream's error stats (`ratelimit.service.call.should_rate_limit.*_error`), summed.
@@ -132,7 +132,7 @@ async fn deadlines_that_cannot_be_met_are_deadline_exceeded_never_an_admission()
                 assert_eq!(sluice.metric(series), 0.0, "{name}: {series}");
             }
             assert_eq!(upstream_errors(&sluice), 0, "{name}: upstream's error stats");
-            println!("SHORT-DEADLINE: {name}: {sent} calls with deadlines of 0 to 200 µs, all DEADLINE_EXCEEDED");
+            println!("SHORT-DEADLINE: {name}: {sent} calls with deadlines of 0 to 60 µs, all DEADLINE_EXCEEDED");
         }
     })
     .await;

@@ -144,9 +144,9 @@ mod tests {
     }
 
     #[test]
-    fn the_shortest_deadline_a_call_may_carry_defaults_to_a_millisecond() {
+    fn the_shortest_deadline_a_call_may_carry_defaults_to_100_microseconds() {
         let s = settings(&[]).unwrap();
-        assert_eq!(s.grpc_min_timeout, Duration::from_millis(1));
+        assert_eq!(s.grpc_min_timeout, Duration::from_micros(100));
         let s = settings(&[("GRPC_MIN_TIMEOUT", "250us")]).unwrap();
         assert_eq!(s.grpc_min_timeout, Duration::from_micros(250));
         let s = settings(&[("GRPC_MIN_TIMEOUT", "0")]).unwrap();
