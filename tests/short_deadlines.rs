@@ -222,7 +222,7 @@ async fn short_deadlines_among_normal_calls_never_open_the_breaker() {
                         let mut n = 0u64;
                         while !stop.load(Ordering::Relaxed) {
                             n += 1;
-                            let (key, value) = if n % 2 == 0 {
+                            let (key, value) = if n.is_multiple_of(2) {
                                 ("shared", name.clone())
                             } else {
                                 ("free", format!("{name}-{i}"))
