@@ -123,7 +123,7 @@ async fn a_caller_that_waits_less_than_redis_timeout_gets_an_answer_before_its_d
 /// Redis black-holed (the proxy holds every reply), `REDIS_TIMEOUT` at its default of 10 s,
 /// every caller granting 100 ms (Envoy's default is 20 ms: the same rule, with room for a busy
 /// machine's scheduler): the calls run out of the callers' time, never of the store's, yet the
-/// breaker must learn of the outage (`RedisStore::ran_out`).
+/// breaker must learn of the outage (`store/redis/timeout.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_redis_opens_the_breaker_though_every_caller_grants_less_than_redis_timeout() {
     let redis = RedisServer::start();

@@ -23,7 +23,8 @@
 //! (pools, connection settings, errors) ← `coalesce` (one pipelined write for concurrent calls) ←
 //! `cluster` (the slot map and a pool and batcher per master) ← this module (the [`Store`]
 //! implementation); `plain` (the common decision in plain commands) takes from `conn` and
-//! `script`.
+//! `script`; `timeout` (each call's deadline, and what its running out says of Redis) takes from
+//! `wire`.
 
 mod cluster;
 mod coalesce;
@@ -33,6 +34,7 @@ mod options;
 mod plain;
 mod script;
 pub mod slot;
+mod timeout;
 mod wire;
 
 use std::collections::BTreeMap;
@@ -64,7 +66,7 @@ use self::script::{
     ELSEWHERE, FIXED_WINDOW_LEAN, Keys, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK, Reply,
     decode,
 };
-use self::wire::{Heard, Watch};
+use self::wire::Heard;
 use super::{
     Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
     LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
@@ -620,60 +622,26 @@ fn parse_record(fields: RecordFields) -> Result<Option<LimiterRecord>, StoreErro
 }
 
 impl RedisStore {
-    /// Every store call gets one deadline, connection checkout included: its caller's
-    /// (`grpc-timeout` less a margin, see [`super::deadline`]) when it sent one, else
-    /// `REDIS_TIMEOUT`. A call whose caller's deadline has already passed is not sent. One that
-    /// runs out of time is judged by [`RedisStore::ran_out`].
+    /// `call` within its deadline, judged when it runs out (`timeout.rs`).
     fn bounded<'a, T: Send + 'a>(
         &'a self,
         call: impl Future<Output = Result<T, StoreError>> + Send + 'a,
     ) -> StoreFuture<'a, T> {
         Box::pin(async move {
-            // Read when the call starts, in the caller's task: the server sets the deadline
-            // around the handler future this is polled in.
-            let budget = super::deadline::budget(self.options.timeout);
-            if budget.left.is_zero() && budget.callers {
-                // A zero timer still polls the call once, which may write it: its reply would
-                // race the timer, for nothing the caller could use.
-                return Err(StoreError::CallerDeadline(budget.left));
+            let result = timeout::within(self.options.timeout, &self.heard, call).await;
+            if let (
+                Err(StoreError::Timeout(_) | StoreError::Late(_)),
+                Connector::Cluster(cluster),
+            ) = (&result, &self.connector)
+            {
+                // A node may have failed over without telling us: look again, in the
+                // background, so the next calls find the new master. Not for a caller's short
+                // deadline, which says nothing of the nodes.
+                let cluster = cluster.clone();
+                tokio::spawn(async move { cluster.refresh().await });
             }
-            // Learns which servers the call waited on, to tell slow from down.
-            let watch = Watch::default();
-            match tokio::time::timeout(budget.left, watch.scope(call)).await {
-                Ok(result) => result,
-                Err(_) => Err(self.ran_out(&watch, budget)),
-            }
+            result
         })
-    }
-
-    /// Why a call that waited on the servers in `watch` ran out of `budget`:
-    ///
-    /// 1. A server it waited on has owed replies for a second and read none (`wire.rs`,
-    ///    [`Watch::redis_answering`]): [`StoreError::Timeout`], an outage, whoever's deadline
-    ///    it was. A Redis that is black-holed while every caller grants less than
-    ///    `REDIS_TIMEOUT` (Envoy's 20 ms) still opens the breaker: its calls keep being
-    ///    written, or its connections tried, and none is answered.
-    /// 2. Otherwise Redis is answering, or had no chance to (nothing was owed before this
-    ///    call): when the caller granted less than `REDIS_TIMEOUT`, its deadline was too short
-    ///    for this call, [`StoreError::CallerDeadline`]; the caller chose it, so it must tell
-    ///    nothing of the store (no breaker, no failure policy).
-    /// 3. Else the store's own time ran out on a slow Redis: [`StoreError::Late`].
-    fn ran_out(&self, watch: &Watch, budget: super::deadline::Budget) -> StoreError {
-        let answering = watch.redis_answering(&self.heard);
-        if answering && budget.callers {
-            return StoreError::CallerDeadline(budget.left);
-        }
-        if let Connector::Cluster(cluster) = &self.connector {
-            // A node may have failed over without telling us: look again, in the background,
-            // so the next calls find the new master.
-            let cluster = cluster.clone();
-            tokio::spawn(async move { cluster.refresh().await });
-        }
-        if answering {
-            StoreError::Late(budget.left)
-        } else {
-            StoreError::Timeout(budget.left)
-        }
     }
 }
 
