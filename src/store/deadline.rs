@@ -5,6 +5,14 @@
 //! timeout). A store call must not give up while the caller would still wait, nor answer after
 //! the caller has gone; without a caller deadline, `REDIS_TIMEOUT` bounds it ([`budget`]).
 //!
+//! A caller chooses its deadline, so one too short for the store must tell nothing of the store
+//! (issue #40): [`too_short`] says whether it leaves less than `GRPC_MIN_TIMEOUT` (the server
+//! then answers `DEADLINE_EXCEEDED` without asking the store), and [`Budget::callers`] whether
+//! a store call that runs out ran out of the caller's time rather than the store's own
+//! (`StoreError::CallerDeadline`). Both are judged on the caller's own deadline, which is kept
+//! beside the store's: a layer may bring the store's forward to keep time for itself
+//! ([`sooner`]), and that must not make the caller's deadline look shorter than it was.
+//!
 //! Why a task-local: the deadline is a property of the call, like a tracing span, not of what
 //! the request path computes. Passing it as an argument would change every signature between
 //! the listener and the store (`rls/`, `named/`, the store traits and their instrumented

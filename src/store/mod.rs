@@ -110,8 +110,9 @@ pub struct Outcome {
 /// Why a store could not decide. Messages never contain credentials.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
-    /// The call ran out of time and Redis said nothing that shows it is up: no connection, or
-    /// a connection that read no reply for a while (see `redis/wire.rs`, `Watch`). An outage.
+    /// The call ran out of time while a Redis server it waited on had owed replies (or a
+    /// connect) for a second and read none on any connection (see `redis/wire.rs`, `Watch`),
+    /// whoever's deadline ended it. An outage.
     #[error("store call timed out after {0:?} (the hits may or may not have been counted)")]
     Timeout(std::time::Duration),
     /// The call ran out of its own time (`REDIS_TIMEOUT`, or a caller's deadline at least as
