@@ -5,9 +5,13 @@
 //!   than `REDIS_TIMEOUT` (before the change: `UNAVAILABLE` after `REDIS_TIMEOUT`). This also
 //!   fails if `server/serving.rs` stops running the handler inside `store::deadline::scope`, or
 //!   if the store's call leaves the handler's task: the store would not see the deadline.
-//! - A caller that grants less than `REDIS_TIMEOUT` gets an answer (here `UNAVAILABLE`, the
-//!   store could not decide) before its own deadline, not `CANCELLED` from its client or the
-//!   server's enforcement: the store gives up first, with the margin.
+//! - A caller that grants less than `REDIS_TIMEOUT` gets an answer before its own deadline, not
+//!   `CANCELLED` from its client or the server's enforcement: the store gives up first, with the
+//!   margin. While Redis answers (late), that answer is `DEADLINE_EXCEEDED`: the caller's
+//!   deadline was too short for the store, which is no store failure (issue #40).
+//! - A Redis that answers nothing at all while every caller grants less than `REDIS_TIMEOUT`
+//!   (Envoy's 20 ms) still opens the circuit breaker: after a second of replies owed and none
+//!   read, the callers' timeouts count as outages.
 //! - A caller without a deadline is bounded by `REDIS_TIMEOUT`, as before.
 
 mod common;
@@ -101,17 +105,88 @@ async fn a_caller_that_waits_less_than_redis_timeout_gets_an_answer_before_its_d
     let mut call = tonic::Request::new(tenant("late"));
     call.set_timeout(deadline);
     let sent = Instant::now();
-    // tonic's client gives up at the deadline itself (CANCELLED, "Timeout expired"), so an
-    // UNAVAILABLE here is the server's answer, arrived in time.
+    // tonic's client gives up at the deadline itself (CANCELLED, "Timeout expired"), so a
+    // DEADLINE_EXCEEDED here is the server's answer, arrived in time: Redis owed its reply for
+    // less than a second, so it is slow, and the caller's deadline was the shorter.
     let status = client
         .should_rate_limit(call)
         .await
         .expect_err("Redis cannot answer within the caller's deadline");
     let took = sent.elapsed();
-    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
     assert!(took < deadline, "{took:?}");
     println!(
-        "DEADLINE: 5 s late replies, REDIS_TIMEOUT=10s: caller 1 s → UNAVAILABLE after {took:?}"
+        "DEADLINE: 5 s late replies, REDIS_TIMEOUT=10s: caller 1 s → DEADLINE_EXCEEDED after {took:?}"
+    );
+}
+
+/// Redis black-holed (the proxy holds every reply), `REDIS_TIMEOUT` at its default of 10 s,
+/// every caller granting 100 ms (Envoy's default is 20 ms: the same rule, with room for a busy
+/// machine's scheduler): the calls run out of the callers' time, never of the store's, yet the
+/// breaker must learn of the outage (`store/redis/timeout.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_redis_opens_the_breaker_though_every_caller_grants_less_than_redis_timeout() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(([127, 0, 0, 1], redis.port).into()).await;
+    let dir = config_dir(CONFIG);
+    let sluice = Sluice::start(
+        dir.path(),
+        None,
+        &[
+            ("BACKEND_TYPE", "redis"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &proxy.url()),
+            ("REDIS_TIMEOUT", "10s"),
+            ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true"),
+        ],
+    );
+    let mut client = common::untimed::rls_client(sluice.grpc);
+    let short = || common::untimed::with_deadline(tenant("envoy"), Duration::from_millis(100));
+    assert_eq!(
+        client
+            .should_rate_limit(short())
+            .await
+            .unwrap()
+            .get_ref()
+            .overall_code,
+        Code::Ok as i32
+    );
+    proxy.set(Faults {
+        stall: true,
+        ..Faults::default()
+    });
+    let silent = Instant::now();
+    // `cut`: answered by the server's own enforcement of the deadline (`CANCELLED`), when a
+    // busy machine ran the store's answer too late.
+    let (mut deadline_exceeded, mut outages, mut cut) = (0, 0, 0);
+    let opened = loop {
+        assert!(
+            silent.elapsed() < Duration::from_secs(30),
+            "the breaker never opened: {deadline_exceeded} DEADLINE_EXCEEDED, {outages} \
+             outages, {cut} cut"
+        );
+        let status = client
+            .should_rate_limit(short())
+            .await
+            .expect_err("Redis answers nothing");
+        match status.code() {
+            tonic::Code::DeadlineExceeded => deadline_exceeded += 1,
+            tonic::Code::Unavailable if status.message().contains("circuit breaker open") => {
+                break silent.elapsed();
+            }
+            tonic::Code::Unavailable => outages += 1,
+            tonic::Code::Cancelled => cut += 1,
+            other => panic!("{other:?}: {status:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(outages >= 1, "opened without an outage counted");
+    let health = sluice.http("GET", "/healthcheck", "").0;
+    assert_ne!(health, 200, "health follows the breaker");
+    println!(
+        "DEADLINE: Redis silent, callers 100 ms, REDIS_TIMEOUT=10s: breaker open after \
+         {opened:?} ({deadline_exceeded} DEADLINE_EXCEEDED while Redis owed replies for under a \
+         second, then {outages} outages; {cut} cut by the server at the deadline)"
     );
 }
 

@@ -212,7 +212,7 @@ fn only_cli_and_app_read_the_settings() {
 const REDIS_LAYERS: &[&[&str]] = &[
     &["options", "slot", "script"],
     &["wire", "merge"],
-    &["conn"],
+    &["conn", "timeout"],
     &["coalesce", "plain"],
     &["cluster"],
 ];

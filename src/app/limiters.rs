@@ -44,11 +44,7 @@ pub(super) fn named_api(
             let sweeping = NamedLimiters::sweep_idle_forever(Arc::downgrade(&limiters), every);
             tokio::spawn(sweeping);
         }
-        named::service(
-            limiters,
-            api.token.as_deref(),
-            metrics.limiter_clients_refused.clone(),
-        )
+        named::service(limiters, api.token.as_deref(), metrics)
     })
 }
 

@@ -252,10 +252,11 @@ impl Pressure {
         let manager = match settings.overload_memory_limit.resolve() {
             Some(ceiling) => {
                 tracing::info!(ceiling, "overload manager: memory ceiling");
+                let shedding = budget.clone();
                 Some(AbortOnDrop(tokio::spawn(overload::run(
                     ceiling,
                     overload.clone(),
-                    budget.clone(),
+                    move |on| shedding.shed(on),
                     metrics.pressure.clone(),
                 ))))
             }
@@ -295,6 +296,7 @@ fn listener_options(settings: &Settings, pressure: &Pressure) -> (Caps, Http1Opt
         reload_interval: settings.reload_interval,
         budget: pressure.budget.clone(),
         overload: pressure.overload.clone(),
+        min_timeout: settings.grpc_min_timeout,
     };
     (caps, http1, grpc_options)
 }

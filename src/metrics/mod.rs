@@ -86,6 +86,9 @@ pub struct Metrics {
     pub pressure: PressureMetrics,
     descriptors_refused: IntCounterVec,
     long_parts: IntCounterVec,
+    /// Calls answered `DEADLINE_EXCEEDED` because their caller's deadline was shorter than the
+    /// store could meet, by gRPC service and stage (`GRPC_MIN_TIMEOUT`, `store::deadline`).
+    pub calls_deadline_too_short: IntCounterVec,
     /// The bound on stat series named after request values (`MAX_DETAILED_METRIC_SERIES`).
     detailed_series: SeriesCap,
     /// Hits not counted in a stat because its series would have gone past that bound.
@@ -214,6 +217,7 @@ impl Metrics {
             pressure,
             descriptors_refused: inputs.descriptors_refused,
             long_parts: inputs.long_parts,
+            calls_deadline_too_short: inputs.calls_deadline_too_short,
             detailed_series: SeriesCap::new(DEFAULT_DETAILED_SERIES),
             series_refused: inputs.series_refused,
             statsd_lines_dropped: inputs.statsd_lines_dropped,
@@ -577,11 +581,12 @@ impl ConnectionMetrics {
 }
 
 /// Sluice's own Prometheus metrics of what was refused or lost: descriptors and parts beyond
-/// the input limits, stat series past their cap, statsd lines ([`Metrics::with_stats`]
-/// registers them).
+/// the input limits, calls whose deadline was too short for the store, stat series past their
+/// cap, statsd lines ([`Metrics::with_stats`] registers them).
 struct InputMetrics {
     descriptors_refused: IntCounterVec,
     long_parts: IntCounterVec,
+    calls_deadline_too_short: IntCounterVec,
     series_refused: IntCounter,
     statsd_lines_dropped: IntCounter,
 }
@@ -602,6 +607,15 @@ impl InputMetrics {
                 "Domains, keys and values longer than their input limit, judged under a digest \
                  of their text",
                 &["part"],
+            ),
+            calls_deadline_too_short: counter_vec(
+                r,
+                "sluice_calls_deadline_too_short_total",
+                "gRPC calls answered DEADLINE_EXCEEDED because the caller's deadline was shorter \
+                 than the store could meet, by service and stage: before_store (below \
+                 GRPC_MIN_TIMEOUT or already past: the store was not asked) or in_store (ran out \
+                 during a store call while the store was answering); never the failure policy's",
+                &["service", "stage"],
             ),
             series_refused: counter(
                 r,

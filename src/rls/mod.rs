@@ -121,6 +121,11 @@ pub enum RlsError {
     /// The store could not decide.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A store call ran out of the caller's deadline, shorter than the store may take, while
+    /// the store answered ([`StoreError::CallerDeadline`]): never the failure policy's to
+    /// answer, since the caller chose it.
+    #[error(transparent)]
+    CallerDeadline(StoreError),
 }
 
 /// The decision engine shared by every protocol adapter.
@@ -230,6 +235,7 @@ impl RateLimiter {
         let (asked, degraded) = self.ask_store_noting(&plan).await;
         let outcomes = match asked {
             Ok(outcomes) => outcomes,
+            Err(e @ StoreError::CallerDeadline(_)) => return Err(RlsError::CallerDeadline(e)),
             Err(e) if self.options.failure_policy == FailurePolicy::FailOpen => {
                 return Ok(self.fail_open(request, &e));
             }

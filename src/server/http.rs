@@ -268,17 +268,16 @@ async fn json(State(state): State<AppState>, body: Body) -> Response {
         // that could not decide, and answers "no configuration loaded" as upstream does (a
         // request refused by the service, not a failure of the server).
         Err(error @ (RlsError::InvalidRequest(_) | RlsError::NoConfig)) => {
-            metrics
-                .errors
-                .with_label_values(&[error_type(&error)])
-                .inc();
+            if let Some(kind) = error_type(&error) {
+                metrics.errors.with_label_values(&[kind]).inc();
+            }
             (StatusCode::BAD_REQUEST, error.to_string()).into_response()
         }
         Err(error) => {
-            metrics
-                .errors
-                .with_label_values(&[error_type(&error)])
-                .inc();
+            // `/json` carries no caller deadline, so a store error is all that comes here.
+            if let Some(kind) = error_type(&error) {
+                metrics.errors.with_label_values(&[kind]).inc();
+            }
             // Store failures are logged by the limiter, at most once a second.
             if !matches!(error, RlsError::Store(_)) {
                 tracing::warn!(%error, "json request failed");

@@ -5,6 +5,7 @@
 
 pub(crate) mod budget;
 pub(crate) mod connections;
+pub(crate) mod deadline_floor;
 pub(crate) mod debug;
 mod health;
 pub(crate) mod http;
@@ -115,6 +116,10 @@ pub struct GrpcOptions {
     pub(crate) budget: std::sync::Arc<budget::RequestBudget>,
     /// The overload manager's switches: the gRPC listeners stop accepting when it says so.
     pub(crate) overload: std::sync::Arc<overload::Overload>,
+    /// `GRPC_MIN_TIMEOUT`: a call of a service that asks the store whose deadline, less the
+    /// answer's margin, leaves less than this is answered `DEADLINE_EXCEEDED` at once
+    /// (`deadline_floor.rs`).
+    pub min_timeout: Duration,
 }
 
 /// Completes on SIGTERM or SIGINT (Ctrl-C).

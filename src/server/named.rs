@@ -9,6 +9,7 @@
 //! | creating a limiter while `LIMITER_MAX_COUNT` exist | `RESOURCE_EXHAUSTED` |
 //! | a new client of a per-client limiter holding `LIMITER_MAX_CLIENTS` client states (memory store: or `MEMORY_MAX_LIMITER_STATES` over all limiters) | `RESOURCE_EXHAUSTED` |
 //! | store failure or timeout | `UNAVAILABLE` |
+//! | the caller's deadline below `GRPC_MIN_TIMEOUT`, or ran out while the store answered (`deadline_floor.rs`) | `DEADLINE_EXCEEDED` |
 //! | `LIMITER_API_TOKEN` set and the call's bearer token missing or different | `UNAUTHENTICATED` |
 //!
 //! The API is off unless `LIMITER_API_ENABLED=true`. Its calls reach the store through a
@@ -19,11 +20,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::IntCounter;
+use tonic::server::NamedService;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
+use super::deadline_floor;
 use crate::clock::{Clock, SystemClock};
+use crate::metrics::Metrics;
 use crate::named::{Acquired, NamedError, NamedLimiters};
 use crate::proto::sluice::v1::limiter_server::LimiterServer;
 use crate::proto::sluice::v1::{
@@ -31,7 +35,7 @@ use crate::proto::sluice::v1::{
     DeleteRequest, DeleteResponse, GetConfigRequest, LimiterConfig, SetMode as ApiSetMode,
     SetRateRequest, SetRateResponse, TryAcquireRequest, limiter_server,
 };
-use crate::store::{SetMode, degraded};
+use crate::store::{SetMode, StoreError, degraded};
 use crate::util::LogThrottle;
 
 pub(crate) struct NamedApi {
@@ -39,6 +43,9 @@ pub(crate) struct NamedApi {
     /// `sluice_limiter_clients_refused_total`: new clients refused because a limiter or the
     /// store's table of client states was full, counted here so that it counts on every store.
     clients_refused: IntCounter,
+    /// Calls whose store call ran out of the caller's deadline (`deadline_floor.rs`; calls whose
+    /// deadline was too short from the start are refused before they get here, `routes.rs`).
+    ran_out: IntCounter,
 }
 
 /// The native API as a gRPC service, behind its token check.
@@ -46,15 +53,19 @@ pub(crate) type NamedApiService = InterceptedService<LimiterServer<NamedApi>, Be
 
 /// The service for `limiters`; with `token`, every call must carry it as a bearer token.
 /// Messages are capped like RLS requests (`super::MAX_REQUEST_BYTES`). Refused new clients
-/// are counted in `clients_refused`.
+/// are counted in `metrics`.
 pub(crate) fn service(
     limiters: Arc<NamedLimiters>,
     token: Option<&str>,
-    clients_refused: IntCounter,
+    metrics: &Metrics,
 ) -> NamedApiService {
     let server = LimiterServer::new(NamedApi {
         limiters,
-        clients_refused,
+        clients_refused: metrics.limiter_clients_refused.clone(),
+        ran_out: deadline_floor::ran_out_counter(
+            <LimiterServer<NamedApi> as NamedService>::NAME,
+            metrics,
+        ),
     })
     .max_decoding_message_size(super::MAX_REQUEST_BYTES);
     InterceptedService::new(server, BearerToken::new(token))
@@ -121,14 +132,17 @@ fn bearer_credentials(value: &str) -> Option<&str> {
 }
 
 impl NamedApi {
-    /// An acquisition's result, a refused new client counted.
-    fn acquisition(&self, result: Result<Acquired, NamedError>) -> Result<Acquired, Status> {
-        result.map_err(|error| {
-            if matches!(error, NamedError::TooManyClients { .. }) {
-                self.clients_refused.inc();
+    /// The status of `error`, counted where it is counted: a refused new client, a store call
+    /// that ran out of the caller's deadline.
+    fn status(&self, error: NamedError) -> Status {
+        match error {
+            NamedError::TooManyClients { .. } => self.clients_refused.inc(),
+            NamedError::Store(e @ StoreError::CallerDeadline(_)) => {
+                return deadline_floor::ran_out(&self.ran_out, e.to_string());
             }
-            to_status(error)
-        })
+            _ => {}
+        }
+        to_status(error)
     }
 }
 
@@ -189,7 +203,7 @@ impl limiter_server::Limiter for NamedApi {
             .limiters
             .set_rate(config, mode)
             .await
-            .map_err(to_status)?;
+            .map_err(|e| self.status(e))?;
         Ok(Response::new(SetRateResponse {
             applied: set.applied,
             config: Some(set.config),
@@ -205,7 +219,7 @@ impl limiter_server::Limiter for NamedApi {
             .limiters
             .config(&request.get_ref().name)
             .await
-            .map_err(to_status)?;
+            .map_err(|e| self.status(e))?;
         Ok(Response::new(config))
     }
 
@@ -223,7 +237,7 @@ impl limiter_server::Limiter for NamedApi {
             .limiters
             .try_acquire(&r.name, &r.client_id, r.permits.max(1), timeout);
         let (acquired, degraded) = degraded::noting(acquiring).await;
-        Ok(response(self.acquisition(acquired)?, degraded))
+        Ok(response(acquired.map_err(|e| self.status(e))?, degraded))
     }
 
     async fn acquire(
@@ -235,7 +249,7 @@ impl limiter_server::Limiter for NamedApi {
             .limiters
             .acquire(&r.name, &r.client_id, r.permits.max(1));
         let (acquired, degraded) = degraded::noting(acquiring).await;
-        Ok(response(self.acquisition(acquired)?, degraded))
+        Ok(response(acquired.map_err(|e| self.status(e))?, degraded))
     }
 
     async fn available_permits(
@@ -247,7 +261,7 @@ impl limiter_server::Limiter for NamedApi {
             .limiters
             .available(&r.name, &r.client_id)
             .await
-            .map_err(to_status)?;
+            .map_err(|e| self.status(e))?;
         Ok(Response::new(AvailablePermitsResponse { permits }))
     }
 
@@ -259,7 +273,7 @@ impl limiter_server::Limiter for NamedApi {
             .limiters
             .delete(&request.get_ref().name)
             .await
-            .map_err(to_status)?;
+            .map_err(|e| self.status(e))?;
         Ok(Response::new(DeleteResponse { deleted }))
     }
 }

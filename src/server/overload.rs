@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::budget::RequestBudget;
 use crate::metrics::PressureMetrics;
 
 /// How often resident memory is sampled: a read of a small `/proc` file, a few microseconds.
@@ -91,11 +90,11 @@ impl Action {
 }
 
 /// Samples memory against `ceiling` and switches the actions, until dropped (the caller holds the
-/// task's guard).
+/// task's guard). `shed_waiting` switches the shedding of waiting calls (`RequestBudget::shed`).
 pub(crate) async fn run(
     ceiling: u64,
     overload: Arc<Overload>,
-    budget: Arc<RequestBudget>,
+    shed_waiting: impl Fn(bool) + Send + 'static,
     metrics: PressureMetrics,
 ) {
     metrics
@@ -124,7 +123,7 @@ pub(crate) async fn run(
         let ratio = resident as f64 / ceiling as f64;
         if let Some(on) = shed.follow(ratio) {
             switched(&shed, on, resident, ceiling, &metrics);
-            budget.shed(on);
+            shed_waiting(on);
         }
         if let Some(on) = stop.follow(ratio) {
             switched(&stop, on, resident, ceiling, &metrics);

@@ -11,6 +11,7 @@
 //! | (not an error) a message over 1 MiB | OK, `overall_code: OVER_LIMIT` (`oversized.rs`) |
 //! | no configuration loaded | `UNAVAILABLE` |
 //! | store failure or timeout | `UNAVAILABLE` |
+//! | the caller's deadline below `GRPC_MIN_TIMEOUT`, or ran out while the store answered (`deadline_floor.rs`) | `DEADLINE_EXCEEDED` |
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,6 +28,7 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::connections::{self, ConnectionLimit};
+use super::deadline_floor;
 use super::named::NamedApiService;
 use super::oversized::AnswerOversized;
 use super::routes::GrpcRoutes;
@@ -43,6 +45,8 @@ pub(crate) struct RateLimitService {
     limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
     api: ApiMetrics,
+    /// Calls whose store call ran out of the caller's deadline (`deadline_floor.rs`).
+    ran_out: prometheus::IntCounter,
 }
 
 #[tonic::async_trait]
@@ -64,13 +68,18 @@ impl proto::RateLimitService for RateLimitService {
             .should_rate_limit(request.get_ref())
             .instrument(span)
             .await;
-        if let Err(e) = &result {
-            self.metrics
-                .errors
-                .with_label_values(&[error_type(e)])
-                .inc();
+        match result {
+            Ok(response) => Ok(Response::new(response)),
+            Err(e @ RlsError::CallerDeadline(_)) => {
+                Err(deadline_floor::ran_out(&self.ran_out, e.to_string()))
+            }
+            Err(e) => {
+                if let Some(kind) = error_type(&e) {
+                    self.metrics.errors.with_label_values(&[kind]).inc();
+                }
+                Err(to_status(e))
+            }
         }
-        result.map(Response::new).map_err(to_status)
     }
 }
 
@@ -94,11 +103,13 @@ impl Extractor for Metadata<'_> {
 }
 
 /// Upstream's `err_type` label: store failures are `redis_error`, everything else
-/// `service_error`.
-pub(crate) fn error_type(error: &RlsError) -> &'static str {
+/// `service_error`; `None` for a caller's deadline, which upstream never answers for (its
+/// store calls do not follow the caller's deadline) and so never counts.
+pub(crate) fn error_type(error: &RlsError) -> Option<&'static str> {
     match error {
-        RlsError::Store(_) => "redis_error",
-        RlsError::InvalidRequest(_) | RlsError::NoConfig => "service_error",
+        RlsError::Store(_) => Some("redis_error"),
+        RlsError::InvalidRequest(_) | RlsError::NoConfig => Some("service_error"),
+        RlsError::CallerDeadline(_) => None,
     }
 }
 
@@ -108,6 +119,7 @@ pub(crate) fn to_status(error: RlsError) -> Status {
         RlsError::NoConfig => Status::unavailable(error.to_string()),
         // Logged by the limiter, at most once a second.
         RlsError::Store(_) => Status::unavailable(error.to_string()),
+        RlsError::CallerDeadline(_) => Status::deadline_exceeded(error.to_string()),
     }
 }
 
@@ -145,6 +157,10 @@ where
         RateLimitServiceServer::new(RateLimitService {
             limiter,
             api: metrics.api("ShouldRateLimit"),
+            ran_out: deadline_floor::ran_out_counter(
+                <RateLimitServiceServer<RateLimitService> as NamedService>::NAME,
+                &metrics,
+            ),
             metrics: metrics.clone(),
         })
         .max_decoding_message_size(MAX_REQUEST_BYTES),
@@ -152,11 +168,16 @@ where
         metrics.clone(),
     );
     let mut routes = tonic::service::Routes::new(health).add_service(reflection);
+    let shares_the_port = limiter_api.is_some();
     if let Some(api) = limiter_api {
         routes = routes.add_service(api);
     }
     // Envoy's calls skip the router (`routes.rs`), so the router does not hold the RLS.
-    let routes = GrpcRoutes::new(rls, routes);
+    let mut routes = GrpcRoutes::new(rls, routes)
+        .with_floor::<RateLimitServiceServer<RateLimitService>>(options.min_timeout, &metrics);
+    if shares_the_port {
+        routes = routes.with_floor::<NamedApiService>(options.min_timeout, &metrics);
+    }
     listen(routes, listener, limit, closed, options, stopped)
 }
 
@@ -172,7 +193,8 @@ pub(crate) fn serve_named_api(
     let limit = ConnectionLimit::new(options.caps, "limiter_api", metrics)
         .following(options.overload.clone());
     let closed = Closed::new("limiter_api", metrics);
-    let routes = GrpcRoutes::routed(tonic::service::Routes::new(service));
+    let routes = GrpcRoutes::routed(tonic::service::Routes::new(service))
+        .with_floor::<NamedApiService>(options.min_timeout, metrics);
     listen(
         routes,
         GrpcListener::Tcp(listener),

@@ -7,15 +7,23 @@
 //! service, called directly when the path names it (`/<package>.<Service>/…`, what tonic's
 //! generated server dispatches on); every other path goes through the routes as before, so
 //! health, reflection and unknown paths answer as tonic's router does.
+//!
+//! A call to a service that asks a store whose deadline is too short for it is answered here,
+//! before the service runs (`deadline_floor.rs` says why here).
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::time::Instant;
 use tonic::body::Body;
 use tonic::server::NamedService;
 use tower_service::Service;
+
+use super::deadline_floor::DeadlineFloor;
+use crate::metrics::Metrics;
 
 /// What a gRPC call answers with: the boxed future tonic's generated servers return.
 pub(crate) type ResponseFuture =
@@ -30,6 +38,8 @@ pub(crate) struct GrpcRoutes {
     /// The path prefix of every method of the hot service (`/<NAME>/`), and the service.
     hot: Option<(Arc<str>, Hot)>,
     routes: tonic::service::Routes,
+    /// The services that ask a store, by path prefix (`/<NAME>/`), with their deadline floor.
+    floors: Vec<(Arc<str>, DeadlineFloor)>,
 }
 
 impl GrpcRoutes {
@@ -55,6 +65,7 @@ impl GrpcRoutes {
         Self {
             hot: Some((hot_prefix, hot)),
             routes: routes.prepare(),
+            floors: Vec::new(),
         }
     }
 
@@ -63,11 +74,38 @@ impl GrpcRoutes {
         Self {
             hot: None,
             routes: routes.prepare(),
+            floors: Vec::new(),
         }
     }
 
-    /// The answer to one call.
-    pub(crate) fn call(&self, request: http::Request<Body>) -> ResponseFuture {
+    /// Calls to `S`, a service that asks a store, are answered `DEADLINE_EXCEEDED` before it
+    /// runs when their deadline leaves less than `floor` (`GRPC_MIN_TIMEOUT`).
+    pub(crate) fn with_floor<S: NamedService>(
+        mut self,
+        floor: Duration,
+        metrics: &Metrics,
+    ) -> Self {
+        let prefix: Arc<str> = format!("/{}/", S::NAME).into();
+        self.floors
+            .push((prefix, DeadlineFloor::new(floor, S::NAME, metrics)));
+        self
+    }
+
+    /// The answer to one call, which arrived at `arrived` with the deadline `timeout` (its
+    /// `grpc-timeout`, read by `serving.rs`).
+    pub(crate) fn call(
+        &self,
+        request: http::Request<Body>,
+        arrived: Instant,
+        timeout: Option<Duration>,
+    ) -> ResponseFuture {
+        if let Some(timeout) = timeout {
+            let path = request.uri().path();
+            let floor = self.floors.iter().find(|(p, _)| path.starts_with(&**p));
+            if let Some(refusal) = floor.and_then(|(_, f)| f.refuse(arrived, timeout)) {
+                return Box::pin(std::future::ready(Ok(refusal.into_http())));
+            }
+        }
         match &self.hot {
             Some((prefix, hot)) if request.uri().path().starts_with(&**prefix) => hot(request),
             _ => Box::pin(self.routes.clone().call(request)),
@@ -123,12 +161,58 @@ mod tests {
     }
 
     fn call(routes: &GrpcRoutes, path: &str) -> http::Response<Body> {
+        call_within(routes, path, None)
+    }
+
+    fn call_within(
+        routes: &GrpcRoutes,
+        path: &str,
+        timeout: Option<Duration>,
+    ) -> http::Response<Body> {
         let request = http::Request::builder()
             .uri(path)
             .header("content-type", "application/grpc")
             .body(Body::empty())
             .expect("a valid request");
-        futures::executor::block_on(routes.call(request)).expect("infallible")
+        let answer = routes.call(request, Instant::now(), timeout);
+        futures::executor::block_on(answer).expect("infallible")
+    }
+
+    #[tokio::test]
+    async fn a_deadline_too_short_for_a_floored_service_is_answered_before_it_runs() {
+        let metrics = Metrics::new(0.8);
+        let floor = Duration::from_millis(1);
+        let routes = GrpcRoutes::new(Named, tonic::service::Routes::default())
+            .with_floor::<Named>(floor, &metrics);
+        for short in [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_micros(500),
+        ] {
+            let answer = call_within(&routes, "/test.v1.Hot/Decide", Some(short));
+            assert!(!answer.headers().contains_key("served-by"), "{short:?}");
+            assert_eq!(
+                answer.headers()["grpc-status"],
+                "4",
+                "{short:?}: DEADLINE_EXCEEDED"
+            );
+        }
+        let waits = call_within(&routes, "/test.v1.Hot/Decide", Some(Duration::from_secs(1)));
+        assert_eq!(waits.headers()["served-by"], "hot");
+        let none = call_within(&routes, "/test.v1.Hot/Decide", None);
+        assert_eq!(none.headers()["served-by"], "hot", "no deadline, no floor");
+        // A service without a floor (health, reflection) is left to answer.
+        let other = call_within(&routes, "/test.v1.Other/Decide", Some(Duration::ZERO));
+        assert_eq!(
+            other.headers()["grpc-status"],
+            "12",
+            "UNIMPLEMENTED, from the routes"
+        );
+        let counted = metrics
+            .calls_deadline_too_short
+            .with_label_values(&["test.v1.Hot", "before_store"])
+            .get();
+        assert_eq!(counted, 3);
     }
 
     #[test]

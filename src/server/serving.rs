@@ -22,7 +22,8 @@
 //!
 //! A gRPC call's `grpc-timeout` is enforced as tonic's server loop did ([`grpc_timeout`]), and
 //! handed to the store as the deadline of the call's store calls (`store::deadline`), which
-//! then answer first, with a margin, so the caller gets an answer rather than `CANCELLED`.
+//! then answer first, with a margin, so the caller gets an answer rather than `CANCELLED`; and to
+//! the routes, which answer one too short for a store at once (`GRPC_MIN_TIMEOUT`).
 //!
 //! On shutdown every connection gets a graceful shutdown (GOAWAY, or `Connection: close` after
 //! the request in progress) and the loop returns once all have closed; `app` bounds that wait
@@ -316,7 +317,7 @@ impl Http2Connection {
                 let response = crate::store::deadline::scope(
                     arrived,
                     deadline,
-                    routes.call(request.map(tonic::body::Body::new)),
+                    routes.call(request.map(tonic::body::Body::new), arrived, deadline),
                 );
                 async move {
                     let response: Result<_, Infallible> = match deadline {

@@ -1,8 +1,9 @@
 //! Listener settings: where Sluice listens (`GRPC_HOST:GRPC_PORT` or the Unix socket `GRPC_UDS`,
 //! `HOST:PORT`), the gRPC listener's TLS, and what each listener grants a connection: the caps per
 //! listener and per peer, the handshake, header and idle deadlines, the connection age, the
-//! grace of in-flight requests at shutdown, the bytes of unfinished gRPC requests held, and the
-//! memory ceiling of the overload manager. Read in one step, [`Listeners::from_vars`].
+//! grace of in-flight requests at shutdown, the shortest deadline a gRPC call may carry to be
+//! decided, the bytes of unfinished gRPC requests held, and the memory ceiling of the overload
+//! manager. Read in one step, [`Listeners::from_vars`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use crate::server::overload::MemoryCeiling;
 use crate::server::tls::ServerTls;
+use crate::store::deadline;
 
 use super::{Env, SettingsError};
 
@@ -30,6 +32,7 @@ pub(super) struct Listeners {
     pub(super) http_read_header_timeout: Duration,
     pub(super) pending_request_bytes: PendingRequestBytes,
     pub(super) overload_memory_limit: MemoryCeiling,
+    pub(super) grpc_min_timeout: Duration,
 }
 
 /// What gRPC calls still receiving their request may hold (`server::budget`); 0: no bound.
@@ -130,6 +133,8 @@ impl Listeners {
                 .duration("HTTP_READ_HEADER_TIMEOUT", Duration::from_secs(10))?,
             pending_request_bytes: PendingRequestBytes::from_vars(env)?,
             overload_memory_limit: overload_memory_limit(env)?,
+            // What a store call needs at the least (`store::deadline::DEFAULT_FLOOR`).
+            grpc_min_timeout: env.duration("GRPC_MIN_TIMEOUT", deadline::DEFAULT_FLOOR)?,
         })
     }
 }
@@ -242,6 +247,20 @@ mod tests {
         // Below one message of the limit, a whole message would be refused.
         let small = settings(&[("MAX_PENDING_REQUEST_BYTES_PER_CONNECTION", "1Mi")]);
         assert!(small.unwrap_err().reason.contains("at least"));
+    }
+
+    #[test]
+    fn the_shortest_deadline_a_call_may_carry_defaults_to_100_microseconds() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s.grpc_min_timeout, Duration::from_micros(100));
+        let s = settings(&[("GRPC_MIN_TIMEOUT", "250us")]).unwrap();
+        assert_eq!(s.grpc_min_timeout, Duration::from_micros(250));
+        let s = settings(&[("GRPC_MIN_TIMEOUT", "0")]).unwrap();
+        assert!(
+            s.grpc_min_timeout.is_zero(),
+            "0: only a past deadline is refused"
+        );
+        assert!(settings(&[("GRPC_MIN_TIMEOUT", "short")]).is_err());
     }
 
     #[test]

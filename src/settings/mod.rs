@@ -92,6 +92,10 @@ pub struct Settings {
     pub pending_request_bytes: PendingRequestBytes,
     /// `OVERLOAD_MEMORY_LIMIT`: the memory ceiling of the overload manager.
     pub overload_memory_limit: MemoryCeiling,
+    /// `GRPC_MIN_TIMEOUT`: a call to a service that asks the store (RLS, the native API) whose
+    /// `grpc-timeout`, less the answer's margin, leaves less than this is answered
+    /// `DEADLINE_EXCEEDED` without asking the store; zero: only a deadline already past is.
+    pub grpc_min_timeout: Duration,
     /// Longest wait of the native API's `Acquire`/`TryAcquire`.
     pub limiter_max_wait: Duration,
     /// The native API (`sluice.v1.Limiter`); `None` unless `LIMITER_API_ENABLED=true`.
@@ -161,6 +165,7 @@ impl Settings {
             http_read_header_timeout: listeners.http_read_header_timeout,
             pending_request_bytes: listeners.pending_request_bytes,
             overload_memory_limit: listeners.overload_memory_limit,
+            grpc_min_timeout: listeners.grpc_min_timeout,
         })
     }
 }

@@ -10,9 +10,13 @@
 //! Only outages count as failures ([`StoreError::is_outage`]): transport errors, deadlines with
 //! nothing heard from Redis, a server that refuses every call. An error reply to one call's
 //! script is that call's problem, so no caller can open the breaker for everyone by provoking
-//! one; a call that ran late while Redis kept answering on its connection
-//! ([`StoreError::Late`]: a busy CPU, a slow script) shows Redis is up, so it counts as an
-//! answer: opening the breaker for slowness would turn a slow store into no store.
+//! one; a call that ran late while Redis kept answering ([`StoreError::Late`]: a busy CPU, a
+//! slow script) shows Redis is up, so it counts as an answer: opening the breaker for slowness
+//! would turn a slow store into no store. A call that ran out of its caller's deadline, shorter
+//! than the store may take, while Redis answered ([`StoreError::CallerDeadline`]) says nothing
+//! of the store either way: it neither counts nor closes the breaker (a probe that ends so
+//! leaves the breaker open, to probe again at once), so no caller can open the breaker, or
+//! hold it closed, by the deadline it sends.
 //!
 //! A breaker that waited for calls to probe would stay open on a service that gets none: a pod
 //! whose readiness follows the breaker (`REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`, or a degraded
@@ -174,6 +178,18 @@ impl<S: Store> Breaker<S> {
     }
 
     fn record<T>(&self, pass: Pass, result: &Result<T, StoreError>) {
+        if let Err(StoreError::CallerDeadline(_)) = result {
+            // The caller's deadline ended it, not the store: nothing learnt, except that a
+            // probe must be sent again.
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if let (State::HalfOpen { cool_down }, Pass::Probe) = (&*state, pass) {
+                *state = State::Open {
+                    until: Instant::now(),
+                    cool_down: *cool_down,
+                };
+            }
+            return;
+        }
         // Any answer, an error reply or a late one from a Redis that answers included, shows
         // the store is reachable; only outages count as failures (see `StoreError::is_outage`).
         let answered = !result.as_ref().is_err_and(StoreError::is_outage);
@@ -287,6 +303,8 @@ mod tests {
         down: AtomicBool,
         /// Down means a late reply from a Redis that answers ([`StoreError::Late`]).
         late: AtomicBool,
+        /// Down means the caller's deadline ran out ([`StoreError::CallerDeadline`]).
+        callers: AtomicBool,
         delay_ms: AtomicU64,
         calls: AtomicU32,
     }
@@ -315,6 +333,8 @@ mod tests {
                     Ok(vec![ok; checks.len()])
                 } else if self.late.load(Ordering::SeqCst) {
                     Err(StoreError::Late(Duration::from_millis(15)))
+                } else if self.callers.load(Ordering::SeqCst) {
+                    Err(StoreError::CallerDeadline(Duration::ZERO))
                 } else {
                     Err(StoreError::Unavailable("down".into()))
                 }
@@ -339,6 +359,47 @@ mod tests {
             assert!(breaker.check(&[]).await.is_err());
         }
         assert!(!*usable.borrow(), "an outage opens it");
+    }
+
+    #[tokio::test]
+    async fn a_callers_short_deadline_neither_opens_it_nor_closes_it() {
+        let breaker = Breaker::new(
+            Flaky::default(),
+            BreakerOptions {
+                failures_to_open: 3,
+                cool_down: Duration::from_millis(20),
+                max_cool_down: Duration::from_millis(20),
+            },
+        );
+        let usable = breaker.usable();
+        let flaky = breaker.inner();
+        flaky.down.store(true, Ordering::SeqCst);
+        flaky.callers.store(true, Ordering::SeqCst);
+        for _ in 0..100 {
+            assert!(matches!(
+                breaker.check(&[]).await,
+                Err(StoreError::CallerDeadline(_))
+            ));
+        }
+        assert!(*usable.borrow(), "callers' deadlines opened the breaker");
+        // Two outages, a caller's deadline between them, a third outage: open. Taken for an
+        // answer, the caller's deadline would have reset the count.
+        for callers in [false, false, true, false] {
+            flaky.callers.store(callers, Ordering::SeqCst);
+            assert!(breaker.check(&[]).await.is_err());
+        }
+        assert!(!*usable.borrow(), "three outages in a row open it");
+        // A probe that runs out of its caller's deadline closes nothing; the next one decides.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        flaky.callers.store(true, Ordering::SeqCst);
+        assert!(matches!(
+            breaker.check(&[]).await,
+            Err(StoreError::CallerDeadline(_))
+        ));
+        assert!(!*usable.borrow(), "a caller's deadline closed it");
+        flaky.down.store(false, Ordering::SeqCst);
+        assert!(breaker.check(&[]).await.is_ok(), "probed again at once");
+        assert!(*usable.borrow(), "closed by an answer");
     }
 
     #[tokio::test]

@@ -110,18 +110,31 @@ pub struct Outcome {
 /// Why a store could not decide. Messages never contain credentials.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
-    /// The call ran out of time and Redis said nothing that shows it is up: no connection, or
-    /// a connection that read no reply for a while (see `redis/wire.rs`, `Watch`). An outage.
+    /// The call ran out of time while a Redis server it waited on had owed replies (or a
+    /// connect) for a second and read none on any connection (see `redis/wire.rs`, `Watch`),
+    /// whoever's deadline ended it. An outage.
     #[error("store call timed out after {0:?} (the hits may or may not have been counted)")]
     Timeout(std::time::Duration),
-    /// The call ran out of time while Redis kept answering on its connection(s): Redis, or the
-    /// machine, is slow (a busy CPU, a long script), not down. This call failed, but it does
-    /// not count toward the circuit breaker: opening it would turn slowness into an outage for
-    /// every caller.
+    /// The call ran out of its own time (`REDIS_TIMEOUT`, or a caller's deadline at least as
+    /// long) while Redis kept answering (see `redis/wire.rs`, `Watch`): Redis, or the machine,
+    /// is slow (a busy CPU, a long script), not down. This call failed, and the failure policy
+    /// answers it, but it does not count toward the circuit breaker: opening it would turn
+    /// slowness into an outage for every caller.
     #[error(
         "store call timed out after {0:?} while redis was answering (slow, not down; the hits may or may not have been counted)"
     )]
     Late(std::time::Duration),
+    /// The call ran out of its caller's deadline, which granted less than the store's own
+    /// timeout (`REDIS_TIMEOUT`), while Redis was answering; or that deadline had passed before
+    /// the call started. The caller asked for less time than the store may take: this says
+    /// nothing of the store. It is answered `DEADLINE_EXCEEDED` to that caller, never by the
+    /// failure policy (`fail_open`'s OK, `local_share`'s local decision), and the circuit
+    /// breaker neither counts it nor takes it for an answer: otherwise a caller could choose
+    /// its deadline to be admitted, or to open the breaker for everyone.
+    #[error(
+        "the caller's deadline ran out after {0:?}, shorter than the store may take (the hits may or may not have been counted)"
+    )]
+    CallerDeadline(std::time::Duration),
     #[error("redis error: {0}")]
     Redis(String),
     /// The store ran the script and answered with an error reply (a wrong type, a number out
@@ -148,6 +161,7 @@ impl StoreError {
         match self {
             StoreError::Timeout(_) | StoreError::Redis(_) | StoreError::Unavailable(_) => true,
             StoreError::Late(_)
+            | StoreError::CallerDeadline(_)
             | StoreError::Script(_)
             | StoreError::Protocol(_)
             | StoreError::Setup(_) => false,
@@ -160,6 +174,7 @@ impl StoreError {
             // One label for both: a timeout is a timeout to whoever reads the metric; the
             // breaker is what tells them apart.
             StoreError::Timeout(_) | StoreError::Late(_) => "timeout",
+            StoreError::CallerDeadline(_) => "caller_deadline",
             StoreError::Redis(_) => "redis",
             StoreError::Script(_) => "script",
             StoreError::Unavailable(_) => "unavailable",

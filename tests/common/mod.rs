@@ -12,6 +12,7 @@ pub mod load;
 pub mod proxy;
 pub mod raw_h2;
 pub mod sentinel;
+pub mod untimed;
 pub mod xds;
 
 use std::io::{BufRead, BufReader, Read, Write};

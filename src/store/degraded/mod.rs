@@ -15,7 +15,10 @@
 //! [`StoreError::Late`]). An error reply to the script ([`StoreError::Script`]) or a malformed
 //! reply does not: Redis is up and answered, so the error is a bug or an input the script
 //! cannot represent; deciding locally would hide it behind an approximate answer, and it goes
-//! to the caller as before.
+//! to the caller as before. Nor does a call that ran out of its caller's deadline, shorter than
+//! the store may take, while Redis answered ([`StoreError::CallerDeadline`]): the local share
+//! keeps counts of its own, so a caller that could reach it by sending a short deadline could
+//! be admitted on a limit Redis has used up (issue #40).
 //!
 //! Local state is not read again once the store answers. It stays in the memory store until it
 //! expires, so a second outage within the same window finds the first one's counts (stricter).
@@ -130,6 +133,8 @@ impl<S: Store> LocalShare<S> {
         };
         let result = deadline::sooner(reserve, call).await;
         match &result {
+            // Says nothing of the store.
+            Err(StoreError::CallerDeadline(_)) => {}
             Err(e) if degrades(e) => self.failing.store(true, Ordering::Relaxed),
             _ => self.failing.store(false, Ordering::Relaxed),
         }
@@ -178,7 +183,8 @@ impl<S: Store> LocalShare<S> {
     }
 }
 
-/// Whether `error` says the store could not answer in time, so a local decision stands in.
+/// Whether `error` says the store could not answer in time, so a local decision stands in
+/// (never [`StoreError::CallerDeadline`]: the caller's deadline, not the store, ended the call).
 pub fn degrades(error: &StoreError) -> bool {
     error.is_outage() || matches!(error, StoreError::Late(_))
 }

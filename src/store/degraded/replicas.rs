@@ -3,11 +3,21 @@
 //!
 //! Learning: every replica refreshes its own member of one sorted set, `prefix{sluice_replicas}`
 //! (one key, so one slot on a cluster), every [`BEAT`], scored with Redis's clock, and counts the
-//! members seen within [`LIVE`]. The last count is kept while Redis is down, which is when it is
-//! needed, and a lower count is believed only after [`LIVE`] of answered beats (a Redis back
-//! from an outage may have lost the set). A replica that stopped is forgotten after [`LIVE`],
-//! so for that long after a scale-down the shares are smaller than they need be (stricter,
-//! never looser); after a scale-up, the new replicas are counted from their first beat.
+//! members seen within [`LIVE`]. The count is kept while Redis is down, which is when it is
+//! needed. A higher count is believed at once (smaller shares); a lower one only once every beat
+//! for [`FEWER_FOR`] has answered and seen fewer, and then the most seen over that time.
+//!
+//! Why so long: a replica that lost Redis (a network partition, its own proxy down) stops
+//! beating and drops out of the set after [`LIVE`] exactly as one that was scaled away, but it
+//! is still serving, deciding alone with the share of the count it last learnt. Had the others
+//! believed the smaller count, their shares would have grown, and a window decided only locally
+//! (Redis then lost by all) could admit L + kL/n for k replicas cut off out of n (issue #40).
+//! With the largest count of the last [`FEWER_FOR`], the shares of every replica deciding
+//! locally add up to at most L as long as the partial outage is shorter than that. The price:
+//! after a real scale-down, shares stay those of the larger fleet for [`FEWER_FOR`] (stricter,
+//! never looser), and a Redis that lost the set (a restart, a failover) shows fewer members
+//! until every replica has beaten again, which the same rule rides out. After a scale-up, the
+//! new replicas are counted from their first beat.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +31,11 @@ pub const BEAT: Duration = Duration::from_secs(2);
 /// A member not refreshed for this long is no longer counted: a few beats, so one slow beat
 /// does not drop a live replica.
 pub const LIVE: Duration = Duration::from_secs(10);
+
+/// How long every beat must see fewer replicas, and answer, before the count is lowered: far
+/// longer than a replica cut off from Redis takes to drop out of the set ([`LIVE`]), so that a
+/// partial outage shorter than this never grows the other replicas' shares.
+pub const FEWER_FOR: Duration = Duration::from_secs(3600);
 
 /// The longest one beat may take; a beat that does not answer keeps the last count.
 const BEAT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -56,8 +71,8 @@ impl Replicas {
         self.configured.is_some()
     }
 
-    /// Refreshes this replica's member every [`BEAT`] and keeps the count, until the store is
-    /// dropped. `key` is `prefix{sluice_replicas}`; `redis` reaches the Redis store inside
+    /// Refreshes this replica's member every [`BEAT`] and keeps the count ([`Learnt`]), until
+    /// the store is dropped. `key` is `prefix{sluice_replicas}`; `redis` reaches the Redis store inside
     /// `store` (the beat bypasses the breaker: it is not a decision); `publish` is told each
     /// count learnt (the metric `sluice_degraded_replicas`).
     pub async fn learn_forever<T: Send + Sync + 'static>(
@@ -69,8 +84,7 @@ impl Replicas {
     ) {
         let member = format!("{:016x}", rand::random::<u64>());
         let live_ms = LIVE.as_millis() as u64;
-        // Since when every beat has answered (None after one that did not).
-        let mut answering_since: Option<Instant> = None;
+        let mut learnt = Learnt::default();
         loop {
             let Some(layer) = store.upgrade() else {
                 return;
@@ -78,21 +92,26 @@ impl Replicas {
             let beat = redis(&layer).count_replicas(&key, &member, live_ms);
             match tokio::time::timeout(BEAT_TIMEOUT, beat).await {
                 Ok(Ok(seen)) => {
-                    let since = *answering_since.get_or_insert_with(Instant::now);
-                    let before = self.learnt.load(Ordering::Relaxed);
-                    let count = believed(before, seen, since.elapsed());
+                    let before = learnt.count;
+                    let count = learnt.beat(seen, Instant::now());
                     self.learnt.store(count, Ordering::Relaxed);
                     publish(count);
                     if before != count {
-                        tracing::info!(replicas = count, "replica count learnt from redis");
+                        tracing::info!(replicas = count, seen, "replica count learnt from redis");
+                    } else if seen < count {
+                        tracing::debug!(
+                            replicas = count,
+                            seen,
+                            "fewer replicas seen; not yet believed"
+                        );
                     }
                 }
                 Ok(Err(e)) => {
-                    answering_since = None;
+                    learnt.missed();
                     tracing::debug!(error = %e, "replica count not refreshed");
                 }
                 Err(_) => {
-                    answering_since = None;
+                    learnt.missed();
                     tracing::debug!("replica count not refreshed in time");
                 }
             }
@@ -102,17 +121,38 @@ impl Replicas {
     }
 }
 
-/// The count to keep when a beat `seen` members, `before` was the count so far, and the beats
-/// have answered for `answering`. A higher count is believed at once (smaller shares: stricter);
-/// a lower one only after [`LIVE`] of answered beats. A Redis that restarted empty, or a failover
-/// to a replica that had not seen every beat, shows fewer members until every live replica has
-/// beaten again, and meanwhile the shares must not grow: they are still in use while the
-/// breaker waits to close (a restart test saw 32 answers of a limit of 30 admitted this way).
-fn believed(before: u64, seen: u64, answering: Duration) -> u64 {
-    if seen >= before || answering >= LIVE {
-        seen
-    } else {
-        before
+/// The count learnt from the beats so far: the most seen, until fewer have been seen by every
+/// beat for [`FEWER_FOR`] (see the module's doc).
+#[derive(Debug, Default)]
+struct Learnt {
+    /// The count in use; 0 before the first beat.
+    count: u64,
+    /// Since when every beat has answered and seen fewer than `count`, and the most any of
+    /// them saw.
+    fewer: Option<(Instant, u64)>,
+}
+
+impl Learnt {
+    /// A beat that answered, at `now`, seeing `seen` members: the count to use.
+    fn beat(&mut self, seen: u64, now: Instant) -> u64 {
+        if seen >= self.count {
+            self.count = seen;
+            self.fewer = None;
+            return self.count;
+        }
+        let (since, most) = self.fewer.get_or_insert((now, seen));
+        *most = (*most).max(seen);
+        if now.duration_since(*since) >= FEWER_FOR {
+            self.count = *most;
+            self.fewer = None;
+        }
+        self.count
+    }
+
+    /// A beat that did not answer: this replica cannot tell who else is there, so the time of
+    /// seeing fewer starts again at the next beat that answers.
+    fn missed(&mut self) {
+        self.fewer = None;
     }
 }
 
@@ -121,13 +161,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_lower_count_waits_for_a_full_live_period_of_answered_beats() {
-        let short = LIVE / 2;
-        assert_eq!(believed(0, 3, Duration::ZERO), 3, "first count");
-        assert_eq!(believed(2, 3, Duration::ZERO), 3, "scale-up at once");
-        assert_eq!(believed(3, 1, Duration::ZERO), 3, "Redis restarted empty");
-        assert_eq!(believed(3, 1, short), 3);
-        assert_eq!(believed(3, 2, LIVE), 2, "scale-down once LIVE has passed");
+    fn fewer_replicas_are_believed_only_after_seeing_fewer_for_a_long_time() {
+        let start = Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        let mut learnt = Learnt::default();
+        assert_eq!(learnt.beat(3, at(0)), 3, "first count");
+        assert_eq!(learnt.beat(4, at(2)), 4, "scale-up at once");
+        // One replica cut off from Redis: it drops out of the set after LIVE, and keeps
+        // deciding with a quarter. The others keep a quarter too.
+        assert_eq!(learnt.beat(3, at(14)), 4);
+        assert_eq!(learnt.beat(3, at(14 + FEWER_FOR.as_secs() / 2)), 4);
+        // Redis restarted empty: fewer seen for a while, not believed either.
+        assert_eq!(learnt.beat(1, at(20 + FEWER_FOR.as_secs() / 2)), 4);
+        // A beat that did not answer starts the wait again.
+        learnt.missed();
+        assert_eq!(learnt.beat(3, at(FEWER_FOR.as_secs())), 4);
+        assert_eq!(learnt.beat(2, at(FEWER_FOR.as_secs() + 10)), 4);
+        // Fewer seen by every beat for FEWER_FOR: the most of them is believed.
+        assert_eq!(learnt.beat(2, at(2 * FEWER_FOR.as_secs())), 3);
+        // Back up at once.
+        assert_eq!(learnt.beat(4, at(2 * FEWER_FOR.as_secs() + 2)), 4);
     }
 
     #[test]

@@ -205,7 +205,7 @@ async fn warm_up_decides_with_a_share_of_its_permits() {
 }
 
 #[tokio::test]
-async fn outages_and_late_calls_degrade_script_errors_do_not() {
+async fn outages_and_late_calls_degrade_script_errors_and_callers_deadlines_do_not() {
     let fixed = fixed_window();
     let degrading = [
         StoreError::Unavailable("breaker open".into()),
@@ -220,6 +220,7 @@ async fn outages_and_late_calls_degrade_script_errors_do_not() {
     for error in [
         StoreError::Script("ERR wrong type".into()),
         StoreError::Protocol("short reply".into()),
+        StoreError::CallerDeadline(Duration::ZERO),
     ] {
         let (layer, count) = layered(Failing::new(Some(error.clone())));
         let check = Check {

@@ -40,7 +40,7 @@ use super::coalesce::{CallError, Coalescer, Connect, PipelineCounts, send_on};
 use super::conn::{Connection, Pool, PoolSettings, checkout, fail, new_pool, redis_error};
 use super::script::Keys;
 use super::slot::SLOTS;
-use super::wire::Watch;
+use super::wire::{Heard, Watch};
 use crate::store::StoreError;
 
 /// Refreshes of the slot map are at least this far apart.
@@ -562,6 +562,10 @@ pub(super) struct Node {
 }
 
 impl Connect for Node {
+    fn heard(&self) -> &Arc<Heard> {
+        self.pool.heard()
+    }
+
     async fn connect(&self) -> Result<Connection, StoreError> {
         {
             let mut down = lock(&self.down_until);

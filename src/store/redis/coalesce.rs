@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::conn::{Connection, Pool, checkout, fail, retire_if_broken};
 use super::merge;
 use super::script::{self, Keys};
-use super::wire::Watch;
+use super::wire::{Heard, Watch};
 use crate::store::StoreError;
 
 /// Commands per pipeline at most, so one write stays a few kilobytes to a few hundred.
@@ -39,11 +39,18 @@ const MAX_BATCH: usize = 256;
 /// Where a batch gets its connection: a pool (one server), or a cluster node.
 pub(super) trait Connect: Send + Sync + 'static {
     fn connect(&self) -> impl Future<Output = Result<Connection, StoreError>> + Send;
+
+    /// What the server has been told and has said, over all its connections (see `Watch`).
+    fn heard(&self) -> &Arc<Heard>;
 }
 
 impl Connect for Pool {
     fn connect(&self) -> impl Future<Output = Result<Connection, StoreError>> + Send {
         checkout(self)
+    }
+
+    fn heard(&self) -> &Arc<Heard> {
+        Pool::heard(self)
     }
 }
 
@@ -338,18 +345,16 @@ async fn send_as_they_are<C: Connect>(source: Arc<C>, batch: Vec<Call>) {
 }
 
 /// Sends `pipe` on a connection from `source`: one answer per command, in order. Each of
-/// `watches` learns the connection before anything is written.
+/// `watches` learns the server before the call waits on it for a connection.
 async fn exchange<C: Connect>(
     source: &C,
     pipe: &Pipeline,
     watches: &[Watch],
 ) -> Vec<Result<Value, CallError>> {
-    let conn = source.connect().await;
-    if let Ok(conn) = &conn {
-        for watch in watches {
-            watch.written_to(&conn.redis);
-        }
+    for watch in watches {
+        watch.waits_on(source.heard());
     }
+    let conn = source.connect().await;
     match conn {
         Ok(mut conn) => match send_on(&mut conn, pipe).await {
             Ok(values) => values

@@ -92,7 +92,8 @@ pub(super) struct PoolSettings {
     /// `REDIS_AUTH_FILE`, read for every new connection.
     pub(super) auth_file: Option<PathBuf>,
     pub(super) counts: Arc<ConnectionCounts>,
-    /// When any of the store's connections last read a reply (see `Watch`).
+    /// What the whole store has been told and has said (see `Watch`); each pool keeps its
+    /// server's within it.
     pub(super) heard: Arc<Heard>,
 }
 
@@ -211,6 +212,15 @@ impl Manager {
 pub(super) struct Pool {
     connections: bb8::Pool<Manager>,
     refused: Arc<Refusals>,
+    /// What this server has been told and has said, over all the pool's connections.
+    heard: Arc<Heard>,
+}
+
+impl Pool {
+    /// What this server has been told and has said (see `Watch`).
+    pub(super) fn heard(&self) -> &Arc<Heard> {
+        &self.heard
+    }
 }
 
 /// The connects of one pool that failed, told to the calls waiting for a connection.
@@ -331,9 +341,13 @@ fn sentinel_client(
 
 fn pool_of(source: Source, settings: &PoolSettings) -> Pool {
     let refused = Arc::new(Refusals::default());
+    let heard = Heard::within(&settings.heard);
     let manager = Manager {
         source,
-        settings: settings.clone(),
+        settings: PoolSettings {
+            heard: heard.clone(),
+            ..settings.clone()
+        },
         refused: refused.clone(),
         auth_file_log: LogThrottle::new(),
     };
@@ -348,6 +362,7 @@ fn pool_of(source: Source, settings: &PoolSettings) -> Pool {
     Pool {
         connections,
         refused,
+        heard,
     }
 }
 

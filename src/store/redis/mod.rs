@@ -23,7 +23,8 @@
 //! (pools, connection settings, errors) ← `coalesce` (one pipelined write for concurrent calls) ←
 //! `cluster` (the slot map and a pool and batcher per master) ← this module (the [`Store`]
 //! implementation); `plain` (the common decision in plain commands) takes from `conn` and
-//! `script`.
+//! `script`; `timeout` (each call's deadline, and what its running out says of Redis) takes from
+//! `wire`.
 
 mod cluster;
 mod coalesce;
@@ -33,6 +34,7 @@ mod options;
 mod plain;
 mod script;
 pub mod slot;
+mod timeout;
 mod wire;
 
 use std::collections::BTreeMap;
@@ -64,7 +66,7 @@ use self::script::{
     ELSEWHERE, FIXED_WINDOW_LEAN, Keys, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK, Reply,
     decode,
 };
-use self::wire::{Heard, Watch};
+use self::wire::Heard;
 use super::{
     Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
     LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
@@ -75,8 +77,8 @@ pub struct RedisStore {
     connector: Connector,
     /// Every connection the store's pools opened and closed.
     connections: Arc<ConnectionCounts>,
-    /// When any of them last read a reply: tells a slow Redis from a dead one for calls that
-    /// ran out of time before reaching a connection.
+    /// What all of them have been told and have said: tells a slow Redis from a dead one for
+    /// calls that ran out of time before reaching a server (each pool keeps its server's).
     heard: Arc<Heard>,
     options: RedisOptions,
     /// The cheapest [`DecisionPath`] calls may take (all of them, but for tests that compare
@@ -620,37 +622,25 @@ fn parse_record(fields: RecordFields) -> Result<Option<LimiterRecord>, StoreErro
 }
 
 impl RedisStore {
-    /// Every store call gets one deadline, connection checkout included: its caller's
-    /// (`grpc-timeout` less a margin, see [`super::deadline`]) when it sent one, else
-    /// `REDIS_TIMEOUT`. A call that runs out of time while Redis keeps answering on its
-    /// connections is [`StoreError::Late`] (slow), otherwise [`StoreError::Timeout`] (nothing
-    /// heard: down or unreachable).
+    /// `call` within its deadline, judged when it runs out (`timeout.rs`).
     fn bounded<'a, T: Send + 'a>(
         &'a self,
         call: impl Future<Output = Result<T, StoreError>> + Send + 'a,
     ) -> StoreFuture<'a, T> {
         Box::pin(async move {
-            // Read when the call starts, in the caller's task: the server sets the deadline
-            // around the handler future this is polled in.
-            let timeout = super::deadline::budget(self.options.timeout);
-            // Learns which connections the call was written to, to tell slow from down.
-            let watch = Watch::default();
-            match tokio::time::timeout(timeout, watch.scope(call)).await {
-                Ok(result) => result,
-                Err(_) => {
-                    if let Connector::Cluster(cluster) = &self.connector {
-                        // A node may have failed over without telling us: look again, in the
-                        // background, so the next calls find the new master.
-                        let cluster = cluster.clone();
-                        tokio::spawn(async move { cluster.refresh().await });
-                    }
-                    if watch.redis_answering(&self.heard) {
-                        Err(StoreError::Late(timeout))
-                    } else {
-                        Err(StoreError::Timeout(timeout))
-                    }
-                }
+            let result = timeout::within(self.options.timeout, &self.heard, call).await;
+            if let (
+                Err(StoreError::Timeout(_) | StoreError::Late(_)),
+                Connector::Cluster(cluster),
+            ) = (&result, &self.connector)
+            {
+                // A node may have failed over without telling us: look again, in the
+                // background, so the next calls find the new master. Not for a caller's short
+                // deadline, which says nothing of the nodes.
+                let cluster = cluster.clone();
+                tokio::spawn(async move { cluster.refresh().await });
             }
+            result
         })
     }
 }

@@ -22,10 +22,13 @@
 //!   when next checked out (a peer gone without a reset would otherwise hold every call that
 //!   picks it until its deadline, for as long as TCP takes to notice).
 //!
-//! A call that runs out of time asks the connections it was written to whether Redis is still
-//! answering on them ([`Watch`], [`Pulse`]): a reply read within [`STALLED_AFTER`] on a connection
-//! that has not failed means Redis is slow (a busy CPU, a long script), not down, and the
-//! circuit breaker must not open for it (`StoreError::Late`).
+//! A call that runs out of time asks whether the server it went to is still answering
+//! ([`Watch`], [`Heard`]), judged over every connection to that server (the pool's; a cluster
+//! node's), not the one connection the call was written to: Redis is down only when it has owed
+//! replies for [`STALLED_AFTER`] and read none on any of them. Otherwise it is slow (a busy CPU, a
+//! long script, a short pause), or had no chance to be heard (nothing was asked of it before this
+//! call), and the circuit breaker must not open for it (`StoreError::Late`, or
+//! `StoreError::CallerDeadline` when the caller's own deadline was the shorter).
 //!
 //! It implements redis-rs's `ConnectionLike`, so commands are still packed by redis-rs and
 //! replies are redis-rs `Value`s; error replies go through redis-rs's own parser so that
@@ -74,7 +77,8 @@ impl Drop for Shared {
     }
 }
 
-/// The calls waiting for replies, and where the store hears of this connection's replies.
+/// The calls waiting for replies, and where the server's pool hears what this connection asks
+/// and reads.
 struct Owed(Mutex<Waiting>, Arc<Heard>);
 
 struct Waiting {
@@ -82,8 +86,6 @@ struct Waiting {
     queue: Option<VecDeque<Slot>>,
     /// When a reply was last read, or the queue last went from empty to owing.
     progress: Instant,
-    /// When a reply was last read (the handshake's included): proof that Redis answers.
-    replied: Option<Instant>,
 }
 
 /// One written pipeline's claim on the replies.
@@ -103,7 +105,6 @@ impl Owed {
             Mutex::new(Waiting {
                 queue: Some(VecDeque::new()),
                 progress: Instant::now(),
-                replied: None,
             }),
             heard,
         )
@@ -141,9 +142,7 @@ impl Owed {
     /// Queues `slot` for the replies of a pipeline about to be written.
     fn owe(&self, slot: Slot) -> RedisResult<()> {
         let mut waiting = self.lock();
-        let Waiting {
-            queue, progress, ..
-        } = &mut *waiting;
+        let Waiting { queue, progress } = &mut *waiting;
         let Some(queue) = queue else {
             return Err(lost("the redis connection has failed"));
         };
@@ -151,6 +150,7 @@ impl Owed {
             *progress = Instant::now();
         }
         queue.push_back(slot);
+        self.1.asked();
         Ok(())
     }
 
@@ -160,11 +160,9 @@ impl Owed {
         let mut done = Vec::new();
         let mut unasked = false;
         {
-            self.1.now();
+            self.1.replied();
             let mut waiting = self.lock();
-            let now = Instant::now();
-            waiting.progress = now;
-            waiting.replied = Some(now);
+            waiting.progress = Instant::now();
             let Some(queue) = waiting.queue.as_mut() else {
                 return Ok(());
             };
@@ -189,35 +187,59 @@ impl Owed {
     }
 }
 
-/// When any connection of one store last read a reply: what a call that ran out of time before
-/// it reached a connection (queued behind a busy scheduler, waiting for a checkout or for the
-/// write lock) can go by.
+/// What one server has been told and has said, over all the connections to it (a pool's:
+/// the server, or one cluster node), and through `store` over the whole store's: whether it
+/// answers, or has owed replies for a while and read none.
+///
+/// Per server rather than per connection: with several pooled connections and little traffic a
+/// connection may have read nothing for seconds while its neighbours answer, and a short pause
+/// of Redis (`CLIENT PAUSE`, a fork, a stopped host resumed) would look like an outage on it.
+/// Nor is silence alone an outage: a server nobody asked anything has had no chance to answer.
+/// What counts is silence while replies are owed.
 #[derive(Debug, Default)]
-pub(super) struct Heard(Mutex<Option<Instant>>);
-
-impl Heard {
-    fn now(&self) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-    }
-
-    fn within(&self, within: Duration) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|at| at.elapsed() <= within)
-    }
+pub(super) struct Heard {
+    /// Since when replies (or a connect) have been owed with no reply read: set by the first
+    /// write or connect attempt after the last reply read, cleared by every reply read.
+    owing_since: Mutex<Option<Instant>>,
+    /// The whole store's, told everything this one is (`None` for the store's own).
+    store: Option<Arc<Heard>>,
 }
 
-/// What a connection can tell a call that ran out of time on it: whether Redis still answers
-/// there. Holds the connection's bookkeeping only, never its socket.
-#[derive(Clone)]
-pub(super) struct Pulse(Arc<Owed>);
+impl Heard {
+    /// A server's, within the store's `store`.
+    pub(super) fn within(store: &Arc<Heard>) -> Arc<Heard> {
+        Arc::new(Heard {
+            owing_since: Mutex::default(),
+            store: Some(store.clone()),
+        })
+    }
 
-impl Pulse {
-    /// The connection has not failed and read a reply within `within`.
+    fn owing(&self) -> MutexGuard<'_, Option<Instant>> {
+        self.owing_since
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Something was written, or a connection is being opened: a reply is owed.
+    pub(super) fn asked(&self) {
+        self.owing().get_or_insert_with(Instant::now);
+        if let Some(store) = &self.store {
+            store.asked();
+        }
+    }
+
+    /// A reply was read: the server answers.
+    fn replied(&self) {
+        *self.owing() = None;
+        if let Some(store) = &self.store {
+            store.replied();
+        }
+    }
+
+    /// Whether the server is answering, or had no chance to be heard: it has not owed replies
+    /// for `within` with none read.
     fn answering(&self, within: Duration) -> bool {
-        let waiting = self.0.lock();
-        waiting.queue.is_some() && waiting.replied.is_some_and(|at| at.elapsed() <= within)
+        self.owing().is_none_or(|since| since.elapsed() < within)
     }
 }
 
@@ -226,11 +248,12 @@ tokio::task_local! {
     static WATCH: Watch;
 }
 
-/// The connections one store call was written to, so that when its deadline passes the call
-/// can tell a slow Redis from a dead one. The call's task carries it ([`Watch::scope`]); the
-/// batcher, which writes for many calls from a task of its own, is handed it with each call.
+/// The servers one store call waited on (for a connection, or for a reply), so that when its
+/// deadline passes the call can tell a slow Redis from a dead one. The call's task carries it
+/// ([`Watch::scope`]); the batcher, which writes for many calls from a task of its own, is
+/// handed it with each call.
 #[derive(Clone, Default)]
-pub(super) struct Watch(Arc<Mutex<Vec<Pulse>>>);
+pub(super) struct Watch(Arc<Mutex<Vec<Arc<Heard>>>>);
 
 impl Watch {
     /// Runs `call` with this watch as its task's.
@@ -243,31 +266,37 @@ impl Watch {
         WATCH.try_with(Watch::clone).ok()
     }
 
-    /// The call was written to `wire`.
-    pub(super) fn written_to(&self, wire: &Wire) {
-        let pulse = Pulse(wire.shared.owed.clone());
-        self.0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(pulse);
-    }
-
-    /// Redis is answering: every connection the call was written to is alive and read a reply
-    /// within [`STALLED_AFTER`], the time after which a connection owing replies is taken for
-    /// dead anyway. A call that never reached a connection (queued behind a busy scheduler,
-    /// waiting for a checkout or the write lock) goes by `store`: whether any of the store's
-    /// connections read a reply within that time. A dead Redis refuses or resets connections,
-    /// which fails calls at once rather than late; one that answers nothing is heard from by
-    /// no connection.
-    pub(super) fn redis_answering(&self, store: &Heard) -> bool {
-        let pulses = self
+    /// The call waits on the server `heard` is of (for a connection to it, or a reply).
+    pub(super) fn waits_on(&self, heard: &Arc<Heard>) {
+        let mut servers = self
             .0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if pulses.is_empty() {
-            store.within(STALLED_AFTER)
+        if !servers.iter().any(|known| Arc::ptr_eq(known, heard)) {
+            servers.push(heard.clone());
+        }
+    }
+
+    /// The call was written to `wire`.
+    pub(super) fn written_to(&self, wire: &Wire) {
+        self.waits_on(&wire.shared.owed.1);
+    }
+
+    /// Redis is answering (or had no chance to be heard) on every server the call waited on:
+    /// none of them has owed replies for [`STALLED_AFTER`] with none read, the time after which
+    /// a connection owing replies is taken for dead anyway. A call that reached no server
+    /// (queued behind a busy scheduler) goes by `store`, all its servers together. A dead Redis
+    /// refuses or resets connections, which fails calls at once rather than late; one that
+    /// answers nothing owes the calls written to it, and the connects tried, for ever longer.
+    pub(super) fn redis_answering(&self, store: &Heard) -> bool {
+        let servers = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if servers.is_empty() {
+            store.answering(STALLED_AFTER)
         } else {
-            pulses.iter().all(|p| p.answering(STALLED_AFTER))
+            servers.iter().all(|s| s.answering(STALLED_AFTER))
         }
     }
 }
@@ -304,13 +333,15 @@ impl Drop for WriteGuard<'_> {
 
 impl Wire {
     /// Connects to `info`'s server (TLS with `tls` for a `rediss://` address), authenticates
-    /// and selects its database, all within `timeout`. Every reply it reads is told to `heard`.
+    /// and selects its database, all within `timeout`. The attempt, and everything it writes
+    /// and reads later, is told to `heard`: a connect that hangs is a reply owed.
     pub(super) async fn connect(
         info: &ConnectionInfo,
         tls: Option<&Arc<rustls::ClientConfig>>,
         timeout: Duration,
         heard: Arc<Heard>,
     ) -> RedisResult<Wire> {
+        heard.asked();
         match tokio::time::timeout(timeout, Self::open(info, tls, heard)).await {
             Ok(wire) => wire,
             Err(_) => Err(RedisError::from(io::Error::new(
@@ -591,6 +622,37 @@ mod tests {
 
     fn one(bytes: &[u8]) -> Option<(Value, usize)> {
         parse(bytes, 0).unwrap()
+    }
+
+    #[test]
+    fn a_server_is_down_only_after_owing_replies_and_reading_none_for_a_while() {
+        let within = Duration::from_millis(30);
+        let store = Arc::new(Heard::default());
+        let (one, two) = (Heard::within(&store), Heard::within(&store));
+        assert!(
+            one.answering(within),
+            "nothing asked: no chance to be heard"
+        );
+        std::thread::sleep(within * 2);
+        assert!(one.answering(within), "a quiet server is not a silent one");
+        one.asked();
+        assert!(one.answering(within), "owing for less than `within`");
+        std::thread::sleep(within * 2);
+        assert!(!one.answering(within), "owed and silent for longer");
+        assert!(
+            !store.answering(within),
+            "the store hears what its servers are asked"
+        );
+        assert!(
+            two.answering(within),
+            "another server of the store owes nothing"
+        );
+        two.replied();
+        assert!(store.answering(within), "any reply of the store's");
+        assert!(!one.answering(within), "is not this server's");
+        one.asked();
+        one.replied();
+        assert!(one.answering(within), "a reply clears what was owed");
     }
 
     #[test]
