@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The floor under every decision script: what reading and writing one key from Lua costs Redis,
-# against the fixed window's plain commands (INCRBY + PEXPIRE .. NX, src/store/redis/plain.rs).
+# against the fixed window's plain commands (INCRBY + PEXPIRE .. NX, crates/sluice/src/store/redis/plain.rs).
 #
 # Issue #30 asks that no algorithm cost Redis more than 2x the fixed window per decision. GCRA,
 # the sliding windows and warm-up must read a key, compute and write it back in one atomic step,

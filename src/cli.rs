@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use crate::config;
 use crate::settings::{Env, Settings};
+use sluice::config;
 
 #[derive(Parser, Debug)]
 #[command(

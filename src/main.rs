@@ -9,5 +9,5 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    sluice::cli::main()
+    sluice_server::cli::main()
 }

@@ -1,9 +1,11 @@
-//! The crate's modules import each other in one direction (ARCHITECTURE.md): no cycle among the
-//! top-level modules, none among the modules inside any folder (`server/named.rs` and
-//! `server/rls.rs` may not import each other), and only `cli` and `app` read the settings. Read
-//! from the `crate::`, `super::` and `self::` paths in `src/` (unit tests left out, `use` groups
-//! followed across lines), so a new import that closes a cycle fails the suite. Inside the Redis
-//! store the files form layers (src/store/redis/mod.rs), checked the same way.
+//! Inside each crate the modules import each other in one direction (ARCHITECTURE.md), which
+//! Cargo cannot check (it keeps the crates themselves in one direction): no cycle among a
+//! crate's top-level modules, none among the modules inside any folder (`server/named.rs` and
+//! `server/rls.rs` may not import each other), and only `cli` and `app` read the server's
+//! settings. Read from the `crate::`, `super::` and `self::` paths of each crate of
+//! `source::CRATES` (unit tests left out, `use` groups followed across lines), so a new import
+//! that closes a cycle fails the suite. Inside the Redis store the files form layers
+//! (crates/sluice/src/store/redis/mod.rs), checked the same way.
 
 #[path = "common/source.rs"]
 mod source;
@@ -11,20 +13,16 @@ mod source;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use source::{SourceFile, client_library_files, library_files, named_paths};
+use source::{CRATES, SourceFile, crate_files, named_paths};
 
 /// A folder's module path (`[]` for `src/` itself, `["store", "redis"]`) → its child modules →
 /// the sibling modules each imports.
 type Graphs = BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>>;
 
-/// Every folder's import graph among its child modules. A path named in `a/b/c.rs` that leads
-/// to `a/x/…` is an import of `x` by `b` in folder `a` (and nothing at the top level, where both
-/// are `a`). A folder's own `mod.rs` is the parent of its children, not one of them.
-fn graphs() -> Graphs {
-    graphs_of(&library_files())
-}
-
-/// The import graphs of one crate's library `files`.
+/// The import graphs of one crate's library `files`: every folder's graph among its child
+/// modules. A path named in `a/b/c.rs` that leads to `a/x/…` is an import of `x` by `b` in
+/// folder `a` (and nothing at the top level, where both are `a`). A folder's own `mod.rs` is the
+/// parent of its children, not one of them.
 fn graphs_of(files: &[SourceFile]) -> Graphs {
     let children: BTreeMap<Vec<String>, BTreeSet<String>> =
         files.iter().fold(BTreeMap::new(), |mut map, file| {
@@ -68,9 +66,11 @@ fn graphs_of(files: &[SourceFile]) -> Graphs {
     graphs
 }
 
-/// Top-level module → the top-level modules it imports.
-fn imports() -> BTreeMap<String, BTreeSet<String>> {
-    graphs().remove(&Vec::new()).unwrap_or_default()
+/// The server's top-level modules → the top-level modules each imports.
+fn server_imports() -> BTreeMap<String, BTreeSet<String>> {
+    graphs_of(&crate_files("src"))
+        .remove(&Vec::new())
+        .unwrap_or_default()
 }
 
 /// The first name after each `super::` in `code`, with the line it is on.
@@ -132,31 +132,18 @@ fn cycle_through(graph: &BTreeMap<String, BTreeSet<String>>, from: &str) -> Opti
 }
 
 #[test]
-fn top_level_modules_import_each_other_in_one_direction() {
-    let graph = imports();
-    assert!(graph.len() > 5, "the source tree was not found: {graph:?}");
-    let cycles: Vec<String> = graph
-        .keys()
-        .filter_map(|m| cycle_through(&graph, m))
-        .map(|path| path.join(" -> "))
-        .collect();
+fn modules_import_each_other_in_one_direction_in_every_crate() {
+    let mut cycles = Vec::new();
+    for src in CRATES {
+        let graphs = graphs_of(&crate_files(src));
+        let top = graphs.get(&Vec::new()).map_or(0, |top| top.len());
+        assert!(top >= 1, "{src} was not found: {graphs:?}");
+        cycles.extend(cycles_in(&graphs, src));
+    }
     assert!(cycles.is_empty(), "module cycles:\n{}", cycles.join("\n"));
 }
 
-#[test]
-fn modules_inside_every_folder_import_each_other_in_one_direction() {
-    let graphs = graphs();
-    assert!(
-        graphs.keys().filter(|f| !f.is_empty()).count() >= 5,
-        "the folders of src/ were not found: {:?}",
-        graphs.keys()
-    );
-    let folders = graphs.into_iter().filter(|(f, _)| !f.is_empty()).collect();
-    let cycles = cycles_in(&folders, "src");
-    assert!(cycles.is_empty(), "module cycles:\n{}", cycles.join("\n"));
-}
-
-/// Every cycle in every folder of `graphs`, named from `src`.
+/// Every cycle in every folder of `graphs` (the top level too), named from `src`.
 fn cycles_in(graphs: &Graphs, src: &str) -> Vec<String> {
     let mut cycles = Vec::new();
     for (folder, graph) in graphs {
@@ -168,18 +155,6 @@ fn cycles_in(graphs: &Graphs, src: &str) -> Vec<String> {
         }
     }
     cycles
-}
-
-/// The client crate (`client/`) is held to the same rule, at the top and in every folder.
-#[test]
-fn the_client_crate_imports_in_one_direction_too() {
-    let graphs = graphs_of(&client_library_files());
-    assert!(
-        graphs.get(&Vec::new()).is_some_and(|top| top.len() >= 4),
-        "client/src was not found: {graphs:?}"
-    );
-    let cycles = cycles_in(&graphs, "client/src");
-    assert!(cycles.is_empty(), "module cycles:\n{}", cycles.join("\n"));
 }
 
 /// The reader itself: `use` groups across lines, `super::` from a file and from a `mod.rs`,
@@ -199,7 +174,7 @@ fn imports_are_read_from_every_form_of_path() {
 
 #[test]
 fn only_cli_and_app_read_the_settings() {
-    let readers: Vec<String> = imports()
+    let readers: Vec<String> = server_imports()
         .into_iter()
         .filter(|(_, used)| used.contains("settings"))
         .map(|(module, _)| module)
@@ -219,7 +194,7 @@ const REDIS_LAYERS: &[&[&str]] = &[
 
 #[test]
 fn the_redis_store_files_import_downwards() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store/redis");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/sluice/src/store/redis");
     let layer_of = |name: &str| REDIS_LAYERS.iter().position(|layer| layer.contains(&name));
     let mut wrong = Vec::new();
     let mut files = 0;
@@ -248,7 +223,7 @@ fn the_redis_store_files_import_downwards() {
             }
         }
     }
-    assert!(files >= 5, "src/store/redis was not found");
+    assert!(files >= 5, "crates/sluice/src/store/redis was not found");
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 

@@ -86,8 +86,13 @@
 mod client;
 mod layer;
 pub mod limiter;
-pub mod proto;
 pub mod rls;
+
+/// The generated protocol types and client stubs (the `sluice-proto` crate, shared with the
+/// service). Most users never need it: [`Client`] speaks in the crate's own types. It is
+/// public for the rare field the typed API does not carry (`RateLimitRequest`'s descriptor
+/// overrides, say). The RLS `domain` and descriptor entries are bytes there.
+pub use sluice_proto as proto;
 
 pub use client::{AnsweredBy, Client, ClientBuilder, DEFAULT_DEADLINE, Error, FailurePolicy};
 pub use layer::key;

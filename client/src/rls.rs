@@ -45,7 +45,10 @@ impl Descriptor {
             entries: self
                 .entries
                 .into_iter()
-                .map(|(key, value)| Entry { key, value })
+                .map(|(key, value)| Entry {
+                    key: key.into_bytes(),
+                    value: value.into_bytes(),
+                })
                 .collect(),
             hits_addend: self.hits_addend,
             ..Default::default()
@@ -97,7 +100,7 @@ impl RateLimitRequest {
             )));
         }
         Ok(wire::RateLimitRequest {
-            domain: self.domain,
+            domain: self.domain.into_bytes(),
             descriptors: self
                 .descriptors
                 .into_iter()

@@ -12,12 +12,12 @@ use tokio::sync::watch;
 use tonic_health::server::HealthReporter;
 
 use super::AbortOnDrop;
-use crate::config::{self, RateLimitConfig};
-use crate::metrics::Metrics;
-use crate::rls::RateLimiter;
 use crate::server::{Health, ServeError, reload};
 use crate::settings::{ConfigSource, Settings};
 use crate::xds::XdsClient;
+use sluice::config::{self, RateLimitConfig};
+use sluice::metrics::Metrics;
+use sluice::rls::RateLimiter;
 
 /// Configurations as the config source publishes them: the latest that loaded.
 pub(super) type Configs = watch::Receiver<Option<Arc<RateLimitConfig>>>;

@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::SystemClock;
-use crate::metrics::Metrics;
-use crate::named::NamedLimiters;
-use crate::rls::{KeyBuilder, RateLimiter};
 use crate::server::named::{self, NamedApiService};
 use crate::settings::Settings;
-use crate::store::{CounterStore, LimiterStore};
+use sluice::clock::SystemClock;
+use sluice::metrics::Metrics;
+use sluice::named::NamedLimiters;
+use sluice::rls::{KeyBuilder, RateLimiter};
+use sluice::store::{CounterStore, LimiterStore};
 
 /// The native API's service on the named limiters, when it is enabled and has a store.
 pub(super) fn named_api(

@@ -13,8 +13,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::AbortOnDrop;
-use crate::metrics::{Metrics, StatsdOptions};
-use crate::rls::RateLimiter;
 use crate::server::budget::{RequestBudget, RequestLimits};
 use crate::server::connections::{ConnectionLimit, LimitedListener};
 use crate::server::named::NamedApiService;
@@ -24,7 +22,9 @@ use crate::server::{
     Caps, GrpcListener, GrpcOptions, Health, ServeError, bind, bind_unix, debug, http, rls,
 };
 use crate::settings::Settings;
-use crate::store::MemoryStore;
+use sluice::metrics::{Metrics, StatsdOptions};
+use sluice::rls::RateLimiter;
+use sluice::store::MemoryStore;
 
 /// Tells every listener to stop accepting; each holds a [`Self::stopped`] future.
 pub(super) struct StopSignal {
@@ -348,7 +348,7 @@ fn start_statsd(
             dog: sink.dog,
             flush_interval: settings.stats.flush_interval,
         };
-        tokio::spawn(crate::metrics::run_statsd(
+        tokio::spawn(sluice::metrics::run_statsd(
             metrics.stats.clone(),
             options,
             metrics.statsd_lines_dropped.clone(),

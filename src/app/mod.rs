@@ -34,11 +34,11 @@ use self::listeners::{
     ListenerOptions, MainListeners, Pressure, Served, StopSignal, start_serving,
 };
 use self::stores::{Stores, open_stores};
-use crate::clock::SystemClock;
-use crate::metrics::{Mapper, Metrics, StatStore};
-use crate::rls::KeyBuilder;
 use crate::server::{Health, ServeError};
 use crate::settings::Settings;
+use sluice::clock::SystemClock;
+use sluice::metrics::{Mapper, Metrics, StatStore};
+use sluice::rls::KeyBuilder;
 
 /// Starts the service and runs it until `shutdown` completes.
 pub async fn serve(

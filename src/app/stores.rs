@@ -10,15 +10,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::watch;
 
-use crate::clock::SystemClock;
-use crate::metrics::{Instrumented, Metrics};
-use crate::rls::FailurePolicy;
 use crate::server::{Health, ServeError};
 use crate::settings::{Backend, DegradedOptions, Settings};
-use crate::store::breaker::Breaker;
-use crate::store::degraded::{LocalShare, OnDegraded, Replicas};
-use crate::store::redis::StartupRetry;
-use crate::store::{CounterStore, LimiterStore, MemoryStore, RedisOptions, RedisStore};
+use sluice::clock::SystemClock;
+use sluice::metrics::{Instrumented, Metrics};
+use sluice::rls::FailurePolicy;
+use sluice::store::breaker::Breaker;
+use sluice::store::degraded::{LocalShare, OnDegraded, Replicas};
+use sluice::store::redis::StartupRetry;
+use sluice::store::{CounterStore, LimiterStore, MemoryStore, RedisOptions, RedisStore};
 
 /// The stores [`open_stores`] opened, each already wrapped in its [`Layers`].
 pub(super) struct Stores {
@@ -85,7 +85,7 @@ impl LocalShareParts {
     }
 
     /// `store` decided locally while it fails, counted under `name`.
-    fn over<S: crate::store::Store>(
+    fn over<S: sluice::store::Store>(
         &self,
         store: S,
         name: &'static str,
@@ -274,7 +274,7 @@ fn local_share_parts(settings: &Settings, clock: &Arc<SystemClock>) -> Option<Lo
 /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` is decided per store call: says so when a
 /// request's descriptors can go to several calls (README, "What differs").
 fn warn_partial_stop(options: &RedisOptions, per_second: bool) {
-    if matches!(options.target, crate::store::redis::Target::Cluster(_)) {
+    if matches!(options.target, sluice::store::redis::Target::Cluster(_)) {
         tracing::warn!(
             "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT on a Redis Cluster: descriptors whose keys \
              are in different slots are decided by separate script calls, so one going over \

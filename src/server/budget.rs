@@ -41,7 +41,7 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 use tonic::Status;
 
-use crate::metrics::PressureMetrics;
+use sluice::metrics::PressureMetrics;
 
 /// What each call may hold and for how long. A zero budget is no budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -711,7 +711,7 @@ mod tests {
     use tokio_stream::wrappers::ReceiverStream;
 
     use super::*;
-    use crate::metrics::Metrics;
+    use sluice::metrics::Metrics;
 
     type Chunks = StreamBody<ReceiverStream<Result<Frame<Bytes>, Infallible>>>;
 

@@ -41,7 +41,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 
 use super::overload::Overload;
-use crate::metrics::Metrics;
+use sluice::metrics::Metrics;
 
 /// The caps of one listener.
 #[derive(Clone)]

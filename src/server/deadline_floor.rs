@@ -23,8 +23,8 @@ use prometheus::IntCounter;
 use tokio::time::Instant;
 use tonic::Status;
 
-use crate::metrics::Metrics;
-use crate::store::deadline;
+use sluice::metrics::Metrics;
+use sluice::store::deadline;
 
 /// The floor of one gRPC service, and the count of the calls it refused.
 #[derive(Clone)]

@@ -15,9 +15,9 @@ use axum::routing::get;
 use super::ServeError;
 use super::connections::LimitedListener;
 use super::serving::{Closed, Http1Options};
-use crate::config::UpstreamDumpLine;
-use crate::metrics::Metrics;
-use crate::rls::RateLimiter;
+use sluice::config::UpstreamDumpLine;
+use sluice::metrics::Metrics;
+use sluice::rls::RateLimiter;
 
 /// The endpoints and their help lines, as `/` lists them (sorted by path).
 const ENDPOINTS: &[(&str, &str)] = &[

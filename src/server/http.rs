@@ -25,10 +25,10 @@ use super::connections::LimitedListener;
 use super::rls::error_type;
 use super::serving::{self, Closed, Http1Options};
 use super::{Health, ServeError};
-use crate::metrics::Metrics;
-use crate::proto::{self, Code, RateLimitRequest};
-use crate::rls::{RateLimiter, RlsError};
-use crate::store::MemoryStore;
+use sluice::metrics::Metrics;
+use sluice::proto::{self, Code, RateLimitRequest};
+use sluice::rls::{RateLimiter, RlsError};
+use sluice::store::MemoryStore;
 
 #[derive(Clone)]
 struct AppState {

@@ -27,9 +27,9 @@ use tokio::net::{TcpListener, UnixListener};
 pub use connections::Caps;
 pub use health::Health;
 
-use crate::config::ConfigErrors;
-use crate::rls::PrefixError;
-use crate::store::StoreError;
+use sluice::config::ConfigErrors;
+use sluice::rls::PrefixError;
+use sluice::store::StoreError;
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -65,7 +65,7 @@ pub enum ServeError {
     TlsOnUnixSocket,
     /// `PROMETHEUS_MAPPER_YAML` names a file that does not load.
     #[error("PROMETHEUS_MAPPER_YAML: {0}")]
-    Mapper(#[from] crate::metrics::MapperError),
+    Mapper(#[from] sluice::metrics::MapperError),
     /// The configuration source (the xDS client) cannot start.
     #[error("config source: {0}")]
     ConfigSource(Box<dyn std::error::Error + Send + Sync>),

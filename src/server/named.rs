@@ -26,17 +26,17 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use super::deadline_floor;
-use crate::clock::{Clock, SystemClock};
-use crate::metrics::Metrics;
-use crate::named::{Acquired, NamedError, NamedLimiters};
-use crate::proto::sluice::v1::limiter_server::LimiterServer;
-use crate::proto::sluice::v1::{
+use sluice::clock::{Clock, SystemClock};
+use sluice::metrics::Metrics;
+use sluice::named::{Acquired, NamedError, NamedLimiters};
+use sluice::proto::sluice::v1::limiter_server::LimiterServer;
+use sluice::proto::sluice::v1::{
     AcquireRequest, AcquireResponse, AvailablePermitsRequest, AvailablePermitsResponse,
     DeleteRequest, DeleteResponse, GetConfigRequest, LimiterConfig, SetMode as ApiSetMode,
     SetRateRequest, SetRateResponse, TryAcquireRequest, limiter_server,
 };
-use crate::store::{SetMode, StoreError, degraded};
-use crate::util::LogThrottle;
+use sluice::store::{SetMode, StoreError, degraded};
+use sluice::util::LogThrottle;
 
 pub(crate) struct NamedApi {
     limiters: Arc<NamedLimiters>,

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::metrics::PressureMetrics;
+use sluice::metrics::PressureMetrics;
 
 /// How often resident memory is sampled: a read of a small `/proc` file, a few microseconds.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(100);

@@ -30,9 +30,9 @@ use tonic::Status;
 use tonic::body::Body;
 use tonic::server::NamedService;
 
-use crate::metrics::Metrics;
-use crate::proto::{Code, RateLimitResponse};
-use crate::util::LogThrottle;
+use sluice::metrics::Metrics;
+use sluice::proto::{Code, RateLimitResponse};
+use sluice::util::LogThrottle;
 
 /// How much of an oversized request body is read and dropped before answering anyway: beyond
 /// it the client is not an Envoy, and the stream is simply answered and reset.

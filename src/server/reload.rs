@@ -30,8 +30,8 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
 
-use crate::config::{self, LoadOptions, RateLimitConfig};
-use crate::metrics::Metrics;
+use sluice::config::{self, LoadOptions, RateLimitConfig};
+use sluice::metrics::Metrics;
 
 /// What the directory looks like now; any difference means "load again".
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -34,9 +34,9 @@ use super::oversized::AnswerOversized;
 use super::routes::GrpcRoutes;
 use super::serving::{self, Closed, Http2Options, Preface};
 use super::{GrpcListener, GrpcOptions, MAX_REQUEST_BYTES, ServeError, tls};
-use crate::metrics::{ApiMetrics, Metrics};
-use crate::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
-use crate::rls::{RateLimiter, RlsError};
+use sluice::metrics::{ApiMetrics, Metrics};
+use sluice::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
+use sluice::rls::{RateLimiter, RlsError};
 
 /// Concurrent requests on one HTTP/2 connection (Envoy multiplexes many on few connections).
 pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 1024;

@@ -23,7 +23,7 @@ use tonic::server::NamedService;
 use tower_service::Service;
 
 use super::deadline_floor::DeadlineFloor;
-use crate::metrics::Metrics;
+use sluice::metrics::Metrics;
 
 /// What a gRPC call answers with: the boxed future tonic's generated servers return.
 pub(crate) type ResponseFuture =

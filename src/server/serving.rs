@@ -50,7 +50,7 @@ use tower_service::Service;
 use super::budget::{BodyKind, RequestBudget};
 use super::connections::Peer;
 use super::routes::{self, GrpcRoutes};
-use crate::metrics::Metrics;
+use sluice::metrics::Metrics;
 
 /// Length of the HTTP/2 client connection preface (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`).
 const PREFACE_LEN: usize = 24;
@@ -314,7 +314,7 @@ impl Http2Connection {
                 // The handler's future is boxed (`routes::ResponseFuture`), so this one stays
                 // small: hyper moves it into the call's task, a copy per move (docs/BENCHMARKS.md,
                 // "Issue #30, part 4").
-                let response = crate::store::deadline::scope(
+                let response = sluice::store::deadline::scope(
                     arrived,
                     deadline,
                     routes.call(request.map(tonic::body::Body::new), arrived, deadline),

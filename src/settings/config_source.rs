@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::LoadOptions;
 use crate::xds::{BackoffOptions, XdsOptions, XdsTls};
+use sluice::config::LoadOptions;
 
 use super::{Env, SettingsError};
 

@@ -6,8 +6,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::store::redis::redact_url;
-use crate::util::parse_go_duration;
+use sluice::store::redis::redact_url;
+use sluice::util::parse_go_duration;
 
 /// A variable with a value we cannot use.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::server::overload::MemoryCeiling;
 use crate::server::tls::ServerTls;
-use crate::store::deadline;
+use sluice::store::deadline;
 
 use super::{Env, SettingsError};
 

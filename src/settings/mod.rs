@@ -16,12 +16,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::LoadOptions;
-use crate::rls::RlsOptions;
 use crate::server::overload::MemoryCeiling;
 use crate::server::tls::ServerTls;
-use crate::store::breaker::BreakerOptions;
 use crate::telemetry::{LogSettings, TraceSettings};
+use sluice::config::LoadOptions;
+use sluice::rls::RlsOptions;
+use sluice::store::breaker::BreakerOptions;
 
 mod config_source;
 mod env;
@@ -175,7 +175,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::store::redis::Target;
+    use sluice::store::redis::Target;
 
     pub(super) fn settings(vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
         let map: HashMap<String, String> = vars
@@ -274,7 +274,7 @@ mod tests {
             ("MEMORY_MAX_COUNTERS", "5000"),
         ])
         .unwrap();
-        assert_eq!(s.rls.failure_policy, crate::rls::FailurePolicy::LocalShare);
+        assert_eq!(s.rls.failure_policy, sluice::rls::FailurePolicy::LocalShare);
         let Backend::Redis { degraded, .. } = &s.backend else {
             panic!("not redis")
         };
@@ -287,7 +287,7 @@ mod tests {
         assert_eq!(degraded.replicas, None, "unset: learnt from Redis");
         assert_eq!(
             learnt.rls.failure_policy,
-            crate::rls::FailurePolicy::FailClosed,
+            sluice::rls::FailurePolicy::FailClosed,
             "not the default"
         );
         let err = settings(&[("FAILURE_POLICY", "degrade")]).unwrap_err();

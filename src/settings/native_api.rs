@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::named::Bounds;
+use sluice::named::Bounds;
 
 use super::{Env, SettingsError};
 

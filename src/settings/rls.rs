@@ -1,8 +1,8 @@
-//! Decision path settings (`crate::rls`): shadow and quota modes, the rate limit response
+//! Decision path settings (`sluice::rls`): shadow and quota modes, the rate limit response
 //! headers, the bounds on a request's descriptors, the failure policy, the local over-limit cache,
 //! and whether counters stop at the limit.
 
-use crate::rls::{FailurePolicy, HeaderNames, InputLimits, RlsOptions};
+use sluice::rls::{FailurePolicy, HeaderNames, InputLimits, RlsOptions};
 
 use super::{Env, SettingsError};
 

@@ -6,9 +6,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::store::breaker::BreakerOptions;
-use crate::store::redis::{RedisAuth, StartupRetry, Target};
-use crate::store::{MemoryStoreOptions, RedisOptions, TlsFiles};
+use sluice::store::breaker::BreakerOptions;
+use sluice::store::redis::{RedisAuth, StartupRetry, Target};
+use sluice::store::{MemoryStoreOptions, RedisOptions, TlsFiles};
 
 use super::{Env, SettingsError, upstream};
 

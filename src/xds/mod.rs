@@ -37,13 +37,13 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use options::Backoff;
 pub use options::{BackoffOptions, REPEAT_PACE_MAX, XdsOptions, XdsTls};
 
-use crate::config::{self, RateLimitConfig};
-use crate::metrics::Metrics;
-use crate::proto::envoy::config::core::v3::Node;
-use crate::proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use crate::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
-use crate::proto::google::rpc::Status as RpcStatus;
-use crate::proto::ratelimit::config::ratelimit::v3::RateLimitConfig as ConfigResource;
+use sluice::config::{self, RateLimitConfig};
+use sluice::metrics::Metrics;
+use sluice::proto::envoy::config::core::v3::Node;
+use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use sluice::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use sluice::proto::google::rpc::Status as RpcStatus;
+use sluice::proto::ratelimit::config::ratelimit::v3::RateLimitConfig as ConfigResource;
 
 /// The type URL of the resources asked for.
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
@@ -165,7 +165,7 @@ impl XdsClient {
                 .then_some(prost_types::Struct { fields: metadata }),
             user_agent_name: "sluice".into(),
             user_agent_version_type: Some(
-                crate::proto::envoy::config::core::v3::node::UserAgentVersionType::UserAgentVersion(
+                sluice::proto::envoy::config::core::v3::node::UserAgentVersionType::UserAgentVersion(
                     env!("CARGO_PKG_VERSION").into(),
                 ),
             ),

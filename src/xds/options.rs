@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::LoadOptions;
+use sluice::config::LoadOptions;
 
 /// The xDS client's options.
 #[derive(Clone)]

@@ -1,4 +1,4 @@
-//! Reading the crate's own source as text, for the checks that keep its shape
+//! Reading the workspace's own source as text, for the checks that keep its shape
 //! (`tests/module_graph.rs`, `tests/code_size.rs`): which files there are, each file's module
 //! path, its code without comments, string literals and unit tests, and the module paths that
 //! code names through `crate::`, `super::` and `self::`.
@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-/// One `.rs` file of the library.
+/// One `.rs` file of a crate's library.
 pub struct SourceFile {
     pub path: PathBuf,
     /// Relative to its crate's `src/`, e.g. `server/named.rs`.
@@ -48,14 +48,26 @@ pub fn before_unit_tests(text: &str) -> &str {
     text
 }
 
-/// Every `.rs` file under `src/` that belongs to the library (not `main.rs`, `lib.rs`, `bin/`).
-pub fn library_files() -> Vec<SourceFile> {
-    library_files_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+/// The source folders of the workspace's crates whose shape the checks keep, from the root:
+/// the server, the library, the protocol and the client. Cargo keeps the crates themselves in
+/// one direction (proto ← library ← server; proto ← client); the checks keep what it cannot,
+/// the modules inside each.
+pub const CRATES: &[&str] = &[
+    "src",
+    "crates/sluice/src",
+    "crates/sluice-proto/src",
+    "client/src",
+];
+
+/// Every `.rs` file under the crate source folder `src` (one of [`CRATES`]) that belongs to
+/// its library (not `main.rs`, `lib.rs`, `bin/`).
+pub fn crate_files(src: &str) -> Vec<SourceFile> {
+    library_files_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join(src))
 }
 
-/// The same for the workspace's client crate (`client/src/`), held to the same shape.
-pub fn client_library_files() -> Vec<SourceFile> {
-    library_files_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("client/src"))
+/// Every library file of every crate of [`CRATES`].
+pub fn library_files() -> Vec<SourceFile> {
+    CRATES.iter().flat_map(|src| crate_files(src)).collect()
 }
 
 /// Every `.rs` file of the library whose source folder is `src`.

@@ -20,7 +20,7 @@
 //!
 //! tonic's prost codec answers a message that does not decode with `INTERNAL`, which gRPC
 //! clients take for a server bug and may retry. The generated servers use [`SERVER_CODEC`]
-//! instead, which answers `INVALID_ARGUMENT` (`src/proto/codec.rs`); the generated clients keep
+//! instead, which answers `INVALID_ARGUMENT` (`src/codec.rs`); the generated clients keep
 //! prost's codec, where a response that does not decode is the server's fault and `INTERNAL` is
 //! right. tonic's builder takes one codec for everything it generates, so each service goes
 //! through two generators, one writing its client and one its server.
@@ -39,7 +39,7 @@ const PROTOS: &[&str] = &[
 ];
 
 /// The codec of the generated servers (the clients keep `tonic_prost::ProstCodec`).
-const SERVER_CODEC: &str = "crate::proto::codec::ServerCodec";
+const SERVER_CODEC: &str = "crate::codec::ServerCodec";
 
 /// The client-controlled `string` fields decoded as bytes: (package, message path, field).
 const AS_BYTES: &[(&str, &[&str], &str)] = &[
@@ -76,9 +76,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (package, path, field) in AS_BYTES {
         as_bytes(&mut descriptors, package, path, field)?;
     }
+    // The clients' `connect(url)` needs tonic's transport: only with the `transport` feature.
+    let transport = std::env::var_os("CARGO_FEATURE_TRANSPORT").is_some();
     let clients = tonic_prost_build::configure()
         .build_server(false)
         .build_client(true)
+        .build_transport(transport)
         .service_generator();
     let servers = tonic_prost_build::configure()
         .build_server(true)

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "redis")]
 use super::super::RedisStore;
 
 /// How often a replica refreshes its member.
@@ -38,6 +39,8 @@ pub const LIVE: Duration = Duration::from_secs(10);
 pub const FEWER_FOR: Duration = Duration::from_secs(3600);
 
 /// The longest one beat may take; a beat that does not answer keeps the last count.
+// Learning reads Redis: without the `redis` feature the count is configured or 1.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 const BEAT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The replica count shares are computed with.
@@ -75,6 +78,7 @@ impl Replicas {
     /// the store is dropped. `key` is `prefix{sluice_replicas}`; `redis` reaches the Redis store inside
     /// `store` (the beat bypasses the breaker: it is not a decision); `publish` is told each
     /// count learnt (the metric `sluice_degraded_replicas`).
+    #[cfg(feature = "redis")]
     pub async fn learn_forever<T: Send + Sync + 'static>(
         self: Arc<Self>,
         store: std::sync::Weak<T>,
@@ -124,6 +128,7 @@ impl Replicas {
 /// The count learnt from the beats so far: the most seen, until fewer have been seen by every
 /// beat for [`FEWER_FOR`] (see the module's doc).
 #[derive(Debug, Default)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 struct Learnt {
     /// The count in use; 0 before the first beat.
     count: u64,
@@ -132,6 +137,7 @@ struct Learnt {
     fewer: Option<(Instant, u64)>,
 }
 
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 impl Learnt {
     /// A beat that answered, at `now`, seeing `seen` members: the count to use.
     fn beat(&mut self, seen: u64, now: Instant) -> u64 {

@@ -70,7 +70,7 @@ mod tests {
     use tonic::Code;
 
     use super::*;
-    use crate::proto::sluice::v1::TryAcquireRequest;
+    use crate::sluice::v1::TryAcquireRequest;
 
     fn decode(message: &[u8]) -> Result<TryAcquireRequest, Status> {
         decode_request(message)

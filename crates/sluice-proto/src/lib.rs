@@ -1,9 +1,13 @@
-//! Generated protocol types: Envoy's RLS v3 service and the messages it uses, and the xDS
-//! (ADS) messages and `RateLimitConfig` resources of the xDS config source.
+//! Sluice's protocol, generated from `proto/` (`build.rs`): Envoy's RLS v3 service and the
+//! messages it uses, the xDS (ADS) messages and `RateLimitConfig` resources of the xDS config
+//! source, and Sluice's native API (`sluice.v1.Limiter`).
 //!
-//! The module tree mirrors the protobuf packages so generated cross-references resolve. The rest
-//! of the crate imports the few types it needs through the short aliases at the bottom. The
-//! generated servers decode requests with the codec in `codec.rs` (see `build.rs`).
+//! The module tree mirrors the protobuf packages so generated cross-references resolve; the
+//! types most code needs have short aliases at the bottom. The generated servers decode requests
+//! with the codec in `codec.rs`, which answers a request that does not decode
+//! `INVALID_ARGUMENT`; the generated clients keep prost's. The RLS `domain` and descriptor
+//! entries are `bytes` here (`build.rs` says why). With the `transport` feature the clients
+//! also have `connect(url)`.
 
 pub mod codec;
 

@@ -17,6 +17,8 @@ pub mod breaker;
 pub mod deadline;
 pub mod degraded;
 pub mod memory;
+/// The Redis store (feature `redis`, on by default).
+#[cfg(feature = "redis")]
 pub mod redis;
 
 use std::fmt::Debug;
@@ -24,6 +26,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 pub use memory::{MemoryStore, MemoryStoreOptions};
+#[cfg(feature = "redis")]
 pub use redis::{ConnectionCounts, RedisOptions, RedisStore, TlsFiles};
 
 /// How a check is counted, with the numbers it needs. Everything a store needs comes with the

@@ -39,7 +39,9 @@ use prometheus::{
 use self::store_metrics::StoreMetrics;
 use crate::config::{Algorithm, Limit, Quota};
 use crate::proto::DescriptorEntry;
-use crate::store::{ConnectionCounts, Outcome};
+#[cfg(feature = "redis")]
+use crate::store::ConnectionCounts;
+use crate::store::Outcome;
 use crate::util::shown;
 
 #[derive(Debug)]
@@ -327,6 +329,7 @@ impl Metrics {
     /// Upstream's stats of one Redis pool (`pool`: `redis_pool`, or `redis_per_second_pool` for
     /// `REDIS_PERSECOND`): `ratelimit.<pool>.cx_active` (a gauge), `cx_total` and
     /// `cx_local_close`, read from the store's own counts whenever a sink shows them.
+    #[cfg(feature = "redis")]
     pub fn observe_redis_pool(&self, pool: &str, connections: Arc<ConnectionCounts>) {
         let stat = |name: &str| format!("ratelimit.{pool}.{name}");
         let counts = connections.clone();
