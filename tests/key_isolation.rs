@@ -448,7 +448,7 @@ fn ask(limiter: &RateLimiter, domain: &str, pairs: &[(&str, &str)]) -> Code {
         }],
         hits_addend: 0,
     };
-    let response = futures::executor::block_on(limiter.should_rate_limit(&request))
+    let response = futures::executor::block_on(limiter.should_rate_limit(&request, None))
         .expect("a valid request is decided");
     Code::try_from(response.overall_code).expect("known code")
 }

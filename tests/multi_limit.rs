@@ -81,7 +81,7 @@ fn with_headers() -> RlsOptions {
 
 async fn ask(limiter: &RateLimiter, pairs: &[(&str, &str)]) -> RateLimitResponse {
     limiter
-        .should_rate_limit(&request("d", vec![descriptor(pairs)]))
+        .should_rate_limit(&request("d", vec![descriptor(pairs)]), None)
         .await
         .expect("a valid request is decided")
 }
@@ -532,14 +532,14 @@ descriptors:
         )
     };
     for _ in 0..3 {
-        let r = limiter.should_rate_limit(&both()).await.unwrap();
+        let r = limiter.should_rate_limit(&both(), None).await.unwrap();
         assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
         assert_eq!(
             r.statuses[0].current_limit.as_ref().unwrap().name,
             "sustained"
         );
     }
-    let r = limiter.should_rate_limit(&both()).await.unwrap();
+    let r = limiter.should_rate_limit(&both(), None).await.unwrap();
     assert_eq!(r.overall_code, Code::OverLimit as i32);
     // Without vip the burst limit is back.
     clock.advance_micros(secs(60));
@@ -770,7 +770,7 @@ descriptors:
         ask(&limiter, &[("quota", "a")]).await.overall_code,
         Code::Ok as i32
     );
-    let r = limiter.should_rate_limit(&both).await.unwrap();
+    let r = limiter.should_rate_limit(&both, None).await.unwrap();
     assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
     assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
     assert_eq!(r.statuses[1].code, Code::Ok as i32);
@@ -789,7 +789,7 @@ async fn an_override_from_envoy_keeps_one_unit() {
         unit: sluice::proto::OverrideUnit::Minute as i32,
     });
     let r = limiter
-        .should_rate_limit(&request("d", vec![overridden]))
+        .should_rate_limit(&request("d", vec![overridden]), None)
         .await
         .unwrap();
     // One minute, 30 s into it: 30 s left (the config's 5-minute window would leave 270).
@@ -881,7 +881,7 @@ async fn repeated_descriptor(
                     descriptor(&[("k", values.0)]),
                     descriptor(&[("k", values.1)]),
                 ],
-            ))
+            ), None)
             .await
             .expect("a valid request is decided");
         assert_eq!(twice.overall_code, Code::OverLimit as i32, "{case}");

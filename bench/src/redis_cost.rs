@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use hdrhistogram::Histogram;
 use sluice::store::redis::{PipelineCounts, StartupRetry, Target};
-use sluice::store::{Charging, Check, CounterStore, RedisOptions, RedisStore, Rule};
+use sluice::store::{Call, Charging, Check, CounterStore, RedisOptions, RedisStore, Rule};
 
 use crate::{parse_seconds, procs};
 
@@ -357,7 +357,7 @@ async fn drive(
                 let refs: Vec<&Check> = checks.iter().collect();
                 let sent = Instant::now();
                 store
-                    .check_with(&refs, workload.charging())
+                    .check_with(Call::detached(), &refs, workload.charging())
                     .await
                     .map_err(|e| anyhow::anyhow!("decision failed: {e}"))?;
                 let _ = latency.record(sent.elapsed().as_micros().max(1) as u64);

@@ -1,9 +1,9 @@
 //! Opening the stores: the one the RLS path counts in, the per-second one (`REDIS_PERSECOND`),
-//! the native API's, and the breakers health follows. Every store is wrapped the same way, in
-//! one place ([`Layers`]): with `FAILURE_POLICY=local_share` (Redis) decided locally while the
-//! store fails, measured, then (Redis) behind a circuit breaker. The native API gets
-//! a Redis store (pool, batcher and breaker) of its own, so nothing it does can change an RLS
-//! answer, RLS health or RLS latency.
+//! the native API's, and the breakers health follows. Every store gets its layers in one place
+//! ([`Layers::stack`]): with `FAILURE_POLICY=local_share` (Redis) decided locally while the
+//! store fails, measured, then (Redis) behind a circuit breaker. The native API gets a Redis
+//! store (pool, batcher and breaker) of its own, so nothing it does can change an RLS answer,
+//! RLS health or RLS latency.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,14 +13,18 @@ use tokio::sync::watch;
 use crate::server::{Health, ServeError};
 use crate::settings::{Backend, DegradedOptions, Settings};
 use sluice::clock::SystemClock;
-use sluice::metrics::{Instrumented, Metrics};
+use sluice::metrics::Metrics;
 use sluice::rls::FailurePolicy;
-use sluice::store::breaker::Breaker;
-use sluice::store::degraded::{LocalShare, OnDegraded, Replicas};
+use sluice::store::layers::Layered;
+use sluice::store::layers::breaker::Breaker;
+use sluice::store::layers::local_share::{LocalShare, OnDegraded, Replicas};
+use sluice::store::layers::measured::Measured;
 use sluice::store::redis::StartupRetry;
-use sluice::store::{CounterStore, LimiterStore, MemoryStore, RedisOptions, RedisStore};
+use sluice::store::{
+    CounterStore, FullStore, LimiterStore, MemoryStore, RedisOptions, RedisStore,
+};
 
-/// The stores [`open_stores`] opened, each already wrapped in its [`Layers`].
+/// The stores [`open_stores`] opened, each already with its layers ([`Layers::stack`]).
 pub(super) struct Stores {
     /// Where the RLS path counts.
     pub(super) counters: Arc<dyn CounterStore>,
@@ -34,11 +38,11 @@ pub(super) struct Stores {
     pub(super) health: StoreHealth,
 }
 
-/// How every store is wrapped, outermost first: decided locally while it fails ([`LocalShare`],
-/// Redis with `FAILURE_POLICY=local_share` only) → measured ([`Instrumented`], per-operation
-/// latency and errors under the store's name, so Redis's failures still show while the layer
-/// above answers) → circuit breaker ([`Breaker`], Redis only) → the store. The one place where
-/// store layers are stacked: a new layer goes here.
+/// A Redis store behind its circuit breaker, shared: health follows the breaker, its probe and
+/// the replica count reach the store through it.
+type GuardedRedis = Arc<Layered<Breaker, RedisStore>>;
+
+/// What every store's layers are made of.
 struct Layers<'a> {
     metrics: &'a Arc<Metrics>,
     settings: &'a Settings,
@@ -70,13 +74,13 @@ impl LocalShareParts {
 
     /// Starts learning the replica count from `store`'s Redis, unless configured or learning;
     /// `sluice_degraded_replicas` shows the count in use.
-    fn learn_from(&self, store: &Arc<Breaker<RedisStore>>, metrics: &Arc<Metrics>) {
+    fn learn_from(&self, store: &GuardedRedis, metrics: &Arc<Metrics>) {
         let gauge = metrics.degraded_replicas.clone();
         gauge.set(self.replicas.count() as i64);
         if !self.learning.swap(true, Ordering::Relaxed) {
             let learn = self.replicas.clone().learn_forever(
                 Arc::downgrade(store),
-                Breaker::inner,
+                Layered::store,
                 self.replicas_key.clone(),
                 move |count| gauge.set(count as i64),
             );
@@ -84,73 +88,55 @@ impl LocalShareParts {
         }
     }
 
-    /// `store` decided locally while it fails, counted under `name`.
-    fn over<S: sluice::store::Store>(
-        &self,
-        store: S,
-        name: &'static str,
-        metrics: &Arc<Metrics>,
-    ) -> LocalShare<S> {
+    /// The layer that decides locally, its decisions counted under `name`.
+    fn layer(&self, name: &'static str, metrics: &Arc<Metrics>) -> LocalShare {
         let counter = metrics.degraded_decisions.with_label_values(&[name]);
         let on_degraded: OnDegraded = Arc::new(move || counter.inc());
-        LocalShare::new(
-            store,
-            self.local.clone(),
-            self.replicas.clone(),
-            on_degraded,
-        )
+        LocalShare::new(self.local.clone(), self.replicas.clone(), on_degraded)
     }
 }
 
 impl Layers<'_> {
-    /// A Redis store (behind its breaker) as the RLS path sees it: all its layers.
-    fn counters_on_redis(
+    /// `store` with every layer it gets, outermost first: decided locally while it fails
+    /// (`local`: the name its local decisions are counted under, for a Redis store with
+    /// `FAILURE_POLICY=local_share`) → measured under `name` → the store. The one place where
+    /// store layers are stacked: a new layer is a line here.
+    fn stack<S: FullStore + 'static>(
         &self,
-        store: Breaker<RedisStore>,
+        store: S,
         name: &'static str,
-    ) -> Arc<dyn CounterStore> {
-        let store = probed(store);
-        let Some(parts) = &self.local_share else {
-            return self.counters(store, name);
-        };
-        parts.learn_from(&store, self.metrics);
-        let measured = Instrumented::new(store, name, self.metrics.clone());
-        Arc::new(parts.over(measured, name, self.metrics))
+        local: Option<&'static str>,
+    ) -> Arc<dyn FullStore> {
+        let measured = Layered::new(Measured::new(name, self.metrics.store_measures()), store);
+        match (&self.local_share, local) {
+            (Some(parts), Some(local)) => {
+                Arc::new(Layered::new(parts.layer(local, self.metrics), measured))
+            }
+            _ => Arc::new(measured),
+        }
     }
 
-    /// A Redis store (behind its breaker) as the named limiters see it: all its layers. Its
-    /// local decisions are counted as `redis_limiter_api`, apart from the RLS path's.
-    fn limiters_on_redis(
+    /// A Redis store behind its breaker, with its layers; `local` as for [`Self::stack`].
+    fn on_redis(
         &self,
-        store: Breaker<RedisStore>,
+        store: GuardedRedis,
         name: &'static str,
-    ) -> Arc<dyn LimiterStore> {
-        let store = probed(store);
-        let Some(parts) = &self.local_share else {
-            return self.limiters(store, name);
-        };
-        parts.learn_from(&store, self.metrics);
-        let measured = Instrumented::new(store, name, self.metrics.clone());
-        Arc::new(parts.over(measured, "redis_limiter_api", self.metrics))
+        local: &'static str,
+    ) -> Arc<dyn FullStore> {
+        if let Some(parts) = &self.local_share {
+            parts.learn_from(&store, self.metrics);
+        }
+        self.stack(store, name, Some(local))
     }
 
-    /// A store as the RLS path sees it: measured, as a counter store.
-    fn counters(&self, store: Arc<dyn CounterStore>, name: &'static str) -> Arc<dyn CounterStore> {
-        Arc::new(Instrumented::new(store, name, self.metrics.clone()))
-    }
-
-    /// A store as the named limiters see it: measured, as a limiter store.
-    fn limiters(&self, store: Arc<dyn LimiterStore>, name: &'static str) -> Arc<dyn LimiterStore> {
-        Arc::new(Instrumented::new(store, name, self.metrics.clone()))
-    }
-
-    /// Connects a Redis store behind its circuit breaker, waiting for Redis as configured.
+    /// Connects a Redis store behind its circuit breaker, waiting for Redis as configured; its
+    /// own probe runs while the breaker is open ([`probed`]).
     async fn redis(
         &self,
         options: &RedisOptions,
         retry: &StartupRetry,
         start_degraded: bool,
-    ) -> Result<Breaker<RedisStore>, ServeError> {
+    ) -> Result<GuardedRedis, ServeError> {
         let store_error = |source| ServeError::Store {
             backend: "redis",
             source,
@@ -158,7 +144,7 @@ impl Layers<'_> {
         let store = RedisStore::new(options.clone()).map_err(store_error)?;
         tracing::info!(target = ?options.target, "waiting for redis");
         let ready = store.wait_until_ready(retry).await;
-        let breaker = Breaker::new(store, self.settings.breaker.clone());
+        let breaker = Breaker::new(self.settings.breaker.clone());
         match ready {
             Ok(()) => {}
             Err(e) if start_degraded => {
@@ -167,19 +153,19 @@ impl Layers<'_> {
             }
             Err(e) => return Err(store_error(e)),
         }
-        Ok(breaker)
+        Ok(probed(Layered::new(breaker, store)))
     }
 }
 
 /// A Redis store's breaker, shared, with its own probe running while it is open: a replica
 /// taken out of service by its health (which follows the breaker) gets no calls to probe with.
-fn probed(breaker: Breaker<RedisStore>) -> Arc<Breaker<RedisStore>> {
-    let breaker = Arc::new(breaker);
-    tokio::spawn(Breaker::probe_while_open(
-        Arc::downgrade(&breaker),
+fn probed(guarded: Layered<Breaker, RedisStore>) -> GuardedRedis {
+    let guarded = Arc::new(guarded);
+    tokio::spawn(Layered::probe_while_open(
+        Arc::downgrade(&guarded),
         RedisStore::probe,
     ));
-    breaker
+    guarded
 }
 
 /// Opens the store `BACKEND_TYPE` names, waiting for Redis as configured.
@@ -202,8 +188,9 @@ pub(super) async fn open_stores(
         Backend::Memory(options) => {
             let store = Arc::new(MemoryStore::new(options.clone(), clock.clone()));
             memory_store = Some(store.clone());
-            named_store = Some(layers.limiters(store.clone(), "memory"));
-            layers.counters(store, "memory")
+            let store = layers.stack(store, "memory", None);
+            named_store = Some(store.clone() as _);
+            store
         }
         Backend::Redis {
             options,
@@ -225,23 +212,27 @@ pub(super) async fn open_stores(
                 ..startup.clone()
             };
             let main = layers.redis(options, &wait, degraded).await?;
-            metrics.observe_redis_pool("redis_pool", main.inner().connections());
+            metrics.observe_redis_pool("redis_pool", main.store().connections());
             if settings.rls.stop_increment_when_over {
                 warn_partial_stop(options, per_second.is_some());
             }
-            store_usable.push(("redis", main.usable(), HealthRole::Counts));
+            store_usable.push(("redis", main.layer().usable(), HealthRole::Counts));
             if let Some(options) = per_second {
                 let store = layers.redis(options, &wait, degraded).await?;
-                metrics.observe_redis_pool("redis_per_second_pool", store.inner().connections());
-                store_usable.push(("redis_per_second", store.usable(), HealthRole::Counts));
-                per_second_store = Some(layers.counters_on_redis(store, "redis_per_second"));
+                metrics.observe_redis_pool("redis_per_second_pool", store.store().connections());
+                let usable = store.layer().usable();
+                store_usable.push(("redis_per_second", usable, HealthRole::Counts));
+                per_second_store =
+                    Some(layers.on_redis(store, "redis_per_second", "redis_per_second") as _);
             }
             if settings.limiter_api.is_some() {
                 let store = layers.redis(options, &wait, true).await?;
-                store_usable.push(("redis_limiter_api", store.usable(), HealthRole::Ignored));
-                named_store = Some(layers.limiters_on_redis(store, "redis"));
+                let usable = store.layer().usable();
+                store_usable.push(("redis_limiter_api", usable, HealthRole::Ignored));
+                // Its local decisions are counted apart from the RLS path's.
+                named_store = Some(layers.on_redis(store, "redis", "redis_limiter_api") as _);
             }
-            layers.counters_on_redis(main, "redis")
+            layers.on_redis(main, "redis", "redis")
         }
     };
     Ok(Stores {

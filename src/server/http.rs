@@ -250,7 +250,8 @@ async fn json(State(state): State<AppState>, body: Body) -> Response {
         Ok(request) => request,
         Err(message) => return (StatusCode::BAD_REQUEST, message).into_response(),
     };
-    match state.limiter.should_rate_limit(&request).await {
+    // No deadline on `/json`: each store call has the store's own timeout.
+    match state.limiter.should_rate_limit(&request, None).await {
         Ok(response) => {
             let status = match Code::try_from(response.overall_code) {
                 Ok(Code::Ok) => StatusCode::OK,

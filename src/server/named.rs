@@ -35,7 +35,8 @@ use sluice::proto::sluice::v1::{
     DeleteRequest, DeleteResponse, GetConfigRequest, LimiterConfig, SetMode as ApiSetMode,
     SetRateRequest, SetRateResponse, TryAcquireRequest, limiter_server,
 };
-use sluice::store::{SetMode, StoreError, degraded};
+use sluice::store::deadline::Deadline;
+use sluice::store::{Marks, SetMode, StoreError};
 use sluice::util::LogThrottle;
 
 pub(crate) struct NamedApi {
@@ -171,6 +172,11 @@ fn duration(d: Duration) -> Option<prost_types::Duration> {
     prost_types::Duration::try_from(d).ok()
 }
 
+/// The deadline the server took from the call's `grpc-timeout` (`serving.rs`), if it sent one.
+fn deadline_of<T>(request: &Request<T>) -> Option<Deadline> {
+    request.extensions().get::<Deadline>().copied()
+}
+
 /// The answer to an acquisition; `degraded`: a store call in it was decided locally
 /// (`FAILURE_POLICY=local_share`).
 fn response(a: Acquired, degraded: bool) -> Response<AcquireResponse> {
@@ -189,6 +195,7 @@ impl limiter_server::Limiter for NamedApi {
         &self,
         request: Request<SetRateRequest>,
     ) -> Result<Response<SetRateResponse>, Status> {
+        let (marks, deadline) = (Marks::new(), deadline_of(&request));
         let request = request.into_inner();
         let mode = match ApiSetMode::try_from(request.set_mode) {
             Ok(ApiSetMode::TrySet) => SetMode::TrySet,
@@ -201,7 +208,7 @@ impl limiter_server::Limiter for NamedApi {
             .ok_or_else(|| Status::invalid_argument("config is required"))?;
         let set = self
             .limiters
-            .set_rate(config, mode)
+            .set_rate(marks.call(deadline), config, mode)
             .await
             .map_err(|e| self.status(e))?;
         Ok(Response::new(SetRateResponse {
@@ -215,9 +222,10 @@ impl limiter_server::Limiter for NamedApi {
         &self,
         request: Request<GetConfigRequest>,
     ) -> Result<Response<LimiterConfig>, Status> {
+        let marks = Marks::new();
         let config = self
             .limiters
-            .config(&request.get_ref().name)
+            .config(marks.call(deadline_of(&request)), &request.get_ref().name)
             .await
             .map_err(|e| self.status(e))?;
         Ok(Response::new(config))
@@ -227,39 +235,44 @@ impl limiter_server::Limiter for NamedApi {
         &self,
         request: Request<TryAcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
+        let (marks, deadline) = (Marks::new(), deadline_of(&request));
         let r = request.into_inner();
         let timeout = match r.timeout.map(Duration::try_from) {
             None => Duration::ZERO,
             Some(Ok(d)) => d,
             Some(Err(_)) => return Err(Status::invalid_argument("timeout must not be negative")),
         };
-        let acquiring = self
+        let call = marks.call(deadline);
+        let acquired = self
             .limiters
-            .try_acquire(&r.name, &r.client_id, r.permits.max(1), timeout);
-        let (acquired, degraded) = degraded::noting(acquiring).await;
-        Ok(response(acquired.map_err(|e| self.status(e))?, degraded))
+            .try_acquire(call, &r.name, &r.client_id, r.permits.max(1), timeout)
+            .await;
+        Ok(response(acquired.map_err(|e| self.status(e))?, marks.degraded()))
     }
 
     async fn acquire(
         &self,
         request: Request<AcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
+        let (marks, deadline) = (Marks::new(), deadline_of(&request));
         let r = request.into_inner();
-        let acquiring = self
+        let acquired = self
             .limiters
-            .acquire(&r.name, &r.client_id, r.permits.max(1));
-        let (acquired, degraded) = degraded::noting(acquiring).await;
-        Ok(response(acquired.map_err(|e| self.status(e))?, degraded))
+            .acquire(marks.call(deadline), &r.name, &r.client_id, r.permits.max(1))
+            .await;
+        Ok(response(acquired.map_err(|e| self.status(e))?, marks.degraded()))
     }
 
     async fn available_permits(
         &self,
         request: Request<AvailablePermitsRequest>,
     ) -> Result<Response<AvailablePermitsResponse>, Status> {
+        let marks = Marks::new();
+        let call = marks.call(deadline_of(&request));
         let r = request.get_ref();
         let permits = self
             .limiters
-            .available(&r.name, &r.client_id)
+            .available(call, &r.name, &r.client_id)
             .await
             .map_err(|e| self.status(e))?;
         Ok(Response::new(AvailablePermitsResponse { permits }))
@@ -269,9 +282,10 @@ impl limiter_server::Limiter for NamedApi {
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
+        let marks = Marks::new();
         let deleted = self
             .limiters
-            .delete(&request.get_ref().name)
+            .delete(marks.call(deadline_of(&request)), &request.get_ref().name)
             .await
             .map_err(|e| self.status(e))?;
         Ok(Response::new(DeleteResponse { deleted }))

@@ -37,6 +37,7 @@ use super::{GrpcListener, GrpcOptions, MAX_REQUEST_BYTES, ServeError, tls};
 use sluice::metrics::{ApiMetrics, Metrics};
 use sluice::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
 use sluice::rls::{RateLimiter, RlsError};
+use sluice::store::deadline::Deadline;
 
 /// Concurrent requests on one HTTP/2 connection (Envoy multiplexes many on few connections).
 pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
@@ -63,9 +64,11 @@ impl proto::RateLimitService for RateLimitService {
             let parent = TraceContextPropagator::new().extract(&Metadata(request.metadata()));
             let _ = span.set_parent(parent);
         }
+        // The deadline the server took from the call's `grpc-timeout` (`serving.rs`).
+        let deadline = request.extensions().get::<Deadline>().copied();
         let result = self
             .limiter
-            .should_rate_limit(request.get_ref())
+            .should_rate_limit(request.get_ref(), deadline)
             .instrument(span)
             .await;
         match result {

@@ -21,9 +21,10 @@
 //! send ([`STREAM_WINDOW`], [`CONNECTION_WINDOW`]).
 //!
 //! A gRPC call's `grpc-timeout` is enforced as tonic's server loop did ([`grpc_timeout`]), and
-//! handed to the store as the deadline of the call's store calls (`store::deadline`), which
-//! then answer first, with a margin, so the caller gets an answer rather than `CANCELLED`; and to
-//! the routes, which answer one too short for a store at once (`GRPC_MIN_TIMEOUT`).
+//! handed to the handlers as a `Deadline` in the request's extensions, which they give to the
+//! call's store calls (`store::Call`); those then answer first, with a margin, so the caller
+//! gets an answer rather than `CANCELLED`. The routes answer one too short for a store at once
+//! (`GRPC_MIN_TIMEOUT`).
 //!
 //! On shutdown every connection gets a graceful shutdown (GOAWAY, or `Connection: close` after
 //! the request in progress) and the loop returns once all have closed; `app` bounds that wait
@@ -51,6 +52,7 @@ use super::budget::{BodyKind, RequestBudget};
 use super::connections::Peer;
 use super::routes::{self, GrpcRoutes};
 use sluice::metrics::Metrics;
+use sluice::store::deadline::Deadline;
 
 /// Length of the HTTP/2 client connection preface (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`).
 const PREFACE_LEN: usize = 24;
@@ -307,18 +309,21 @@ impl Http2Connection {
                 } else {
                     BodyKind::Unary
                 };
-                let request = request.map(|body| budget.body(body, arrived, header_bytes, kind));
-                // The store's calls answer before the caller's deadline (less a margin for
-                // the answer to travel), whatever REDIS_TIMEOUT says, so the enforcement
-                // below only cuts a handler that is late for other reasons.
+                let mut request =
+                    request.map(|body| budget.body(body, arrived, header_bytes, kind));
+                // The handlers hand the caller's deadline (less a margin for the answer to
+                // travel) to their store calls, which then answer before it whatever
+                // REDIS_TIMEOUT says, so the enforcement below only cuts a handler that is late
+                // for other reasons.
+                if let Some(timeout) = deadline {
+                    request
+                        .extensions_mut()
+                        .insert(Deadline::of(arrived, timeout));
+                }
                 // The handler's future is boxed (`routes::ResponseFuture`), so this one stays
                 // small: hyper moves it into the call's task, a copy per move (docs/BENCHMARKS.md,
                 // "Issue #30, part 4").
-                let response = sluice::store::deadline::scope(
-                    arrived,
-                    deadline,
-                    routes.call(request.map(tonic::body::Body::new), arrived, deadline),
-                );
+                let response = routes.call(request.map(tonic::body::Body::new), arrived, deadline);
                 async move {
                     let response: Result<_, Infallible> = match deadline {
                         None => response.await,

@@ -21,7 +21,7 @@ use crate::server::tls::ServerTls;
 use crate::telemetry::{LogSettings, TraceSettings};
 use sluice::config::LoadOptions;
 use sluice::rls::RlsOptions;
-use sluice::store::breaker::BreakerOptions;
+use sluice::store::layers::breaker::BreakerOptions;
 
 mod config_source;
 mod env;

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use sluice::store::breaker::BreakerOptions;
+use sluice::store::layers::breaker::BreakerOptions;
 use sluice::store::redis::{RedisAuth, StartupRetry, Target};
 use sluice::store::{MemoryStoreOptions, RedisOptions, TlsFiles};
 

@@ -13,14 +13,12 @@
 //! named after request values are capped (`MAX_DETAILED_METRIC_SERIES`, a [`SeriesCap`]), their
 //! long parts digested and control characters replaced, since a client chooses them.
 
-mod instrumented;
 mod mapper;
 mod pressure;
 mod stats;
 mod statsd;
 mod store_metrics;
 
-pub use instrumented::Instrumented;
 pub use mapper::{Mapper, MapperError};
 pub use pressure::PressureMetrics;
 pub use stats::{Counter, Observe, SeriesCap, Stat, StatStore};
@@ -42,6 +40,7 @@ use crate::proto::DescriptorEntry;
 #[cfg(feature = "redis")]
 use crate::store::ConnectionCounts;
 use crate::store::Outcome;
+use crate::store::layers::measured::Measures;
 use crate::util::shown;
 
 #[derive(Debug)]
@@ -323,6 +322,15 @@ impl Metrics {
         match self.stats.counter_within(&name, &self.detailed_series) {
             Some(counter) => counter.inc_by(n),
             None => self.series_refused.inc(),
+        }
+    }
+
+    /// The families a store's measurements go into (`store::layers::measured`).
+    pub fn store_measures(&self) -> Measures {
+        Measures {
+            call_seconds: self.store_call.clone(),
+            errors: self.store_errors.clone(),
+            script_errors: self.script_errors.clone(),
         }
     }
 

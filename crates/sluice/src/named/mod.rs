@@ -35,7 +35,7 @@ use crate::config::Algorithm as ConfigAlgorithm;
 use crate::proto::sluice::v1::{Algorithm as ApiAlgorithm, LimiterConfig, Mode};
 use crate::rls::{KeyBuilder, rule_for};
 use crate::store::{
-    Acquisition, LimiterRecord, LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode,
+    Acquisition, Call, LimiterRecord, LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode,
     StoreError,
 };
 
@@ -204,7 +204,7 @@ impl NamedLimiters {
     }
 
     /// Registers `name` or keeps it for another idle period; false when the registry is full.
-    async fn touch(&self, name: &str) -> Result<bool, NamedError> {
+    async fn touch(&self, call: Call<'_>, name: &str) -> Result<bool, NamedError> {
         if self.bounds.idle.is_zero() && self.bounds.max_count == 0 {
             return Ok(true);
         }
@@ -218,14 +218,14 @@ impl NamedLimiters {
             },
             max: self.bounds.max_count,
         };
-        match self.store.registry(&self.registry, op).await? {
+        match self.store.registry(call, &self.registry, op).await? {
             RegistryReply::Touched(registered) => Ok(registered),
             other => Err(StoreError::Protocol(format!("registry answered {other:?}")).into()),
         }
     }
 
     /// After a use of `name`: pushes its idle time back, at most once per touch period.
-    async fn used(&self, name: &str) {
+    async fn used(&self, call: Call<'_>, name: &str) {
         if self.bounds.idle.is_zero() {
             return;
         }
@@ -246,7 +246,7 @@ impl NamedLimiters {
         }
         // A full registry or a store error must not fail the acquisition that was granted; the
         // limiter exists, so it is kept until the sweep (a later touch registers it).
-        if let Err(e) = self.touch(name).await {
+        if let Err(e) = self.touch(call, name).await {
             tracing::debug!(error = %e, limiter = name, "could not refresh the limiter's idle time");
         }
     }
@@ -255,16 +255,18 @@ impl NamedLimiters {
     /// replica runs this now and then; deleting twice is harmless.
     pub async fn sweep_idle(&self) -> Result<usize, NamedError> {
         const BATCH: usize = 100;
+        let call = Call::detached();
         let mut deleted = 0;
         loop {
             let op = RegistryOp::TakeExpired { at_most: BATCH };
-            let RegistryReply::Expired(names) = self.store.registry(&self.registry, op).await?
+            let RegistryReply::Expired(names) =
+                self.store.registry(call, &self.registry, op).await?
             else {
                 return Err(StoreError::Protocol("registry answered no names".into()).into());
             };
             for name in &names {
                 self.store
-                    .delete_limiter(&self.keys.limiter(name, None))
+                    .delete_limiter(call, &self.keys.limiter(name, None))
                     .await?;
                 tracing::info!(limiter = %name, idle = ?self.bounds.idle, "idle limiter deleted");
             }
@@ -336,15 +338,16 @@ impl NamedLimiters {
     /// Creates or changes a limiter.
     pub async fn set_rate(
         &self,
+        call: Call<'_>,
         config: LimiterConfig,
         mode: SetMode,
     ) -> Result<RateSet, NamedError> {
         let (config, record) = compile(config)?;
-        if !self.touch(&config.name).await? {
+        if !self.touch(call, &config.name).await? {
             return Err(NamedError::TooManyLimiters(self.bounds.max_count));
         }
         let keys = self.keys.limiter(&config.name, None);
-        let set = self.store.set_limiter(&keys, &record, mode).await?;
+        let set = self.store.set_limiter(call, &keys, &record, mode).await?;
         self.learn_mode(&config.name, Some(set.current.per_client));
         Ok(RateSet {
             applied: set.applied,
@@ -353,31 +356,36 @@ impl NamedLimiters {
         })
     }
 
-    pub async fn config(&self, name: &str) -> Result<LimiterConfig, NamedError> {
+    pub async fn config(&self, call: Call<'_>, name: &str) -> Result<LimiterConfig, NamedError> {
         check_name(name)?;
         let keys = self.keys.limiter(name, None);
-        match self.store.get_limiter(&keys).await? {
+        match self.store.get_limiter(call, &keys).await? {
             Some(record) => describe(&record),
             None => Err(NamedError::NotFound(name.to_string())),
         }
     }
 
-    pub async fn delete(&self, name: &str) -> Result<bool, NamedError> {
+    pub async fn delete(&self, call: Call<'_>, name: &str) -> Result<bool, NamedError> {
         check_name(name)?;
         let deleted = self
             .store
-            .delete_limiter(&self.keys.limiter(name, None))
+            .delete_limiter(call, &self.keys.limiter(name, None))
             .await?;
         self.learn_mode(name, None);
         self.store
-            .registry(&self.registry, RegistryOp::Remove { name })
+            .registry(call, &self.registry, RegistryOp::Remove { name })
             .await?;
         Ok(deleted)
     }
 
     /// Permits that could be taken now.
-    pub async fn available(&self, name: &str, client: &str) -> Result<u64, NamedError> {
-        let outcome = self.attempt(name, client, 0).await?;
+    pub async fn available(
+        &self,
+        call: Call<'_>,
+        name: &str,
+        client: &str,
+    ) -> Result<u64, NamedError> {
+        let outcome = self.attempt(call, name, client, 0).await?;
         Ok(outcome.remaining)
     }
 
@@ -386,6 +394,7 @@ impl NamedLimiters {
     /// cancelled call) ends the wait and gives up the place in line.
     pub async fn try_acquire(
         &self,
+        call: Call<'_>,
         name: &str,
         client: &str,
         permits: u64,
@@ -404,7 +413,7 @@ impl NamedLimiters {
         let per_client = match self.mode(name) {
             Some(per_client) => per_client,
             None => {
-                let outcome = self.attempt(name, client, permits).await?;
+                let outcome = self.attempt(call, name, client, permits).await?;
                 if let Some(done) = settled(outcome, started, timeout) {
                     return Ok(done);
                 }
@@ -414,7 +423,7 @@ impl NamedLimiters {
         };
         let (budget, line) = self.line(name, client, per_client);
         let result = self
-            .wait_in_line(&line, name, client, permits, timeout, started, first)
+            .wait_in_line(call, &line, name, client, permits, timeout, started, first)
             .await;
         self.leave(&budget, line);
         result
@@ -425,6 +434,7 @@ impl NamedLimiters {
     #[allow(clippy::too_many_arguments)]
     async fn wait_in_line(
         &self,
+        call: Call<'_>,
         line: &Line,
         name: &str,
         client: &str,
@@ -437,7 +447,7 @@ impl NamedLimiters {
         // Nobody ahead, or not willing to wait: ask at once.
         let mut refused = first;
         if refused.is_none() && (timeout.is_zero() || line.head.try_lock().is_ok()) {
-            let outcome = self.attempt(name, client, permits).await?;
+            let outcome = self.attempt(call, name, client, permits).await?;
             if let Some(done) = settled(outcome) {
                 return Ok(done);
             }
@@ -472,7 +482,7 @@ impl NamedLimiters {
                 });
             }
             tokio::time::sleep(wait).await;
-            let outcome = self.attempt(name, client, permits).await?;
+            let outcome = self.attempt(call, name, client, permits).await?;
             if outcome.admitted {
                 // When we took the last permit, the next one comes back about one period
                 // later. An early guess costs one refused call, which gives the exact delay.
@@ -498,12 +508,13 @@ impl NamedLimiters {
     /// Takes `permits`, waiting as long as needed up to the server's maximum.
     pub async fn acquire(
         &self,
+        call: Call<'_>,
         name: &str,
         client: &str,
         permits: u64,
     ) -> Result<Acquired, NamedError> {
         let acquired = self
-            .try_acquire(name, client, permits, self.max_wait)
+            .try_acquire(call, name, client, permits, self.max_wait)
             .await?;
         if acquired.acquired {
             Ok(acquired)
@@ -512,7 +523,13 @@ impl NamedLimiters {
         }
     }
 
-    async fn attempt(&self, name: &str, client: &str, permits: u64) -> Result<Outcome, NamedError> {
+    async fn attempt(
+        &self,
+        call: Call<'_>,
+        name: &str,
+        client: &str,
+        permits: u64,
+    ) -> Result<Outcome, NamedError> {
         check_name(name)?;
         if client.len() > MAX_CLIENT_ID_BYTES {
             return Err(NamedError::Invalid(format!(
@@ -523,7 +540,7 @@ impl NamedLimiters {
         let keys = self.keys.limiter(name, client);
         match self
             .store
-            .acquire(&keys, permits, self.bounds.max_clients)
+            .acquire(call, &keys, permits, self.bounds.max_clients)
             .await?
         {
             Acquisition::NoSuchLimiter => {
@@ -553,7 +570,7 @@ impl NamedLimiters {
                 ..
             } => {
                 self.learn_mode(name, Some(per_client));
-                self.used(name).await;
+                self.used(call, name).await;
                 Ok(outcome)
             }
         }
@@ -713,7 +730,7 @@ mod tests {
             2,
             Duration::from_secs(60),
         );
-        let set = l.set_rate(one.clone(), SetMode::TrySet).await.unwrap();
+        let set = l.set_rate(crate::store::Call::detached(), one.clone(), SetMode::TrySet).await.unwrap();
         assert!(set.applied && set.state_reset);
         let other = config(
             "a",
@@ -721,32 +738,32 @@ mod tests {
             5,
             Duration::from_secs(60),
         );
-        let set = l.set_rate(other.clone(), SetMode::TrySet).await.unwrap();
+        let set = l.set_rate(crate::store::Call::detached(), other.clone(), SetMode::TrySet).await.unwrap();
         assert!(!set.applied && !set.state_reset);
         assert_eq!(set.config.rate, 2);
 
-        let take = || l.try_acquire("a", "", 1, Duration::ZERO);
+        let take = || l.try_acquire(crate::store::Call::detached(), "a", "", 1, Duration::ZERO);
         assert!(take().await.unwrap().acquired);
         assert!(take().await.unwrap().acquired);
         assert!(!take().await.unwrap().acquired);
         // Keep state: 2 of 5 used.
-        l.set_rate(other.clone(), SetMode::UpdateKeepState)
+        l.set_rate(crate::store::Call::detached(), other.clone(), SetMode::UpdateKeepState)
             .await
             .unwrap();
-        assert_eq!(l.available("a", "").await.unwrap(), 3);
+        assert_eq!(l.available(crate::store::Call::detached(), "a", "").await.unwrap(), 3);
         // Reset: all 5 back.
-        l.set_rate(other, SetMode::UpdateResetState).await.unwrap();
-        assert_eq!(l.available("a", "").await.unwrap(), 5);
-        assert_eq!(l.config("a").await.unwrap().rate, 5);
+        l.set_rate(crate::store::Call::detached(), other, SetMode::UpdateResetState).await.unwrap();
+        assert_eq!(l.available(crate::store::Call::detached(), "a", "").await.unwrap(), 5);
+        assert_eq!(l.config(crate::store::Call::detached(), "a").await.unwrap().rate, 5);
     }
 
     #[tokio::test]
     async fn impossible_requests_and_bad_configs_are_refused() {
         let (l, _) = limiters();
         let bucket = config("b", ApiAlgorithm::TokenBucket, 10, Duration::from_secs(1));
-        l.set_rate(bucket, SetMode::TrySet).await.unwrap();
+        l.set_rate(crate::store::Call::detached(), bucket, SetMode::TrySet).await.unwrap();
         let err = l
-            .try_acquire("b", "", 11, Duration::from_secs(1))
+            .try_acquire(crate::store::Call::detached(), "b", "", 11, Duration::from_secs(1))
             .await
             .unwrap_err();
         assert!(
@@ -754,12 +771,12 @@ mod tests {
             "{err}"
         );
         assert!(matches!(
-            l.try_acquire("nope", "", 1, Duration::ZERO).await,
+            l.try_acquire(crate::store::Call::detached(), "nope", "", 1, Duration::ZERO).await,
             Err(NamedError::NotFound(_))
         ));
         let bad = config("c", ApiAlgorithm::Unspecified, 1, Duration::from_secs(1));
         assert!(matches!(
-            l.set_rate(bad, SetMode::TrySet).await,
+            l.set_rate(crate::store::Call::detached(), bad, SetMode::TrySet).await,
             Err(NamedError::Invalid(_))
         ));
         let bad = config(
@@ -769,7 +786,7 @@ mod tests {
             Duration::from_millis(1500),
         );
         assert!(matches!(
-            l.set_rate(bad, SetMode::TrySet).await,
+            l.set_rate(crate::store::Call::detached(), bad, SetMode::TrySet).await,
             Err(NamedError::Invalid(_))
         ));
     }
@@ -779,27 +796,27 @@ mod tests {
         let (l, _) = limiters();
         let mut c = config("p", ApiAlgorithm::FixedWindow, 1, Duration::from_secs(60));
         c.mode = Mode::PerClient as i32;
-        l.set_rate(c, SetMode::TrySet).await.unwrap();
+        l.set_rate(crate::store::Call::detached(), c, SetMode::TrySet).await.unwrap();
         assert!(
-            l.try_acquire("p", "x", 1, Duration::ZERO)
+            l.try_acquire(crate::store::Call::detached(), "p", "x", 1, Duration::ZERO)
                 .await
                 .unwrap()
                 .acquired
         );
         assert!(
-            !l.try_acquire("p", "x", 1, Duration::ZERO)
+            !l.try_acquire(crate::store::Call::detached(), "p", "x", 1, Duration::ZERO)
                 .await
                 .unwrap()
                 .acquired
         );
         assert!(
-            l.try_acquire("p", "y", 1, Duration::ZERO)
+            l.try_acquire(crate::store::Call::detached(), "p", "y", 1, Duration::ZERO)
                 .await
                 .unwrap()
                 .acquired
         );
         assert!(matches!(
-            l.try_acquire("p", "", 1, Duration::ZERO).await,
+            l.try_acquire(crate::store::Call::detached(), "p", "", 1, Duration::ZERO).await,
             Err(NamedError::NeedsClient(_))
         ));
     }

@@ -37,7 +37,8 @@ use crate::clock::Clock;
 use crate::config::{Algorithm as ConfigAlgorithm, RateLimitConfig};
 use crate::metrics::{ConfigCounters, Metrics};
 use crate::proto::{RateLimitRequest, RateLimitResponse};
-use crate::store::{CounterStore, Rule, StoreError};
+use crate::store::deadline::Deadline;
+use crate::store::{CounterStore, Marks, Rule, StoreError};
 use crate::util::{self, LogThrottle};
 
 /// Remaining count reported for `unlimited` descriptors, as upstream does.
@@ -105,7 +106,7 @@ pub enum FailurePolicy {
     /// Answer OK here, counted and logged (at most once a second).
     FailOpen,
     /// `local_share`: while the store is down or late, each replica decides alone with its
-    /// share of every limit (`store::degraded`, stacked by `app`), and the answer is marked
+    /// share of every limit (`store::layers::local_share`, stacked by `app`), and the answer is marked
     /// ([`DEGRADED_HEADER`]). What still fails (a script error) is answered as `FailClosed`.
     LocalShare,
 }
@@ -214,10 +215,15 @@ impl RateLimiter {
         self.store.kind()
     }
 
+    /// Decides `request` (Envoy's `ShouldRateLimit`). `deadline` is when its caller stops
+    /// waiting (`grpc-timeout` less a margin), which bounds every store call; `None` leaves each
+    /// store call to the store's own timeout. An answer decided locally in part
+    /// (`FAILURE_POLICY=local_share`) is marked.
     #[tracing::instrument(level = "debug", skip_all, fields(domain = %util::shown(&request.domain)))]
     pub async fn should_rate_limit(
         &self,
         request: &RateLimitRequest,
+        deadline: Option<Deadline>,
     ) -> Result<RateLimitResponse, RlsError> {
         validate(request)?;
         let active = self.active.load();
@@ -232,7 +238,8 @@ impl RateLimiter {
         };
 
         let plan = self.plan(name, domain, request);
-        let (asked, degraded) = self.ask_store_noting(&plan).await;
+        let marks = Marks::new();
+        let asked = self.ask_store(marks.call(deadline), &plan).await;
         let outcomes = match asked {
             Ok(outcomes) => outcomes,
             Err(e @ StoreError::CallerDeadline(_)) => return Err(RlsError::CallerDeadline(e)),
@@ -248,7 +255,7 @@ impl RateLimiter {
         };
         let answers = self.answer(request, counters, &plan, &outcomes);
         let mut reply = self.finish(request, answers);
-        if degraded {
+        if marks.degraded() {
             response::mark_degraded(&mut reply);
         }
         Ok(reply)

@@ -7,28 +7,15 @@
 use tracing::Instrument;
 
 use super::plan::RequestPlan;
-use super::{FailurePolicy, RateLimiter};
-use crate::store::{Charging, Check, Outcome, Rule, StoreError};
+use super::RateLimiter;
+use crate::store::{Call, Charging, Check, Outcome, Rule, StoreError};
 
 impl RateLimiter {
-    /// [`Self::ask_store`], and whether any of its store calls was decided locally
-    /// (`FAILURE_POLICY=local_share`). Only that policy can decide locally, so only under it
-    /// does the call carry the mark's task-local, which costs every request a little.
-    pub(super) async fn ask_store_noting(
-        &self,
-        plan: &RequestPlan<'_>,
-    ) -> (Result<Vec<(Outcome, bool)>, StoreError>, bool) {
-        if self.options.failure_policy == FailurePolicy::LocalShare {
-            crate::store::degraded::noting(self.ask_store(plan)).await
-        } else {
-            (self.ask_store(plan).await, false)
-        }
-    }
-
     /// Step 2: one store call (or two, with a per-second store) for every counted descriptor;
     /// none when nothing is counted.
     pub(super) async fn ask_store(
         &self,
+        call: Call<'_>,
         plan: &RequestPlan<'_>,
     ) -> Result<Vec<(Outcome, bool)>, StoreError> {
         if plan.checks.is_empty() {
@@ -40,7 +27,7 @@ impl RateLimiter {
             checks = plan.checks.len()
         );
         let checks: Vec<&Check> = plan.checks.iter().collect();
-        self.decide_with_cache(&checks, &plan.per_second)
+        self.decide_with_cache(call, &checks, &plan.per_second)
             .instrument(span)
             .await
     }
@@ -54,6 +41,7 @@ impl RateLimiter {
     /// looked at, as upstream does.
     async fn decide_with_cache(
         &self,
+        call: Call<'_>,
         checks: &[&Check],
         per_second: &[bool],
     ) -> Result<Vec<(Outcome, bool)>, StoreError> {
@@ -63,7 +51,7 @@ impl RateLimiter {
             Charging::Each
         };
         let Some(cache) = &self.over_limit_cache else {
-            let outcomes = self.decide(checks, per_second, charging).await?;
+            let outcomes = self.decide(call, checks, per_second, charging).await?;
             return Ok(outcomes.into_iter().map(|o| (o, false)).collect());
         };
         let now_ms = self.clock.now_millis();
@@ -94,13 +82,13 @@ impl RateLimiter {
             .collect();
         if !ask.is_empty() {
             let asked = if ask.len() == checks.len() {
-                self.decide(checks, per_second, charging).await?
+                self.decide(call, checks, per_second, charging).await?
             } else {
                 let charging = match charging {
                     Charging::StopWhenOver => Charging::LookOnly,
                     other => other,
                 };
-                self.decide(&pick(checks, &ask), &pick(per_second, &ask), charging)
+                self.decide(call, &pick(checks, &ask), &pick(per_second, &ask), charging)
                     .await?
             };
             for (&i, outcome) in ask.iter().zip(asked) {
@@ -129,25 +117,26 @@ impl RateLimiter {
     /// its own checks (the two stores cannot decide together).
     async fn decide(
         &self,
+        call: Call<'_>,
         checks: &[&Check],
         per_second: &[bool],
         charging: Charging,
     ) -> Result<Vec<Outcome>, StoreError> {
         let Some(second_store) = &self.per_second else {
-            return self.store.check_with(checks, charging).await;
+            return self.store.check_with(call, checks, charging).await;
         };
         let (fast, slow): (Vec<usize>, Vec<usize>) =
             (0..checks.len()).partition(|&i| per_second[i]);
         if fast.is_empty() {
-            return self.store.check_with(checks, charging).await;
+            return self.store.check_with(call, checks, charging).await;
         }
         let (fast_checks, slow_checks) = (pick(checks, &fast), pick(checks, &slow));
-        let fast_call = second_store.check_with(&fast_checks, charging);
+        let fast_call = second_store.check_with(call, &fast_checks, charging);
         let (fast_out, slow_out) = tokio::try_join!(fast_call, async {
             if slow_checks.is_empty() {
                 Ok(Vec::new())
             } else {
-                self.store.check_with(&slow_checks, charging).await
+                self.store.check_with(call, &slow_checks, charging).await
             }
         })?;
         let mut outcomes = vec![None; checks.len()];

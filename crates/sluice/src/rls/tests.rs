@@ -111,7 +111,7 @@ fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
 
 impl Harness {
     async fn ask(&self, req: &RateLimitRequest) -> RateLimitResponse {
-        self.limiter.should_rate_limit(req).await.unwrap()
+        self.limiter.should_rate_limit(req, None).await.unwrap()
     }
 
     async fn codes(&self, req: &RateLimitRequest) -> (Code, Vec<Code>) {
@@ -521,11 +521,11 @@ async fn only_requests_naming_nothing_are_errors() {
     let mut empty_domain = request(vec![descriptor(&[("user", "x")])]);
     empty_domain.domain.clear();
     assert_eq!(
-        message(h.limiter.should_rate_limit(&empty_domain).await),
+        message(h.limiter.should_rate_limit(&empty_domain, None).await),
         "rate limit domain must not be empty"
     );
     assert_eq!(
-        message(h.limiter.should_rate_limit(&request(vec![])).await),
+        message(h.limiter.should_rate_limit(&request(vec![]), None).await),
         "rate limit descriptor list must not be empty"
     );
 }
@@ -550,7 +550,7 @@ async fn a_long_value_is_judged_and_cannot_hide_another_descriptor() {
     let login = descriptor(&[("path", "/login")]);
     let r = h
         .limiter
-        .should_rate_limit(&request(vec![login.clone()]))
+        .should_rate_limit(&request(vec![login.clone()]), None)
         .await;
     assert_eq!(r.unwrap().overall_code, OK);
 
@@ -558,12 +558,12 @@ async fn a_long_value_is_judged_and_cannot_hide_another_descriptor() {
     // minute), and the login descriptor beside it is still refused.
     let long = "u".repeat(5_000);
     let both = request(vec![descriptor(&[("user", &long)]), login.clone()]);
-    let r = h.limiter.should_rate_limit(&both).await.unwrap();
+    let r = h.limiter.should_rate_limit(&both, None).await.unwrap();
     assert_eq!(statuses(&r), (OVER, vec![(OK, 1), (OVER, 0)]));
     let alone = request(vec![descriptor(&[("user", &long)])]);
-    let r = h.limiter.should_rate_limit(&alone).await.unwrap();
+    let r = h.limiter.should_rate_limit(&alone, None).await.unwrap();
     assert_eq!(statuses(&r), (OK, vec![(OK, 0)]));
-    let r = h.limiter.should_rate_limit(&alone).await.unwrap();
+    let r = h.limiter.should_rate_limit(&alone, None).await.unwrap();
     assert_eq!(
         statuses(&r),
         (OVER, vec![(OVER, 0)]),
@@ -574,7 +574,7 @@ async fn a_long_value_is_judged_and_cannot_hide_another_descriptor() {
     let other = format!("{}v", &long[..4_999]);
     let r = h
         .limiter
-        .should_rate_limit(&request(vec![descriptor(&[("user", &other)])]))
+        .should_rate_limit(&request(vec![descriptor(&[("user", &other)])]), None)
         .await
         .unwrap();
     assert_eq!(statuses(&r), (OK, vec![(OK, 1)]));
@@ -590,10 +590,10 @@ async fn long_keys_and_domains_are_judged_too() {
     // "user" and "app" are over the (tiny) limits: matched on their text, counted under digests.
     let one = request(vec![descriptor(&[("user", "a")])]);
     for remaining in [1, 0] {
-        let r = h.limiter.should_rate_limit(&one).await.unwrap();
+        let r = h.limiter.should_rate_limit(&one, None).await.unwrap();
         assert_eq!(statuses(&r), (OK, vec![(OK, remaining)]));
     }
-    let r = h.limiter.should_rate_limit(&one).await.unwrap();
+    let r = h.limiter.should_rate_limit(&one, None).await.unwrap();
     assert_eq!(statuses(&r), (OVER, vec![(OVER, 0)]));
 }
 
@@ -612,7 +612,7 @@ async fn descriptors_beyond_the_input_limits_are_refused_alone() {
             descriptor(&[("user", "a")]),
             descriptor(&[("health", "x")]),
             descriptor(&[("user", "b")]),
-        ]))
+        ]), None)
         .await
         .unwrap();
     assert_eq!(
@@ -623,7 +623,7 @@ async fn descriptors_beyond_the_input_limits_are_refused_alone() {
     // ... and "b" was not counted.
     let r = h
         .limiter
-        .should_rate_limit(&request(vec![descriptor(&[("user", "b")])]))
+        .should_rate_limit(&request(vec![descriptor(&[("user", "b")])]), None)
         .await
         .unwrap();
     assert_eq!(statuses(&r), (OK, vec![(OK, 1)]));
@@ -634,7 +634,7 @@ async fn descriptors_beyond_the_input_limits_are_refused_alone() {
         .should_rate_limit(&request(vec![
             descriptor(&[("user", "c")]),
             descriptor(&[("a", "1"), ("b", "2"), ("c", "3")]),
-        ]))
+        ]), None)
         .await
         .unwrap();
     assert_eq!(statuses(&r), (OVER, vec![(OK, 1), (OVER, 0)]));
@@ -647,7 +647,7 @@ async fn descriptors_beyond_the_input_limits_are_refused_alone() {
     });
     let r = h
         .limiter
-        .should_rate_limit(&request(vec![bad_unit, descriptor(&[("user", "e")])]))
+        .should_rate_limit(&request(vec![bad_unit, descriptor(&[("user", "e")])]), None)
         .await
         .unwrap();
     assert_eq!(statuses(&r), (OVER, vec![(OVER, 0), (OK, 1)]));
@@ -658,7 +658,7 @@ async fn descriptors_beyond_the_input_limits_are_refused_alone() {
         .should_rate_limit(&request(vec![
             RateLimitDescriptor::default(),
             descriptor(&[("user", "f")]),
-        ]))
+        ]), None)
         .await
         .unwrap();
     assert_eq!(statuses(&r), (OK, vec![(OK, 0), (OK, 1)]));
@@ -673,7 +673,7 @@ async fn no_config_is_an_error() {
     ));
     let limiter = RateLimiter::new(store, KeyBuilder::default(), clock, RlsOptions::default());
     let err = limiter
-        .should_rate_limit(&request(vec![descriptor(&[("user", "x")])]))
+        .should_rate_limit(&request(vec![descriptor(&[("user", "x")])]), None)
         .await
         .unwrap_err();
     assert_eq!(err.to_string(), "no rate limit configuration loaded");
@@ -723,11 +723,12 @@ impl crate::store::Store for CountingStore {
 impl CounterStore for CountingStore {
     fn check_with<'a>(
         &'a self,
+        call: crate::store::Call<'a>,
         checks: &'a [&'a Check],
         charging: Charging,
     ) -> crate::store::StoreFuture<'a> {
         self.checks.fetch_add(checks.len(), Ordering::SeqCst);
-        self.inner.check_with(checks, charging)
+        self.inner.check_with(call, checks, charging)
     }
 }
 
@@ -759,17 +760,17 @@ async fn local_cache_refuses_over_limit_windows_without_the_store() {
         descriptor(&[("user", "bob")]),
     ]);
     for _ in 0..2 {
-        let r = limiter.should_rate_limit(&alice).await.unwrap();
+        let r = limiter.should_rate_limit(&alice, None).await.unwrap();
         assert_eq!(r.overall_code, Code::Ok as i32);
     }
     // Admitted at the limit is not cached (a look with 0 hits would still be admitted).
     assert_eq!(reached(), 2);
-    let refused = limiter.should_rate_limit(&alice).await.unwrap();
+    let refused = limiter.should_rate_limit(&alice, None).await.unwrap();
     assert_eq!(refused.overall_code, Code::OverLimit as i32);
     assert_eq!(reached(), 3, "the first refusal comes from the store");
 
     // Now alice is answered locally, with the window's remaining time; bob still counts.
-    let r = limiter.should_rate_limit(&both).await.unwrap();
+    let r = limiter.should_rate_limit(&both, None).await.unwrap();
     assert_eq!(reached(), 4, "only bob reached the store");
     assert_eq!(r.overall_code, Code::OverLimit as i32);
     assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
@@ -787,7 +788,7 @@ async fn local_cache_refuses_over_limit_windows_without_the_store() {
 
     // The next window is a new key: the store decides again.
     clock.advance_micros(41_000_000);
-    let r = limiter.should_rate_limit(&alice).await.unwrap();
+    let r = limiter.should_rate_limit(&alice, None).await.unwrap();
     assert_eq!(r.overall_code, Code::Ok as i32);
     assert_eq!(reached(), 5);
 }
@@ -830,20 +831,27 @@ impl crate::store::Store for Down {
 }
 
 impl CounterStore for Down {
-    fn check_with<'a>(&'a self, _: &'a [&'a Check], _: Charging) -> crate::store::StoreFuture<'a> {
+    fn check_with<'a>(
+        &'a self,
+        _: crate::store::Call<'a>,
+        _: &'a [&'a Check],
+        _: Charging,
+    ) -> crate::store::StoreFuture<'a> {
         Box::pin(async { Err(StoreError::Unavailable("breaker open".into())) })
     }
 }
 
 #[tokio::test]
 async fn answers_decided_locally_carry_the_mark() {
-    use crate::store::degraded::{LocalShare, Replicas};
+    use crate::store::layers::Layered;
+    use crate::store::layers::local_share::{LocalShare, Replicas};
     let clock = Arc::new(ManualClock::new(1_000_039_500_000));
     let local = Arc::new(MemoryStore::new(
         MemoryStoreOptions::default(),
         clock.clone(),
     ));
-    let layer = LocalShare::new(Down, local, Replicas::new(Some(2)), Arc::new(|| {}));
+    let layer = LocalShare::new(local, Replicas::new(Some(2)), Arc::new(|| {}));
+    let layer = Layered::new(layer, Down);
     let options = RlsOptions {
         failure_policy: FailurePolicy::LocalShare,
         dynamic_metadata: true,
@@ -867,10 +875,10 @@ async fn answers_decided_locally_carry_the_mark() {
         header && metadata.is_some()
     };
     // 2 a minute over 2 replicas: 1 here, then refused; both marked.
-    let first = limiter.should_rate_limit(&alice).await.unwrap();
+    let first = limiter.should_rate_limit(&alice, None).await.unwrap();
     assert_eq!(first.overall_code, Code::Ok as i32);
     assert!(marked(&first), "{first:?}");
-    let second = limiter.should_rate_limit(&alice).await.unwrap();
+    let second = limiter.should_rate_limit(&alice, None).await.unwrap();
     assert_eq!(second.overall_code, Code::OverLimit as i32);
     assert!(marked(&second), "{second:?}");
     // The store's own answers are not marked.

@@ -1,9 +1,9 @@
 //! Where counters live: the store traits and their two implementations (memory, Redis).
 //!
 //! [`CounterStore`] is what the Envoy decision path needs, [`LimiterStore`] what the named
-//! limiters need; both stores implement both, and wrappers (the circuit breaker, the metrics,
-//! `degraded::LocalShare` for `FAILURE_POLICY=local_share`)
-//! implement whichever they wrap. A counter store receives every counted descriptor of one
+//! limiters need; both stores implement both, and so does a store with a layer in front
+//! ([`layers`]: the circuit breaker, the measurements, `FAILURE_POLICY=local_share`). Every
+//! operation takes its [`Call`]: the caller's deadline and the request's marks (`call.rs`). A counter store receives every counted descriptor of one
 //! request as a batch of [`Check`]s and answers them in one atomic step per key (one Lua script
 //! call on Redis, one shard lock per key in memory), or for the whole batch under
 //! [`Charging::StopWhenOver`] or when it holds a group of checks that are all or nothing (the
@@ -13,9 +13,9 @@
 //! same semantics and are tested against each other.
 
 pub mod algorithms;
-pub mod breaker;
+mod call;
 pub mod deadline;
-pub mod degraded;
+pub mod layers;
 pub mod memory;
 /// The Redis store (feature `redis`, on by default).
 #[cfg(feature = "redis")]
@@ -24,6 +24,9 @@ pub mod redis;
 use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+
+pub use call::{Call, Marks};
 
 pub use memory::{MemoryStore, MemoryStoreOptions};
 #[cfg(feature = "redis")]
@@ -462,11 +465,17 @@ pub trait CounterStore: Store {
     /// checks `charging` says. The checks are borrowed: a caller that splits one request's
     /// checks into parts (the over-limit cache, the per-second store, Redis Cluster slots)
     /// hands each part references, never copies.
-    fn check_with<'a>(&'a self, checks: &'a [&'a Check], charging: Charging) -> StoreFuture<'a>;
+    fn check_with<'a>(
+        &'a self,
+        call: Call<'a>,
+        checks: &'a [&'a Check],
+        charging: Charging,
+    ) -> StoreFuture<'a>;
 
-    /// Decides every check, charging each ([`Charging::Each`]).
+    /// Decides every check, charging each ([`Charging::Each`]), as a call with no deadline whose
+    /// marks nobody reads ([`Call::detached`]).
     fn check<'a>(&'a self, checks: &'a [&'a Check]) -> StoreFuture<'a> {
-        self.check_with(checks, Charging::Each)
+        self.check_with(Call::detached(), checks, Charging::Each)
     }
 }
 
@@ -476,15 +485,20 @@ pub trait LimiterStore: Store {
     /// Creates or changes a named limiter.
     fn set_limiter<'a>(
         &'a self,
+        call: Call<'a>,
         keys: &'a LimiterKeys,
         record: &'a LimiterRecord,
         mode: SetMode,
     ) -> StoreFuture<'a, LimiterSet>;
 
-    fn get_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, Option<LimiterRecord>>;
+    fn get_limiter<'a>(
+        &'a self,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+    ) -> StoreFuture<'a, Option<LimiterRecord>>;
 
     /// Removes the config and the shared state; returns whether a config existed.
-    fn delete_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, bool>;
+    fn delete_limiter<'a>(&'a self, call: Call<'a>, keys: &'a LimiterKeys) -> StoreFuture<'a, bool>;
 
     /// Takes `permits` (0: only looks) under the limiter's current config, atomically with
     /// reading it. Unlike [`CounterStore::check`], a refused acquisition never changes the state, for
@@ -493,13 +507,86 @@ pub trait LimiterStore: Store {
     /// [`Acquisition::TooManyClients`].
     fn acquire<'a>(
         &'a self,
+        call: Call<'a>,
         keys: &'a LimiterKeys,
         permits: u64,
         max_clients: u64,
     ) -> StoreFuture<'a, Acquisition>;
 
     /// Changes or reads the registry of named limiters kept under `key`.
-    fn registry<'a>(&'a self, key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply>;
+    fn registry<'a>(
+        &'a self,
+        call: Call<'a>,
+        key: &'a str,
+        op: RegistryOp<'a>,
+    ) -> StoreFuture<'a, RegistryReply>;
+}
+
+/// A store for both decision paths: what the server stacks its layers over (every store and
+/// every layered store is one). As `Arc<dyn FullStore>` it becomes either path's trait object.
+pub trait FullStore: CounterStore + LimiterStore {}
+
+impl<S: CounterStore + LimiterStore + ?Sized> FullStore for S {}
+
+// A shared store is a store: layers stack over `Arc<dyn CounterStore>` as over a store they own.
+impl<S: Store + ?Sized> Store for Arc<S> {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+}
+
+impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
+    fn check_with<'a>(
+        &'a self,
+        call: Call<'a>,
+        checks: &'a [&'a Check],
+        charging: Charging,
+    ) -> StoreFuture<'a> {
+        (**self).check_with(call, checks, charging)
+    }
+}
+
+impl<S: LimiterStore + ?Sized> LimiterStore for Arc<S> {
+    fn set_limiter<'a>(
+        &'a self,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+        record: &'a LimiterRecord,
+        mode: SetMode,
+    ) -> StoreFuture<'a, LimiterSet> {
+        (**self).set_limiter(call, keys, record, mode)
+    }
+
+    fn get_limiter<'a>(
+        &'a self,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+    ) -> StoreFuture<'a, Option<LimiterRecord>> {
+        (**self).get_limiter(call, keys)
+    }
+
+    fn delete_limiter<'a>(&'a self, call: Call<'a>, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
+        (**self).delete_limiter(call, keys)
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+        permits: u64,
+        max_clients: u64,
+    ) -> StoreFuture<'a, Acquisition> {
+        (**self).acquire(call, keys, permits, max_clients)
+    }
+
+    fn registry<'a>(
+        &'a self,
+        call: Call<'a>,
+        key: &'a str,
+        op: RegistryOp<'a>,
+    ) -> StoreFuture<'a, RegistryReply> {
+        (**self).registry(call, key, op)
+    }
 }
 
 /// The start (unix seconds) of the fixed window of `window_secs` that holds `now_secs`:

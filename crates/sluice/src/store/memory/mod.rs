@@ -28,7 +28,7 @@ use self::state::{Entry, run_rule};
 use self::table::{KeyId, ShardTable, Table};
 use super::algorithms::{self, State};
 use super::{
-    Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
+    Acquisition, Call, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
     LimiterStore, Outcome, RegistryOp, RegistryReply, Rule, SetMode, Store, StoreFuture,
 };
 use crate::clock::Clock;
@@ -297,8 +297,15 @@ impl Store for MemoryStore {
     }
 }
 
+// A call's deadline and marks mean nothing to the memory store: it answers at once, and never
+// locally in the `local_share` sense.
 impl CounterStore for MemoryStore {
-    fn check_with<'a>(&'a self, checks: &'a [&'a Check], charging: Charging) -> StoreFuture<'a> {
+    fn check_with<'a>(
+        &'a self,
+        _: Call<'a>,
+        checks: &'a [&'a Check],
+        charging: Charging,
+    ) -> StoreFuture<'a> {
         let now = self.inner.clock.now_micros();
         let outcomes = match charging {
             _ if super::needs_trial(checks, charging) => {
@@ -326,6 +333,7 @@ impl CounterStore for MemoryStore {
 impl LimiterStore for MemoryStore {
     fn set_limiter<'a>(
         &'a self,
+        _: Call<'a>,
         keys: &'a LimiterKeys,
         record: &'a LimiterRecord,
         mode: SetMode,
@@ -334,16 +342,21 @@ impl LimiterStore for MemoryStore {
         Box::pin(std::future::ready(Ok(set)))
     }
 
-    fn get_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, Option<LimiterRecord>> {
+    fn get_limiter<'a>(
+        &'a self,
+        _: Call<'a>,
+        keys: &'a LimiterKeys,
+    ) -> StoreFuture<'a, Option<LimiterRecord>> {
         Box::pin(std::future::ready(Ok(self.inner.named.get(keys))))
     }
 
-    fn delete_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
+    fn delete_limiter<'a>(&'a self, _: Call<'a>, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
         Box::pin(std::future::ready(Ok(self.inner.named.delete(keys))))
     }
 
     fn acquire<'a>(
         &'a self,
+        _: Call<'a>,
         keys: &'a LimiterKeys,
         permits: u64,
         max_clients: u64,
@@ -359,7 +372,12 @@ impl LimiterStore for MemoryStore {
 
     /// The same operations as `lua/registry.lua`, on one map (one registry per process, so
     /// `_key` names nothing here).
-    fn registry<'a>(&'a self, _key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply> {
+    fn registry<'a>(
+        &'a self,
+        _: Call<'a>,
+        _key: &'a str,
+        op: RegistryOp<'a>,
+    ) -> StoreFuture<'a, RegistryReply> {
         let now_ms = self.inner.clock.now_millis();
         Box::pin(std::future::ready(Ok(self.registry.apply(op, now_ms))))
     }

@@ -68,7 +68,7 @@ use self::script::{
 };
 use self::wire::Heard;
 use super::{
-    Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
+    Acquisition, Call, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
     LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
     needs_trial,
 };
@@ -337,7 +337,7 @@ impl RedisStore {
 
     /// Marks `member` as a live replica in the sorted set `key` (score: Redis's clock, in
     /// milliseconds), drops members not seen for `live_ms`, and returns how many are left: the
-    /// replica count of the `local_share` failure policy (`store::degraded::replicas`). One
+    /// replica count of the `local_share` failure policy (`store::layers::local_share::replicas`). One
     /// key, so one slot on a cluster; Redis's clock, so the replicas' clocks need not agree.
     pub async fn count_replicas(
         &self,
@@ -354,8 +354,10 @@ impl RedisStore {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(SCRIPT).arg(1).arg(key).arg(member).arg(live_ms);
         let slot = slot::slot(key.as_bytes());
-        self.bounded(async move { parse(self.route(slot, cmd).await?) })
-            .await
+        self.bounded(Call::detached(), async move {
+            parse(self.route(slot, cmd).await?)
+        })
+        .await
     }
 
     /// The time tests pin instead of Redis's clock, in microseconds.
@@ -622,13 +624,14 @@ fn parse_record(fields: RecordFields) -> Result<Option<LimiterRecord>, StoreErro
 }
 
 impl RedisStore {
-    /// `call` within its deadline, judged when it runs out (`timeout.rs`).
+    /// `work` within `call`'s deadline, judged when it runs out (`timeout.rs`).
     fn bounded<'a, T: Send + 'a>(
         &'a self,
-        call: impl Future<Output = Result<T, StoreError>> + Send + 'a,
+        call: Call<'a>,
+        work: impl Future<Output = Result<T, StoreError>> + Send + 'a,
     ) -> StoreFuture<'a, T> {
         Box::pin(async move {
-            let result = timeout::within(self.options.timeout, &self.heard, call).await;
+            let result = timeout::within(self.options.timeout, &self.heard, call, work).await;
             if let (
                 Err(StoreError::Timeout(_) | StoreError::Late(_)),
                 Connector::Cluster(cluster),
@@ -652,19 +655,25 @@ impl Store for RedisStore {
 }
 
 impl CounterStore for RedisStore {
-    fn check_with<'a>(&'a self, checks: &'a [&'a Check], charging: Charging) -> StoreFuture<'a> {
-        self.bounded(self.run(checks, charging))
+    fn check_with<'a>(
+        &'a self,
+        call: Call<'a>,
+        checks: &'a [&'a Check],
+        charging: Charging,
+    ) -> StoreFuture<'a> {
+        self.bounded(call, self.run(checks, charging))
     }
 }
 
 impl LimiterStore for RedisStore {
     fn set_limiter<'a>(
         &'a self,
+        call: Call<'a>,
         keys: &'a LimiterKeys,
         record: &'a LimiterRecord,
         mode: SetMode,
     ) -> StoreFuture<'a, LimiterSet> {
-        self.bounded(async move {
+        self.bounded(call, async move {
             let mode = match mode {
                 SetMode::TrySet => "try",
                 SetMode::UpdateKeepState => "keep",
@@ -690,15 +699,19 @@ impl LimiterStore for RedisStore {
         })
     }
 
-    fn get_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, Option<LimiterRecord>> {
-        self.bounded(async move {
+    fn get_limiter<'a>(
+        &'a self,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+    ) -> StoreFuture<'a, Option<LimiterRecord>> {
+        self.bounded(call, async move {
             let fields: RecordFields = self.limiter_op(keys, "get", |_| {}).await?;
             parse_record(fields)
         })
     }
 
-    fn delete_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
-        self.bounded(async move {
+    fn delete_limiter<'a>(&'a self, call: Call<'a>, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
+        self.bounded(call, async move {
             let existed: i64 = self.limiter_op(keys, "delete", |_| {}).await?;
             Ok(existed == 1)
         })
@@ -706,11 +719,12 @@ impl LimiterStore for RedisStore {
 
     fn acquire<'a>(
         &'a self,
+        call: Call<'a>,
         keys: &'a LimiterKeys,
         permits: u64,
         max_clients: u64,
     ) -> StoreFuture<'a, Acquisition> {
-        self.bounded(async move {
+        self.bounded(call, async move {
             let reply: Vec<i64> = self
                 .limiter_op(keys, "acquire", |cmd| {
                     cmd.arg(permits).arg(max_clients).arg(&keys.client_id);
@@ -737,8 +751,13 @@ impl LimiterStore for RedisStore {
         })
     }
 
-    fn registry<'a>(&'a self, key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply> {
-        self.bounded(async move {
+    fn registry<'a>(
+        &'a self,
+        call: Call<'a>,
+        key: &'a str,
+        op: RegistryOp<'a>,
+    ) -> StoreFuture<'a, RegistryReply> {
+        self.bounded(call, async move {
             let slot = slot::slot(key.as_bytes());
             let args = |cmd: &mut redis::Cmd, pinned: Option<u64>| {
                 cmd.arg(1)

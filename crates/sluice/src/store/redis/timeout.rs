@@ -1,7 +1,7 @@
 //! Each Redis store call's deadline, and what its running out says of Redis (issue #28's "late,
 //! not down", issue #40's "a caller's own deadline decides nothing of the store").
 //!
-//! A call is bounded by its caller's deadline when it sent one (`store::deadline`), else by
+//! A call is bounded by its caller's deadline when it sent one (its `Call`), else by
 //! `REDIS_TIMEOUT`, connection checkout included. When it runs out, three different things may
 //! have happened, and only one of them is an outage ([`ran_out`]): Redis is silent (it has owed
 //! replies for a second and read none, `wire.rs`), Redis is slow, or the caller granted less
@@ -12,21 +12,20 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::wire::{Heard, Watch};
-use crate::store::StoreError;
-use crate::store::deadline::{self, Budget};
+use crate::store::deadline::Budget;
+use crate::store::{Call, StoreError};
 
-/// `call` within its deadline: its caller's (`grpc-timeout` less a margin) when it sent one,
-/// else `own` (`REDIS_TIMEOUT`). A call whose caller's deadline has already passed is not
+/// `work` within `call`'s deadline: its caller's (`grpc-timeout` less a margin) when it sent
+/// one, else `own` (`REDIS_TIMEOUT`). A call whose caller's deadline has already passed is not
 /// started. One that runs out of time is judged by [`ran_out`], `store` being what all the
 /// store's servers have been told and have said.
 pub(super) async fn within<T>(
     own: Duration,
     store: &Heard,
-    call: impl Future<Output = Result<T, StoreError>>,
+    call: Call<'_>,
+    work: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    // Read when the call starts, in the caller's task: the server sets the deadline around the
-    // handler future this is polled in.
-    let budget = deadline::budget(own);
+    let budget = call.budget(own);
     if budget.left.is_zero() && budget.callers {
         // A zero timer still polls the call once, which may write it: its reply would race the
         // timer, for nothing the caller could use.
@@ -34,7 +33,7 @@ pub(super) async fn within<T>(
     }
     // Learns which servers the call waited on, to tell slow from down.
     let watch = Watch::default();
-    match tokio::time::timeout(budget.left, watch.scope(call)).await {
+    match tokio::time::timeout(budget.left, watch.scope(work)).await {
         Ok(result) => result,
         Err(_) => Err(ran_out(&watch, store, budget)),
     }

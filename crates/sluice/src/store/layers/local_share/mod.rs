@@ -1,7 +1,7 @@
 //! The `local_share` failure policy (issue #28, "degraded decisions instead of none"): a store
-//! layer that, when the store behind it cannot answer (its breaker is open, the call timed out,
-//! Redis is unreachable), decides in process with this replica's share of every limit, and
-//! marks such answers.
+//! layer (`layers/`) that, when the store behind it cannot answer (its breaker is open, the call
+//! timed out, Redis is unreachable), decides in process with this replica's share of every
+//! limit, and marks such answers on the request's marks (`Call::mark_degraded`).
 //!
 //! Every call still goes to the store first (an open breaker makes that instant), so the first
 //! call after Redis answers again is exact. The store's call is given the caller's deadline less
@@ -31,7 +31,6 @@
 //! has not learnt gets the store's error. Setting, deleting and the registry are never decided
 //! locally.
 
-mod mark;
 pub mod replicas;
 pub mod share;
 
@@ -40,13 +39,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use mark::noting;
 pub use replicas::Replicas;
 
-use super::{
-    Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
-    LimiterStore, MemoryStore, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
-    deadline,
+use super::{Layer, Op};
+use crate::store::{
+    Acquisition, Call, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
+    LimiterStore, MemoryStore, SetMode, StoreError, StoreFuture,
 };
 use crate::util::LogThrottle;
 
@@ -68,9 +66,8 @@ const MAX_LEARNT: usize = 100_000;
 /// which lives above the store).
 pub type OnDegraded = Arc<dyn Fn() + Send + Sync>;
 
-/// The layer: `store` first, `local` when it cannot answer.
-pub struct LocalShare<S> {
-    store: S,
+/// The layer: the store first, `local` when it cannot answer.
+pub struct LocalShare {
     local: Arc<MemoryStore>,
     replicas: Arc<Replicas>,
     on_degraded: OnDegraded,
@@ -81,25 +78,18 @@ pub struct LocalShare<S> {
     learnt: Mutex<HashMap<String, Instant>>,
 }
 
-impl<S: Store> std::fmt::Debug for LocalShare<S> {
+impl std::fmt::Debug for LocalShare {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalShare")
-            .field("store", &self.store)
             .field("replicas", &self.replicas)
             .finish()
     }
 }
 
-impl<S: Store> LocalShare<S> {
-    /// `store` with local decisions on `local` (which several layers may share) when it fails.
-    pub fn new(
-        store: S,
-        local: Arc<MemoryStore>,
-        replicas: Arc<Replicas>,
-        on_degraded: OnDegraded,
-    ) -> Self {
+impl LocalShare {
+    /// Local decisions on `local` (which several layers may share) when the store fails.
+    pub fn new(local: Arc<MemoryStore>, replicas: Arc<Replicas>, on_degraded: OnDegraded) -> Self {
         Self {
-            store,
             local,
             replicas,
             on_degraded,
@@ -109,19 +99,16 @@ impl<S: Store> LocalShare<S> {
         }
     }
 
-    pub fn inner(&self) -> &S {
-        &self.store
-    }
-
     /// The store's call, with time kept back for a local decision: [`RESERVE`] at most while
     /// the store answers, half of what is left while it is known to fail. A call that reaches
     /// a failing store (the breaker's probe, or every call before the breaker opens) may wait
     /// for a connection until its deadline; a Redis that is back answers in a millisecond, so
     /// half the time is plenty to notice it, and the other half keeps the local answer in time
     /// on a busy machine.
-    async fn first_the_store<T>(
+    async fn first_the_store<'a, T>(
         &self,
-        call: impl Future<Output = Result<T, StoreError>>,
+        call: Call<'a>,
+        run: impl FnOnce(Call<'a>) -> StoreFuture<'a, T>,
     ) -> Result<T, StoreError> {
         let failing = self.failing.load(Ordering::Relaxed);
         let reserve = |left: Duration| {
@@ -131,7 +118,7 @@ impl<S: Store> LocalShare<S> {
                 (left / 10).min(RESERVE)
             }
         };
-        let result = deadline::sooner(reserve, call).await;
+        let result = run(call.sooner(reserve)).await;
         match &result {
             // Says nothing of the store.
             Err(StoreError::CallerDeadline(_)) => {}
@@ -141,9 +128,10 @@ impl<S: Store> LocalShare<S> {
         result
     }
 
-    /// Counts, marks and logs (at most once a second) one local decision.
-    fn noted(&self, error: &StoreError, replicas: u64) {
-        mark::set();
+    /// Counts, marks and logs (at most once a second) one local decision for `call` on the
+    /// store of `kind`.
+    fn noted(&self, call: Call<'_>, kind: &'static str, error: &StoreError, replicas: u64) {
+        call.mark_degraded();
         (self.on_degraded)();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -153,7 +141,7 @@ impl<S: Store> LocalShare<S> {
                 %error,
                 replicas,
                 held_back,
-                store = self.store.kind(),
+                store = kind,
                 "store failed; deciding locally with this replica's share (FAILURE_POLICY=local_share)"
             );
         }
@@ -165,7 +153,7 @@ impl<S: Store> LocalShare<S> {
         // Same rule and mode: the local state is kept; otherwise it starts afresh.
         let _ = self
             .local
-            .set_limiter(keys, &share, SetMode::UpdateKeepState)
+            .set_limiter(Call::detached(), keys, &share, SetMode::UpdateKeepState)
             .await;
         let mut learnt = self.learnt.lock().unwrap_or_else(|p| p.into_inner());
         if learnt.len() >= MAX_LEARNT {
@@ -189,19 +177,29 @@ pub fn degrades(error: &StoreError) -> bool {
     error.is_outage() || matches!(error, StoreError::Late(_))
 }
 
-impl<S: Store> Store for LocalShare<S> {
-    fn kind(&self) -> &'static str {
-        self.store.kind()
+impl Layer for LocalShare {
+    /// Operations it does not answer itself (the registry) go to the store as they are.
+    fn around<'a, T: Send + 'a>(
+        &'a self,
+        _: Op,
+        call: Call<'a>,
+        run: impl FnOnce(Call<'a>) -> StoreFuture<'a, T> + Send + 'a,
+    ) -> StoreFuture<'a, T> {
+        run(call)
     }
-}
 
-impl<S: CounterStore> CounterStore for LocalShare<S> {
-    fn check_with<'a>(&'a self, checks: &'a [&'a Check], charging: Charging) -> StoreFuture<'a> {
+    fn check_with<'a, S: CounterStore + ?Sized>(
+        &'a self,
+        store: &'a S,
+        call: Call<'a>,
+        checks: &'a [&'a Check],
+        charging: Charging,
+    ) -> StoreFuture<'a> {
         Box::pin(async move {
-            let error = match self
-                .first_the_store(self.store.check_with(checks, charging))
-                .await
-            {
+            let asked = self
+                .first_the_store(call, |call| store.check_with(call, checks, charging))
+                .await;
+            let error = match asked {
                 Err(e) if degrades(&e) => e,
                 answered => return answered,
             };
@@ -214,30 +212,35 @@ impl<S: CounterStore> CounterStore for LocalShare<S> {
                 })
                 .collect();
             let shared: Vec<&Check> = shared.iter().collect();
-            let outcomes = self.local.check_with(&shared, charging).await?;
-            self.noted(&error, replicas);
+            let outcomes = self.local.check_with(call, &shared, charging).await?;
+            self.noted(call, store.kind(), &error, replicas);
             Ok(outcomes)
         })
     }
-}
 
-impl<S: LimiterStore> LimiterStore for LocalShare<S> {
-    fn set_limiter<'a>(
+    fn set_limiter<'a, S: LimiterStore + ?Sized>(
         &'a self,
+        store: &'a S,
+        call: Call<'a>,
         keys: &'a LimiterKeys,
         record: &'a LimiterRecord,
         mode: SetMode,
     ) -> StoreFuture<'a, LimiterSet> {
         Box::pin(async move {
-            let set = self.store.set_limiter(keys, record, mode).await?;
+            let set = store.set_limiter(call, keys, record, mode).await?;
             self.learn(keys, &set.current).await;
             Ok(set)
         })
     }
 
-    fn get_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, Option<LimiterRecord>> {
+    fn get_limiter<'a, S: LimiterStore + ?Sized>(
+        &'a self,
+        store: &'a S,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+    ) -> StoreFuture<'a, Option<LimiterRecord>> {
         Box::pin(async move {
-            let record = self.store.get_limiter(keys).await?;
+            let record = store.get_limiter(call, keys).await?;
             if let Some(record) = &record {
                 self.learn(keys, record).await;
             }
@@ -245,30 +248,37 @@ impl<S: LimiterStore> LimiterStore for LocalShare<S> {
         })
     }
 
-    fn delete_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
+    fn delete_limiter<'a, S: LimiterStore + ?Sized>(
+        &'a self,
+        store: &'a S,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
-            let existed = self.store.delete_limiter(keys).await?;
-            let _ = self.local.delete_limiter(keys).await;
+            let existed = store.delete_limiter(call, keys).await?;
+            let _ = self.local.delete_limiter(Call::detached(), keys).await;
             Ok(existed)
         })
     }
 
-    fn acquire<'a>(
+    fn acquire<'a, S: LimiterStore + ?Sized>(
         &'a self,
+        store: &'a S,
+        call: Call<'a>,
         keys: &'a LimiterKeys,
         permits: u64,
         max_clients: u64,
     ) -> StoreFuture<'a, Acquisition> {
         Box::pin(async move {
-            let error = match self
-                .first_the_store(self.store.acquire(keys, permits, max_clients))
-                .await
-            {
+            let asked = self
+                .first_the_store(call, |call| store.acquire(call, keys, permits, max_clients))
+                .await;
+            let error = match asked {
                 Ok(acquisition) => {
                     if matches!(acquisition, Acquisition::Decided { .. }) && self.due(keys) {
                         // Learnt after the answer: its cost is one read per limiter per
                         // LEARN_AGAIN, and a failure here changes nothing.
-                        if let Ok(Some(record)) = self.store.get_limiter(keys).await {
+                        if let Ok(Some(record)) = store.get_limiter(call, keys).await {
                             self.learn(keys, &record).await;
                         }
                     }
@@ -277,19 +287,15 @@ impl<S: LimiterStore> LimiterStore for LocalShare<S> {
                 Err(e) if degrades(&e) => e,
                 Err(e) => return Err(e),
             };
-            match self.local.acquire(keys, permits, max_clients).await? {
+            match self.local.acquire(call, keys, permits, max_clients).await? {
                 // Never learnt: the store's error is the honest answer.
                 Acquisition::NoSuchLimiter => Err(error),
                 acquisition => {
-                    self.noted(&error, self.replicas.count());
+                    self.noted(call, store.kind(), &error, self.replicas.count());
                     Ok(acquisition)
                 }
             }
         })
-    }
-
-    fn registry<'a>(&'a self, key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply> {
-        self.store.registry(key, op)
     }
 }
 

@@ -7,7 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
 use crate::clock::ManualClock;
-use crate::store::{MemoryStoreOptions, Rule, StateKeys};
+use crate::store::layers::Layered;
+use crate::store::{
+    Marks, MemoryStoreOptions, RegistryOp, RegistryReply, Rule, StateKeys, Store,
+};
 
 /// A store that answers with `failure` while it is set, and as the memory store otherwise.
 #[derive(Debug)]
@@ -36,10 +39,15 @@ impl Store for Failing {
 }
 
 impl CounterStore for Failing {
-    fn check_with<'a>(&'a self, checks: &'a [&'a Check], charging: Charging) -> StoreFuture<'a> {
+    fn check_with<'a>(
+        &'a self,
+        call: Call<'a>,
+        checks: &'a [&'a Check],
+        charging: Charging,
+    ) -> StoreFuture<'a> {
         match self.failure() {
             Some(e) => Box::pin(async move { Err(e) }),
-            None => self.up.check_with(checks, charging),
+            None => self.up.check_with(call, checks, charging),
         }
     }
 }
@@ -47,31 +55,42 @@ impl CounterStore for Failing {
 impl LimiterStore for Failing {
     fn set_limiter<'a>(
         &'a self,
+        call: Call<'a>,
         keys: &'a LimiterKeys,
         record: &'a LimiterRecord,
         mode: SetMode,
     ) -> StoreFuture<'a, LimiterSet> {
-        self.up.set_limiter(keys, record, mode)
+        self.up.set_limiter(call, keys, record, mode)
     }
-    fn get_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, Option<LimiterRecord>> {
-        self.up.get_limiter(keys)
+    fn get_limiter<'a>(
+        &'a self,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+    ) -> StoreFuture<'a, Option<LimiterRecord>> {
+        self.up.get_limiter(call, keys)
     }
-    fn delete_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
-        self.up.delete_limiter(keys)
+    fn delete_limiter<'a>(&'a self, call: Call<'a>, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
+        self.up.delete_limiter(call, keys)
     }
     fn acquire<'a>(
         &'a self,
+        call: Call<'a>,
         keys: &'a LimiterKeys,
         permits: u64,
         max_clients: u64,
     ) -> StoreFuture<'a, Acquisition> {
         match self.failure() {
             Some(e) => Box::pin(async move { Err(e) }),
-            None => self.up.acquire(keys, permits, max_clients),
+            None => self.up.acquire(call, keys, permits, max_clients),
         }
     }
-    fn registry<'a>(&'a self, key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply> {
-        self.up.registry(key, op)
+    fn registry<'a>(
+        &'a self,
+        call: Call<'a>,
+        key: &'a str,
+        op: RegistryOp<'a>,
+    ) -> StoreFuture<'a, RegistryReply> {
+        self.up.registry(call, key, op)
     }
 }
 
@@ -89,23 +108,24 @@ fn clock() -> Arc<ManualClock> {
 }
 
 /// The layer over `store`, three replicas configured, counting its local decisions.
-fn layered(store: Failing) -> (LocalShare<Failing>, Arc<AtomicU64>) {
+fn layered(store: Failing) -> (Layered<LocalShare, Failing>, Arc<AtomicU64>) {
     let count = Arc::new(AtomicU64::new(0));
     let counted = count.clone();
     let local = Arc::new(MemoryStore::new(MemoryStoreOptions::default(), clock()));
     let on_degraded: OnDegraded = Arc::new(move || {
         counted.fetch_add(1, Ordering::Relaxed);
     });
-    let layer = LocalShare::new(store, local, Replicas::new(Some(3)), on_degraded);
-    (layer, count)
+    let layer = LocalShare::new(local, Replicas::new(Some(3)), on_degraded);
+    (Layered::new(layer, store), count)
 }
 
 fn down() -> Failing {
     Failing::new(Some(StoreError::Unavailable("circuit breaker open".into())))
 }
 
-/// How many one-hit checks of `rule` on one key are admitted in a row (the clock stands still).
-async fn admitted_in_a_row(store: &impl CounterStore, rule: &Rule) -> u64 {
+/// How many one-hit checks of `rule` on one key are admitted in a row (the clock stands still),
+/// each a call of `marks`.
+async fn admitted_in_a_row(store: &impl CounterStore, rule: &Rule, marks: &Marks) -> u64 {
     let check = Check {
         key: "k".into(),
         hits: 1,
@@ -115,7 +135,10 @@ async fn admitted_in_a_row(store: &impl CounterStore, rule: &Rule) -> u64 {
     };
     let mut admitted = 0;
     for _ in 0..1_000 {
-        let outcomes = store.check(&[&check]).await.expect("decided");
+        let outcomes = store
+            .check_with(marks.call(None), &[&check], Charging::Each)
+            .await
+            .expect("decided");
         if !outcomes[0].admitted {
             break;
         }
@@ -141,13 +164,15 @@ async fn every_algorithm_decides_with_a_third_of_its_limit() {
     ];
     for (rule, share) in cases {
         let (layer, count) = layered(down());
-        let (admitted, marked) = noting(admitted_in_a_row(&layer, &rule)).await;
+        let marks = Marks::new();
+        let admitted = admitted_in_a_row(&layer, &rule, &marks).await;
         assert_eq!(admitted, share, "{rule:?}");
-        assert!(marked, "{rule:?}: not marked");
+        assert!(marks.degraded(), "{rule:?}: not marked");
         assert_eq!(count.load(Ordering::Relaxed), share + 1, "{rule:?}");
         // The whole limit when the store answers.
         let (layer, count) = layered(Failing::new(None));
-        assert_eq!(admitted_in_a_row(&layer, &rule).await, 30, "{rule:?}");
+        let whole = admitted_in_a_row(&layer, &rule, &Marks::new()).await;
+        assert_eq!(whole, 30, "{rule:?}");
         assert_eq!(count.load(Ordering::Relaxed), 0);
     }
 }
@@ -171,13 +196,9 @@ async fn warm_up_decides_with_a_share_of_its_permits() {
         up: memory(),
     };
     let never = || -> OnDegraded { Arc::new(|| {}) };
-    let up = LocalShare::new(up, Arc::new(memory()), Replicas::new(Some(3)), never());
-    let degraded = LocalShare::new(
-        degraded,
-        Arc::new(memory()),
-        Replicas::new(Some(3)),
-        never(),
-    );
+    let layer = || LocalShare::new(Arc::new(memory()), Replicas::new(Some(3)), never());
+    let up = Layered::new(layer(), up);
+    let degraded = Layered::new(layer(), degraded);
     let alone = memory();
     let share = share::rule(&rule, 3);
     let check = |rule: &Rule| Check {
@@ -215,7 +236,8 @@ async fn outages_and_late_calls_degrade_script_errors_and_callers_deadlines_do_n
     ];
     for error in degrading {
         let (layer, _) = layered(Failing::new(Some(error.clone())));
-        assert_eq!(admitted_in_a_row(&layer, &fixed).await, 10, "{error}");
+        let admitted = admitted_in_a_row(&layer, &fixed, &Marks::new()).await;
+        assert_eq!(admitted, 10, "{error}");
     }
     for error in [
         StoreError::Script("ERR wrong type".into()),
@@ -230,9 +252,12 @@ async fn outages_and_late_calls_degrade_script_errors_and_callers_deadlines_do_n
             record_refused: false,
             group: None,
         };
-        let (answer, marked) = noting(layer.check(&[&check])).await;
+        let marks = Marks::new();
+        let answer = layer
+            .check_with(marks.call(None), &[&check], Charging::Each)
+            .await;
         assert!(answer.is_err(), "{error} was decided locally");
-        assert!(!marked);
+        assert!(!marks.degraded());
         assert_eq!(count.load(Ordering::Relaxed), 0);
     }
 }
@@ -241,17 +266,12 @@ async fn outages_and_late_calls_degrade_script_errors_and_callers_deadlines_do_n
 async fn the_store_answers_again_at_once() {
     let (layer, _) = layered(down());
     let rule = fixed_window();
-    assert_eq!(admitted_in_a_row(&layer, &rule).await, 10);
-    *layer.inner().failure.lock().unwrap() = None;
-    let ((), marked) = noting(async {
-        assert_eq!(
-            admitted_in_a_row(&layer, &rule).await,
-            30,
-            "not the store's count"
-        );
-    })
-    .await;
-    assert!(!marked);
+    assert_eq!(admitted_in_a_row(&layer, &rule, &Marks::new()).await, 10);
+    *layer.store().failure.lock().unwrap() = None;
+    let marks = Marks::new();
+    let admitted = admitted_in_a_row(&layer, &rule, &marks).await;
+    assert_eq!(admitted, 30, "not the store's count");
+    assert!(!marks.degraded());
 }
 
 fn limiter_keys(name: &str) -> LimiterKeys {
@@ -283,14 +303,15 @@ async fn named_limiters_decide_locally_once_their_record_is_learnt() {
         description: Vec::new(),
     };
     layer
-        .set_limiter(&keys, &record, SetMode::TrySet)
+        .set_limiter(Call::detached(), &keys, &record, SetMode::TrySet)
         .await
         .unwrap();
-    *layer.inner().failure.lock().unwrap() = Some(StoreError::Timeout(Duration::from_millis(5)));
+    *layer.store().failure.lock().unwrap() = Some(StoreError::Timeout(Duration::from_millis(5)));
     let mut granted = 0;
     for _ in 0..20 {
-        let (acquisition, marked) = noting(layer.acquire(&keys, 1, 0)).await;
-        assert!(marked);
+        let marks = Marks::new();
+        let acquisition = layer.acquire(marks.call(None), &keys, 1, 0).await;
+        assert!(marks.degraded());
         match acquisition.unwrap() {
             Acquisition::Decided { outcome, .. } if outcome.admitted => granted += 1,
             Acquisition::Decided { .. } => {}
@@ -300,10 +321,11 @@ async fn named_limiters_decide_locally_once_their_record_is_learnt() {
     assert_eq!(granted, 3, "a third of the burst");
     assert_eq!(count.load(Ordering::Relaxed), 20);
     // A limiter this replica never learnt gets the store's error, unmarked.
-    let (unknown, marked) = noting(layer.acquire(&unknown, 1, 0)).await;
+    let marks = Marks::new();
+    let unknown = layer.acquire(marks.call(None), &unknown, 1, 0).await;
     assert!(
         matches!(unknown, Err(StoreError::Timeout(_))),
         "{unknown:?}"
     );
-    assert!(!marked);
+    assert!(!marks.degraded());
 }

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 #[cfg(feature = "redis")]
-use super::super::RedisStore;
+use crate::store::RedisStore;
 
 /// How often a replica refreshes its member.
 pub const BEAT: Duration = Duration::from_secs(2);

@@ -1,5 +1,5 @@
-//! A circuit breaker in front of a store: while the store keeps failing, calls fail at once
-//! instead of each waiting out its deadline, and one probe at a time checks for recovery.
+//! The circuit breaker, a store layer (`layers/`): while the store keeps failing, calls fail at
+//! once instead of each waiting out its deadline, and one probe at a time checks for recovery.
 //!
 //! Closed: calls pass; `failures_to_open` failures in a row open it. Open: calls fail with
 //! [`StoreError::Unavailable`] until `cool_down` has passed. Then one call is let through as a
@@ -33,10 +33,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::{
-    Acquisition, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
-    LimiterStore, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
-};
+use super::{Layer, Layered, Op};
+use crate::store::{Call, Store, StoreError, StoreFuture};
 
 #[derive(Debug, Clone)]
 pub struct BreakerOptions {
@@ -80,18 +78,17 @@ enum Pass {
     Probe,
 }
 
+/// The breaker's state; in front of a store as a [`Layered`].
 #[derive(Debug)]
-pub struct Breaker<S> {
-    store: S,
+pub struct Breaker {
     options: BreakerOptions,
     state: Mutex<State>,
     usable: watch::Sender<bool>,
 }
 
-impl<S: Store> Breaker<S> {
-    pub fn new(store: S, options: BreakerOptions) -> Self {
+impl Breaker {
+    pub fn new(options: BreakerOptions) -> Self {
         Self {
-            store,
             options,
             state: Mutex::new(State::Closed { failures: 0 }),
             usable: watch::Sender::new(true),
@@ -112,10 +109,6 @@ impl<S: Store> Breaker<S> {
         self.usable.send_replace(false);
     }
 
-    pub fn inner(&self) -> &S {
-        &self.store
-    }
-
     /// How long until the breaker would let a probe through: `None` while closed; while a probe
     /// is in flight (half-open), its cool-down, to look again after it.
     fn until_probe(&self) -> Option<Duration> {
@@ -123,42 +116,6 @@ impl<S: Store> Breaker<S> {
             State::Closed { .. } => None,
             State::Open { until, .. } => Some(until.saturating_duration_since(Instant::now())),
             State::HalfOpen { cool_down } => Some(cool_down),
-        }
-    }
-
-    /// Runs for as long as `breaker` lives: whenever it is open, sends `probe` as the breaker's
-    /// probe after each cool-down (unless a call got there first), so that it closes once the
-    /// store answers even when no call comes. `probe` is a cheap call that shows the store
-    /// answers (for Redis: loading the scripts, which also restores them after a restart).
-    pub async fn probe_while_open<F>(breaker: Weak<Self>, probe: F)
-    where
-        S: Send + Sync,
-        F: for<'a> Fn(&'a S) -> StoreFuture<'a, ()> + Send + Sync,
-    {
-        let Some(mut usable) = breaker.upgrade().map(|b| b.usable()) else {
-            return;
-        };
-        loop {
-            while *usable.borrow_and_update() {
-                if usable.changed().await.is_err() {
-                    return;
-                }
-            }
-            loop {
-                let Some(b) = breaker.upgrade() else {
-                    return;
-                };
-                let Some(wait) = b.until_probe() else {
-                    break;
-                };
-                drop(b);
-                // Not before the cool-down has passed: `guarded` refuses an early probe anyway.
-                tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
-                let Some(b) = breaker.upgrade() else {
-                    return;
-                };
-                let _ = b.guarded(|| probe(&b.store)).await;
-            }
         }
     }
 
@@ -245,48 +202,55 @@ impl<S: Store> Breaker<S> {
     }
 }
 
-impl<S: Store> Store for Breaker<S> {
-    fn kind(&self) -> &'static str {
-        self.store.kind()
+impl Layer for Breaker {
+    /// Every operation alike: let through, or failed at once while open.
+    fn around<'a, T: Send + 'a>(
+        &'a self,
+        _: Op,
+        call: Call<'a>,
+        run: impl FnOnce(Call<'a>) -> StoreFuture<'a, T> + Send + 'a,
+    ) -> StoreFuture<'a, T> {
+        self.guarded(move || run(call))
     }
 }
 
-impl<S: CounterStore> CounterStore for Breaker<S> {
-    fn check_with<'a>(&'a self, checks: &'a [&'a Check], charging: Charging) -> StoreFuture<'a> {
-        self.guarded(move || self.store.check_with(checks, charging))
+impl<S: Store> Layered<Breaker, S> {
+    /// Runs for as long as `breaker` lives: whenever it is open, sends `probe` as the breaker's
+    /// probe after each cool-down (unless a call got there first), so that it closes once the
+    /// store answers even when no call comes. `probe` is a cheap call that shows the store
+    /// answers (for Redis: loading the scripts, which also restores them after a restart).
+    pub async fn probe_while_open<F>(breaker: Weak<Self>, probe: F)
+    where
+        S: Send + Sync,
+        F: for<'a> Fn(&'a S) -> StoreFuture<'a, ()> + Send + Sync,
+    {
+        let Some(mut usable) = breaker.upgrade().map(|b| b.layer().usable()) else {
+            return;
+        };
+        loop {
+            while *usable.borrow_and_update() {
+                if usable.changed().await.is_err() {
+                    return;
+                }
+            }
+            loop {
+                let Some(b) = breaker.upgrade() else {
+                    return;
+                };
+                let Some(wait) = b.layer().until_probe() else {
+                    break;
+                };
+                drop(b);
+                // Not before the cool-down has passed: `guarded` refuses an early probe anyway.
+                tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
+                let Some(b) = breaker.upgrade() else {
+                    return;
+                };
+                let _ = b.layer().guarded(|| probe(b.store())).await;
+            }
+        }
     }
-}
 
-impl<S: LimiterStore> LimiterStore for Breaker<S> {
-    fn set_limiter<'a>(
-        &'a self,
-        keys: &'a LimiterKeys,
-        record: &'a LimiterRecord,
-        mode: SetMode,
-    ) -> StoreFuture<'a, LimiterSet> {
-        self.guarded(move || self.store.set_limiter(keys, record, mode))
-    }
-
-    fn get_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, Option<LimiterRecord>> {
-        self.guarded(|| self.store.get_limiter(keys))
-    }
-
-    fn delete_limiter<'a>(&'a self, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
-        self.guarded(|| self.store.delete_limiter(keys))
-    }
-
-    fn acquire<'a>(
-        &'a self,
-        keys: &'a LimiterKeys,
-        permits: u64,
-        max_clients: u64,
-    ) -> StoreFuture<'a, Acquisition> {
-        self.guarded(move || self.store.acquire(keys, permits, max_clients))
-    }
-
-    fn registry<'a>(&'a self, key: &'a str, op: RegistryOp<'a>) -> StoreFuture<'a, RegistryReply> {
-        self.guarded(move || self.store.registry(key, op))
-    }
 }
 
 #[cfg(test)]
@@ -294,7 +258,12 @@ mod tests {
     use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
     use super::*;
-    use crate::store::Outcome;
+    use crate::store::{Charging, Check, CounterStore, Outcome};
+
+    /// `store` behind a breaker with `options`.
+    fn guarded<S: Store>(store: S, options: BreakerOptions) -> Layered<Breaker, S> {
+        Layered::new(Breaker::new(options), store)
+    }
 
     /// A store that fails while `down` is set (with `failure`, an outage unless told
     /// otherwise), answers after `delay_ms`, and counts the calls that reach it.
@@ -316,7 +285,12 @@ mod tests {
     }
 
     impl CounterStore for Flaky {
-        fn check_with<'a>(&'a self, checks: &'a [&'a Check], _: Charging) -> StoreFuture<'a> {
+        fn check_with<'a>(
+            &'a self,
+            _: Call<'a>,
+            checks: &'a [&'a Check],
+            _: Charging,
+        ) -> StoreFuture<'a> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let delay = Duration::from_millis(self.delay_ms.load(Ordering::SeqCst));
             Box::pin(async move {
@@ -344,17 +318,17 @@ mod tests {
 
     #[tokio::test]
     async fn late_replies_from_a_redis_that_answers_never_open_it() {
-        let breaker = Breaker::new(Flaky::default(), BreakerOptions::default());
-        let usable = breaker.usable();
-        breaker.inner().down.store(true, Ordering::SeqCst);
-        breaker.inner().late.store(true, Ordering::SeqCst);
+        let breaker = guarded(Flaky::default(), BreakerOptions::default());
+        let usable = breaker.layer().usable();
+        breaker.store().down.store(true, Ordering::SeqCst);
+        breaker.store().late.store(true, Ordering::SeqCst);
         for _ in 0..100 {
             assert!(matches!(breaker.check(&[]).await, Err(StoreError::Late(_))));
         }
         assert!(*usable.borrow(), "late replies opened the breaker");
-        assert_eq!(breaker.inner().calls.load(Ordering::SeqCst), 100);
+        assert_eq!(breaker.store().calls.load(Ordering::SeqCst), 100);
         // The same store down instead: open after the usual five.
-        breaker.inner().late.store(false, Ordering::SeqCst);
+        breaker.store().late.store(false, Ordering::SeqCst);
         for _ in 0..5 {
             assert!(breaker.check(&[]).await.is_err());
         }
@@ -363,7 +337,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_callers_short_deadline_neither_opens_it_nor_closes_it() {
-        let breaker = Breaker::new(
+        let breaker = guarded(
             Flaky::default(),
             BreakerOptions {
                 failures_to_open: 3,
@@ -371,8 +345,8 @@ mod tests {
                 max_cool_down: Duration::from_millis(20),
             },
         );
-        let usable = breaker.usable();
-        let flaky = breaker.inner();
+        let usable = breaker.layer().usable();
+        let flaky = breaker.store();
         flaky.down.store(true, Ordering::SeqCst);
         flaky.callers.store(true, Ordering::SeqCst);
         for _ in 0..100 {
@@ -405,7 +379,7 @@ mod tests {
     #[tokio::test]
     async fn calls_in_flight_when_it_opens_do_not_extend_the_cool_down() {
         // Cool-down 50 ms; counted, the 18 late failures below would double it up to 10 s.
-        let breaker = Breaker::new(
+        let breaker = guarded(
             Flaky::default(),
             BreakerOptions {
                 failures_to_open: 2,
@@ -413,9 +387,9 @@ mod tests {
                 max_cool_down: Duration::from_secs(10),
             },
         );
-        let usable = breaker.usable();
-        breaker.inner().down.store(true, Ordering::SeqCst);
-        breaker.inner().delay_ms.store(100, Ordering::SeqCst);
+        let usable = breaker.layer().usable();
+        breaker.store().down.store(true, Ordering::SeqCst);
+        breaker.store().delay_ms.store(100, Ordering::SeqCst);
         // 20 calls admitted together while closed; all fail at about the same time.
         let calls: Vec<_> = (0..20).map(|_| breaker.check(&[])).collect();
         for result in futures::future::join_all(calls).await {
@@ -423,8 +397,8 @@ mod tests {
         }
         assert!(!*usable.borrow(), "open after the failures");
         // Redis answers again; the probe after one cool-down (plus a margin) closes it.
-        breaker.inner().down.store(false, Ordering::SeqCst);
-        breaker.inner().delay_ms.store(0, Ordering::SeqCst);
+        breaker.store().down.store(false, Ordering::SeqCst);
+        breaker.store().delay_ms.store(0, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(
             breaker.check(&[]).await.is_ok(),
@@ -435,7 +409,7 @@ mod tests {
 
     #[tokio::test]
     async fn opens_after_repeated_failures_and_probes_for_recovery() {
-        let breaker = Breaker::new(
+        let breaker = guarded(
             Flaky::default(),
             BreakerOptions {
                 failures_to_open: 3,
@@ -443,8 +417,8 @@ mod tests {
                 max_cool_down: Duration::from_millis(200),
             },
         );
-        let usable = breaker.usable();
-        breaker.inner().down.store(true, Ordering::SeqCst);
+        let usable = breaker.layer().usable();
+        breaker.store().down.store(true, Ordering::SeqCst);
         for _ in 0..3 {
             assert!(breaker.check(&[]).await.is_err());
         }
@@ -453,13 +427,13 @@ mod tests {
         for _ in 0..10 {
             assert!(breaker.check(&[]).await.is_err());
         }
-        assert_eq!(breaker.inner().calls.load(Ordering::SeqCst), 3);
+        assert_eq!(breaker.store().calls.load(Ordering::SeqCst), 3);
         // After the cool-down one probe goes through; it fails, so the breaker waits longer.
         tokio::time::sleep(Duration::from_millis(60)).await;
         assert!(breaker.check(&[]).await.is_err());
-        assert_eq!(breaker.inner().calls.load(Ordering::SeqCst), 4);
+        assert_eq!(breaker.store().calls.load(Ordering::SeqCst), 4);
         // The store recovers; the next probe closes the breaker.
-        breaker.inner().down.store(false, Ordering::SeqCst);
+        breaker.store().down.store(false, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(110)).await;
         assert!(breaker.check(&[]).await.is_ok());
         assert!(*usable.borrow(), "closed again");

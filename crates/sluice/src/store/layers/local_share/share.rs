@@ -10,7 +10,7 @@
 //! * warm-up: `permits_per_window` divided, the warm-up period and cold factor kept (they are
 //!   a shape, not an amount).
 
-use super::super::{LimiterRecord, Rule};
+use crate::store::{LimiterRecord, Rule};
 
 /// `total` split over `replicas`: rounded down, so the replicas' shares add up to at most
 /// `total`, but never below 1. A limit smaller than the replica count cannot be split (two
