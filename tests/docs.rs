@@ -14,6 +14,7 @@
 //! - the README stays a front page (at most [`README_MAX_LINES`] lines) and names the test
 //!   command CI runs.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -556,4 +557,190 @@ fn the_readme_is_a_front_page_that_names_the_test_command() {
     );
     assert!(commands.iter().any(|c| c == "scripts/test.sh"));
     assert!(read(".ci/run").contains("exec scripts/test.sh"));
+}
+
+/// The text of `markdown` under the heading `## {title}`, up to the next `## `.
+fn section<'a>(markdown: &'a str, title: &str) -> &'a str {
+    let heading = format!("\n## {title}\n");
+    let start = markdown
+        .find(&heading)
+        .unwrap_or_else(|| panic!("no heading `## {title}`"))
+        + heading.len();
+    let length = markdown[start..]
+        .find("\n## ")
+        .unwrap_or(markdown.len() - start);
+    &markdown[start..start + length]
+}
+
+/// Whether `token` names a file or folder: no spaces, and a `/` or a file's extension.
+fn is_path(token: &str) -> bool {
+    const EXTENSIONS: &[&str] = &[
+        ".rs", ".lua", ".proto", ".md", ".toml", ".sh", ".yaml", ".svg",
+    ];
+    !token.contains(char::is_whitespace)
+        && !token.contains("::")
+        && (token.contains('/') || EXTENSIONS.iter().any(|e| token.ends_with(e)))
+}
+
+/// The paths `text` names in backticks.
+fn paths_in(text: &str) -> Vec<&str> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|token| token.split("::").next().unwrap())
+        .filter(|token| is_path(token))
+        .collect()
+}
+
+#[test]
+fn the_paths_the_recipes_name_exist() {
+    let architecture = read("ARCHITECTURE.md");
+    let recipes = section(&architecture, "Recipes");
+    let paths = paths_in(recipes);
+    let missing: Vec<&&str> = paths
+        .iter()
+        .filter(|path| !Path::new(ROOT).join(path).exists())
+        .collect();
+    assert!(
+        paths.len() >= 40,
+        "only {} paths in the recipes",
+        paths.len()
+    );
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md's recipes name paths that do not exist: {missing:?}"
+    );
+}
+
+#[test]
+fn paths_are_told_from_other_code_words() {
+    let text = "`crates/sluice/src/rls/mod.rs`, `Rule`, `rls::rule_for`, `docs/algorithms.md`, \
+                `tests/a.rs::a_test`, `ConnectionLimit::new(caps, \"x\", …)`, `SECURITY.md`, `lua/`";
+    assert_eq!(
+        paths_in(text),
+        [
+            "crates/sluice/src/rls/mod.rs",
+            "docs/algorithms.md",
+            "tests/a.rs",
+            "SECURITY.md",
+            "lua/"
+        ]
+    );
+}
+
+/// A heading's anchor as GitHub makes it: lower case, spaces as `-`, punctuation dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The lines of `markdown` outside its fenced blocks, with their numbers.
+fn prose(markdown: &str) -> Vec<(usize, &str)> {
+    let mut fenced = false;
+    let mut lines = Vec::new();
+    for (index, line) in markdown.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            lines.push((index + 1, line));
+        }
+    }
+    lines
+}
+
+/// The anchors of `markdown`'s headings (a repeated heading gets `-1`, `-2`, … as on GitHub).
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    for (_, line) in prose(markdown) {
+        let Some(heading) = line.strip_prefix('#') else {
+            continue;
+        };
+        let base = anchor(heading.trim_start_matches('#'));
+        let mut name = base.clone();
+        let mut n = 0;
+        while !seen.insert(name.clone()) {
+            n += 1;
+            name = format!("{base}-{n}");
+        }
+    }
+    seen
+}
+
+#[test]
+fn the_links_of_the_docs_reach_their_files_and_headings() {
+    let link = regex::Regex::new(r"\]\(([^)\s]+)\)").unwrap();
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for file in markdown_files() {
+        let text = read(&file);
+        let dir = Path::new(&file).parent().unwrap_or(Path::new(""));
+        for (line, content) in prose(&text) {
+            for target in link.captures_iter(content).map(|c| c[1].to_string()) {
+                if target.contains("://") || target.starts_with("mailto:") {
+                    continue;
+                }
+                checked += 1;
+                if let Err(why) = reaches(&file, dir, &text, &target) {
+                    broken.push(format!("{file}:{line}: ({target}) {why}"));
+                }
+            }
+        }
+    }
+    assert!(checked >= 50, "only {checked} relative links found");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+/// Whether the link `target`, written in `file` (in `dir`, holding `text`), reaches a file and,
+/// with `#anchor`, a heading of it.
+fn reaches(file: &str, dir: &Path, text: &str, target: &str) -> Result<(), String> {
+    let (path, fragment) = target.split_once('#').unwrap_or((target, ""));
+    let (shown, linked) = if path.is_empty() {
+        (file.to_string(), text.to_string())
+    } else {
+        let full = Path::new(ROOT).join(dir).join(path);
+        if !full.exists() {
+            return Err("no such file".into());
+        }
+        let shown = relative(&full.canonicalize().unwrap());
+        let is_markdown = full.is_file() && path.ends_with(".md");
+        (
+            shown,
+            if is_markdown {
+                std::fs::read_to_string(&full).unwrap()
+            } else {
+                String::new()
+            },
+        )
+    };
+    if fragment.is_empty() || !shown.ends_with(".md") {
+        return Ok(());
+    }
+    if anchors(&linked).contains(fragment) {
+        Ok(())
+    } else {
+        Err(format!("{shown} has no heading #{fragment}"))
+    }
+}
+
+#[test]
+fn anchors_are_made_as_github_makes_them() {
+    assert_eq!(
+        anchor("Errors and `failure_mode_deny`"),
+        "errors-and-failure_mode_deny"
+    );
+    assert_eq!(
+        anchor("Issue #30, part 3: merged (2026-11-27, `9e23b02` → `8c88692`)"),
+        "issue-30-part-3-merged-2026-11-27-9e23b02--8c88692"
+    );
+    let text = "# A\n## B\n```sh\n# not a heading\n```\n## B\n";
+    let found: Vec<String> = anchors(text).into_iter().collect();
+    assert_eq!(found, ["a", "b", "b-1"]);
 }
