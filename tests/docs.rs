@@ -582,13 +582,48 @@ fn is_path(token: &str) -> bool {
         && (token.contains('/') || EXTENSIONS.iter().any(|e| token.ends_with(e)))
 }
 
-/// The paths `text` names in backticks.
+/// The code spans of `text`: what lies between a run of backticks and the next run of the same
+/// length (so `` ```sh `` is one span, as Markdown reads it).
+fn code_spans(text: &str) -> Vec<&str> {
+    let bytes = text.as_bytes();
+    let run_at = |at: usize| bytes[at..].iter().take_while(|&&b| b == b'`').count();
+    let mut spans = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] != b'`' {
+            at += 1;
+            continue;
+        }
+        let opening = run_at(at);
+        let inside = at + opening;
+        let mut close = inside;
+        while close < bytes.len() && (bytes[close] != b'`' || run_at(close) != opening) {
+            close += if bytes[close] == b'`' {
+                run_at(close)
+            } else {
+                1
+            };
+        }
+        if close >= bytes.len() {
+            at = inside;
+            continue;
+        }
+        spans.push(text[inside..close].trim());
+        at = close + opening;
+    }
+    spans
+}
+
+/// The paths `text` names in code spans (a `::item` or `:line` after a file left off).
 fn paths_in(text: &str) -> Vec<&str> {
-    text.split('`')
-        .skip(1)
-        .step_by(2)
-        .map(|token| token.split("::").next().unwrap())
-        .filter(|token| is_path(token))
+    code_spans(text)
+        .into_iter()
+        .map(|span| span.split("::").next().unwrap())
+        .map(|span| match span.rsplit_once(':') {
+            Some((path, line)) if line.chars().all(|c| c.is_ascii_digit()) => path,
+            _ => span,
+        })
+        .filter(|span| is_path(span))
         .collect()
 }
 
@@ -615,7 +650,8 @@ fn the_paths_the_recipes_name_exist() {
 #[test]
 fn paths_are_told_from_other_code_words() {
     let text = "`crates/sluice/src/rls/mod.rs`, `Rule`, `rls::rule_for`, `docs/algorithms.md`, \
-                `tests/a.rs::a_test`, `ConnectionLimit::new(caps, \"x\", …)`, `SECURITY.md`, `lua/`";
+                `tests/a.rs::a_test`, `ConnectionLimit::new(caps, \"x\", …)`, `SECURITY.md`, `lua/`, \
+                `` ```sh `` then `src/b.rs:62` and ``x `y` z``, and a lone ` backtick";
     assert_eq!(
         paths_in(text),
         [
@@ -623,8 +659,58 @@ fn paths_are_told_from_other_code_words() {
             "docs/algorithms.md",
             "tests/a.rs",
             "SECURITY.md",
-            "lua/"
+            "lua/",
+            "src/b.rs"
         ]
+    );
+}
+
+/// The repository's folders whose paths the docs name from the root (or from the doc's own
+/// folder, as docs/BENCHMARKS.md names `bench/latest.md`).
+const TOP_FOLDERS: &[&str] = &[
+    "crates/",
+    "src/",
+    "tests/",
+    "docs/",
+    "deploy/",
+    "scripts/",
+    "client/",
+    "bench/",
+    "fuzz/",
+    "examples/",
+    "vendor/",
+];
+/// Paths the docs name that exist only once something happens.
+const MADE_LATER: &[&str] = &["tests/key_isolation.proptest-regressions"];
+
+#[test]
+fn the_paths_the_docs_name_exist() {
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for file in markdown_files() {
+        let text = read(&file);
+        let dir = Path::new(ROOT).join(&file).parent().unwrap().to_path_buf();
+        let prose: Vec<&str> = prose(&text).into_iter().map(|(_, line)| line).collect();
+        let prose = prose.join("\n");
+        for path in paths_in(&prose) {
+            let placeholder = path.contains(['{', '<', '*', '…']) || path.contains("NAME");
+            if placeholder
+                || MADE_LATER.contains(&path)
+                || !TOP_FOLDERS.iter().any(|top| path.starts_with(top))
+            {
+                continue;
+            }
+            checked += 1;
+            if !Path::new(ROOT).join(path).exists() && !dir.join(path).exists() {
+                missing.push(format!("{file}: `{path}`"));
+            }
+        }
+    }
+    assert!(checked >= 200, "only {checked} paths found in the docs");
+    assert!(
+        missing.is_empty(),
+        "the docs name paths that do not exist:\n{}",
+        missing.join("\n")
     );
 }
 
