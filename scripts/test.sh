@@ -78,7 +78,7 @@ redis_matrix_suites=(--test store_conformance --test concurrency --test redis_cl
 redis_matrix_suite=redis_store
 redis_matrix_names=(merged_calls_decide_as_calls_alone)
 redis_matrix_tests=(--test "$redis_matrix_suite" "$@" -- --exact "${redis_matrix_names[@]}")
-# What Redis 6.2 cannot run, said here and in README.md ("Redis versions tested"): the fault
+# What Redis 6.2 cannot run, said here and in docs/development.md ("Redis versions tested"): the fault
 # tests that put a proxy before each cluster node need `CONFIG SET cluster-announce-port` to
 # reach CLUSTER SLOTS at run time (7.0 and later).
 redis62_skips=(--skip cluster_replies_split_at_every_byte_boundary

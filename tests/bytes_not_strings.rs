@@ -204,7 +204,7 @@ async fn raw_bytes_over_grpc_are_judged_never_refused() {
 }
 
 /// `/json` before any configuration has loaded answers 400 with the reason, as upstream answers
-/// every error of the service (it was 500, which README.md keeps for a store that could not
+/// every error of the service (it was 500, which the README keeps for a store that could not
 /// decide).
 #[test]
 fn json_answers_400_before_any_configuration() {

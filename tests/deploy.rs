@@ -134,7 +134,7 @@ const VALUES: &str = "deploy/helm/sluice/values.yaml";
 const DEPLOYMENT_TPL: &str = "deploy/helm/sluice/templates/deployment.yaml";
 const DOCKERFILE: &str = "deploy/docker/Dockerfile";
 
-/// What Sluice exports on GET /metrics (README, Metrics). Counters and gauges by name.
+/// What Sluice exports on GET /metrics (docs/operators.md, Metrics). Counters and gauges by name.
 const SERIES: &[&str] = &[
     "ratelimit_service_rate_limit_total_hits",
     "ratelimit_service_rate_limit_over_limit",
@@ -781,7 +781,7 @@ fn envoy_example_matches_sluice_port_domain_and_limits() {
     // Every descriptor Envoy sends is limited by all three configs.
     check_descriptors_limited(ENVOY, &envoy_descriptors(ENVOY, &docs), domain);
 
-    // Envoy waits longer than Sluice's own store deadline (README: Errors).
+    // Envoy waits longer than Sluice's own store deadline (docs/envoy.md, Errors).
     let envoy_timeout = duration_us(str_at(filter, &["timeout"], ENVOY));
     let redis_timeout = chart_redis_timeout_us();
     assert!(

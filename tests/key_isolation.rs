@@ -1,7 +1,8 @@
 //! Key isolation: no descriptor value can make two different descriptors share a counter.
 //!
 //! Owns the property tests of `sluice::rls::KeyBuilder::fixed_window` and of the decision
-//! path (memory store) that back the README's "counter keys escape descriptor values" promise:
+//! path (memory store) that back the promise "counter keys escape descriptor values"
+//! (docs/upstream-differences.md):
 //!
 //! * (a) different entry lists under one limit and window never give the same key, whatever the
 //!   values contain, including lists of different lengths and every pair that upstream
@@ -360,7 +361,7 @@ fn separated(left: &[(&str, &str)], right: &[(&str, &str)]) {
 
 #[test]
 fn readme_example_one_value_spelling_two_entries() {
-    // README "What differs": upstream writes both as `d_a_x_b_y_60`, so a client that sets
+    // docs/upstream-differences.md: upstream writes both as `d_a_x_b_y_60`, so a client that sets
     // a = "x_b_y" spends the budget of whoever is (a = x, b = y).
     separated(&[("a", "x_b_y")], &[("a", "x"), ("b", "y")]);
 }
@@ -384,7 +385,7 @@ fn a_value_spelling_a_realistic_next_entry() {
 
 #[test]
 fn key_and_value_boundary() {
-    // README: upstream's `a` + `b_c` and `a_b` + `c` are one counter (and one config match).
+    // docs/upstream-differences.md: upstream's `a` + `b_c` and `a_b` + `c` are one counter (and one config match).
     separated(&[("a", "b_c")], &[("a_b", "c")]);
 }
 

@@ -318,7 +318,7 @@ async fn exact_admission_across_two_replicas_on_a_cluster() {
 
 /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` on a cluster is decided per slot call: k1 going
 /// over freezes k10 when both keys are in one slot, and not when they are in different slots
-/// (README, "What differs").
+/// (docs/upstream-differences.md).
 #[tokio::test(flavor = "multi_thread")]
 async fn stop_increment_is_decided_per_slot() {
     use sluice::store::redis::slot::slot;

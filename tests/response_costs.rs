@@ -6,7 +6,7 @@
 //! `from: Metadata` and AI Gateway's form) on the other. This is Envoy Gateway's request cost 0
 //! plus response cost.
 //!
-//! What the pattern can promise (README.md, "Limits on tokens and other response costs"): a
+//! What the pattern can promise (docs/envoy.md, "Limits on tokens and other response costs"): a
 //! check passes while the budget is not yet spent, and a response is charged only after it was
 //! admitted, so the budget is overspent by the charges of the k streams that were admitted but
 //! not yet counted when it ran out: at most k·c past the limit for responses of cost c. One

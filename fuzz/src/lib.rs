@@ -218,7 +218,7 @@ pub fn config_loader(data: &[u8]) {
             }
         }
         Err(errors) => {
-            // The README promises `file:line: reason` for every error: a failed load must say
+            // docs/operators.md promises `file:line: reason` for every error: a failed load must say
             // why, and a line must point into the file. yaml-rust2 reports an error found at
             // the end of the stream on the line after the last one (where a final newline
             // would start a line), so one past the end is allowed: an early version of this

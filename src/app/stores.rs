@@ -263,7 +263,7 @@ fn local_share_parts(settings: &Settings, clock: &Arc<SystemClock>) -> Option<Lo
 }
 
 /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` is decided per store call: says so when a
-/// request's descriptors can go to several calls (README, "What differs").
+/// request's descriptors can go to several calls (docs/upstream-differences.md).
 fn warn_partial_stop(options: &RedisOptions, per_second: bool) {
     if matches!(options.target, sluice::store::redis::Target::Cluster(_)) {
         tracing::warn!(

@@ -1,8 +1,8 @@
 //! Service settings: upstream's environment variables, parsed and checked once at start-up.
 //!
 //! Names, defaults and value syntax (Go booleans and durations) follow envoyproxy/ratelimit so
-//! its manifests carry over; where we chose a different default it says so here and in the
-//! README. Command-line flags (see `cli`) override the environment.
+//! its manifests carry over; where we chose a different default it says so here and in
+//! docs/operators.md. Command-line flags (see `cli`) override the environment.
 //!
 //! The parsing is split by area, one file each, where a newcomer would look for a variable:
 //! `listeners` (ports, TLS, connection caps and timeouts), `stores` (memory, Redis, the
