@@ -4,10 +4,10 @@
 //! Cargo gives a package's tests only that package's binaries (`CARGO_BIN_EXE_*`), so the
 //! `sluice` binary is found another way: `SLUICE_BIN` when set; else the one in this test's own
 //! target directory when it is newer than every source it is built from (as after
-//! `cargo test --workspace`, which builds it); else `cargo build -p sluice --bin sluice` is run
-//! once per test binary. The rebuild is not done every time because a build of the `sluice`
-//! package alone unifies dependency features differently from a workspace test build, and would
-//! compile the service again for nothing.
+//! `cargo test --workspace`, which builds it); else `cargo build -p sluice-server --bin sluice`
+//! is run once per test binary. The rebuild is not done every time because a build of the
+//! server's package alone unifies dependency features differently from a workspace test build,
+//! and would compile the service again for nothing.
 
 #![allow(dead_code)]
 
@@ -79,7 +79,7 @@ pub fn sluice_binary() -> &'static Path {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
             .current_dir(&workspace)
-            .args(["build", "--quiet", "-p", "sluice", "--bin", "sluice"])
+            .args(["build", "--quiet", "-p", "sluice-server", "--bin", "sluice"])
             .arg("--target-dir")
             .arg(target_dir)
             .status()
@@ -93,16 +93,9 @@ pub fn sluice_binary() -> &'static Path {
     })
 }
 
-/// What the service binary is built from (`lua/` is compiled in, `proto/` generated from).
-const SERVICE_SOURCES: &[&str] = &[
-    "src",
-    "lua",
-    "proto",
-    "vendor",
-    "build.rs",
-    "Cargo.toml",
-    "Cargo.lock",
-];
+/// What the service binary is built from: the server (`src/`), the limits and the protocol
+/// (`crates/`: their sources, `lua/` compiled in, `proto/` generated from), the patched `h2`.
+const SERVICE_SOURCES: &[&str] = &["src", "crates", "vendor", "Cargo.toml", "Cargo.lock"];
 
 /// True when `binary` exists and was written after every file of the service's sources.
 fn is_newer_than_sources(binary: &Path, workspace: &Path) -> bool {
