@@ -26,10 +26,19 @@ use sluice_client::{Client, FailurePolicy};
 /// The Sluice config every test of this crate uses: domain `client_test`. Daily windows, so a
 /// test's few seconds almost never straddle a window's end (which would double a budget).
 /// `peer=::/64` (IPv6 loopback's network, as `key::peer_ip` keys it) has a limit of its own,
-/// so a test can tell which key a request from `::1` was charged to.
+/// so a test can tell which key a request from `::1` was charged to. `service=orders` then
+/// `user` is a nested rule, for a descriptor of more than one entry.
 pub const CONFIG: &str = "\
 domain: client_test
 descriptors:
+  - key: service
+    value: orders
+    descriptors:
+      - key: user
+        rate_limit:
+          name: orders_per_user
+          unit: day
+          requests_per_unit: 3
   - key: shared
     rate_limit:
       name: shared
