@@ -110,6 +110,11 @@ pub mod rls;
 /// overrides, say). The RLS `domain` and descriptor entries are bytes there.
 pub use sluice_proto as proto;
 
+// The README's examples are compiled as doc tests, so they cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;
+
 pub use client::{AnsweredBy, Client, ClientBuilder, DEFAULT_DEADLINE, FailurePolicy};
 pub use error::{Error, ErrorKind, GrpcCode};
 pub use layer::key;
