@@ -29,13 +29,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // The native API: 5 per second, 2 at once, created unless it exists.
-    let mut config = LimiterConfig::new(
+    let config = LimiterConfig::new(
         "example-export-job",
         Algorithm::TokenBucket,
         5,
         Duration::from_secs(1),
-    );
-    config.burst = 2;
+    )
+    .burst(2);
     let set = client.set_rate(config, SetMode::TrySet).await?;
     println!("limiter created now: {}", set.applied);
     for i in 1..=4 {

@@ -22,7 +22,7 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::{Router, routing::get};
-use sluice_client::{Client, FailurePolicy, RateLimitLayer, key};
+use sluice_client::{Client, FailurePolicy, SluiceLayer, key};
 
 /// Who the caller is, as [`authenticate`] proved it: what `/me` is limited by.
 #[derive(Debug, Clone)]
@@ -63,28 +63,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .failure_policy(policy)
         .connect_lazy(sluice)?;
 
+    let by_address = SluiceLayer::builder(client.clone(), "example")
+        .key("remote_address", key::peer_ip())
+        .build();
     let public = Router::new()
         .route("/", get(|| async { "hello\n" }))
-        .layer(RateLimitLayer::new(
-            client.clone(),
-            "example",
-            "remote_address",
-            key::peer_ip(),
-        ));
+        .layer(by_address);
     // `Router::layer` wraps what is there: the layer added last runs first. So authentication
     // refuses unknown keys first, and the rate limit then keys on the user it stored, never
     // on the raw header (a made-up key per request would be a fresh budget per request).
+    let by_user = SluiceLayer::builder(client, "example")
+        .key("user", key::extension::<User>())
+        .build();
     let private = Router::new()
         .route(
             "/me",
             get(|Extension(user): Extension<User>| async move { format!("hello, {user}\n") }),
         )
-        .layer(RateLimitLayer::new(
-            client,
-            "example",
-            "user",
-            key::extension::<User>(),
-        ))
+        .layer(by_user)
         .layer(middleware::from_fn(authenticate));
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;

@@ -1,5 +1,5 @@
 //! The connection to Sluice and what every call shares: one channel, the deadline each call
-//! carries, the failure policy, and the error a call can end in.
+//! carries, and the failure policy (the error a call can end in is `error.rs`'s).
 //!
 //! A [`Client`] is a handle: cloning it clones a tonic [`Channel`], which multiplexes every call
 //! of every clone over the same HTTP/2 connection. Build one per Sluice address at start-up and
@@ -12,6 +12,7 @@ use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
+use crate::error::Error;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use crate::proto::sluice::v1::limiter_client::LimiterClient;
 
@@ -21,18 +22,20 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(500);
 
 /// What a decision is when Sluice cannot give one.
 ///
-/// "Cannot give one" means the call failed for a reason that says nothing about the limit: no
-/// connection (Sluice down, refused, reset), `UNAVAILABLE` (Sluice's store is down or its
-/// circuit breaker is open), the deadline passed (on this side, or Sluice's `CANCELLED` /
-/// `DEADLINE_EXCEEDED` for the call's `grpc-timeout`), `INTERNAL` or `UNKNOWN`. Answers that
-/// are about the request itself (`INVALID_ARGUMENT`, `NOT_FOUND`, `UNAUTHENTICATED`,
-/// `RESOURCE_EXHAUSTED` from the native API, the native API's "would wait too long") are never
-/// covered by the policy: they come back as errors whatever it is.
+/// "Cannot give one" means the call failed for a reason that says nothing about the limit
+/// ([`Error::is_unanswered`]): no connection (Sluice down, refused, reset), `UNAVAILABLE`
+/// (Sluice's store is down or its circuit breaker is open), the deadline passed (on this side,
+/// or Sluice's `CANCELLED` / `DEADLINE_EXCEEDED` for the call's `grpc-timeout`), `INTERNAL`,
+/// `UNKNOWN` or `DATA_LOSS`. Answers that are about the request itself (`INVALID_ARGUMENT`,
+/// `NOT_FOUND`, `UNAUTHENTICATED`, `RESOURCE_EXHAUSTED` from the native API, the native API's
+/// "would wait too long") are never covered by the policy: they come back as errors whatever
+/// it is.
 ///
 /// The policy applies to decisions only ([`Client::should_rate_limit`],
 /// [`Client::try_acquire`], [`Client::acquire`]); `set_rate`, `available_permits` and
 /// `delete` have no decision to stand in for and always return the error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum FailurePolicy {
     /// Admit: the call returns an allowed decision (or acquired permits) marked
     /// [`AnsweredBy::FailurePolicy`]. Limits stop holding while Sluice is unreachable, and the
@@ -40,65 +43,19 @@ pub enum FailurePolicy {
     #[default]
     Open,
     /// Refuse: the call returns the error ([`Error::is_unanswered`] is true), and
-    /// [`crate::RateLimitLayer`] answers `503 Service Unavailable` (`UNAVAILABLE` to gRPC
+    /// [`crate::SluiceLayer`] answers `503 Service Unavailable` (`UNAVAILABLE` to gRPC
     /// callers). Limits hold, and the service is down while Sluice is.
     Closed,
 }
 
 /// Who gave a decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AnsweredBy {
     /// Sluice decided.
     Sluice,
     /// Sluice could not be asked; [`FailurePolicy::Open`] admitted. The message is the failure's.
     FailurePolicy(String),
-}
-
-/// Why a call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The endpoint is not a URI tonic accepts (`http://host:port`, `https://...`).
-    #[error("invalid Sluice endpoint {endpoint:?}: {source}")]
-    InvalidEndpoint {
-        /// The endpoint as given.
-        endpoint: String,
-        /// Why tonic refused it.
-        source: tonic::transport::Error,
-    },
-    /// [`Client::connect`] could not open the connection.
-    #[error("could not connect to Sluice: {0}")]
-    Connect(#[source] tonic::transport::Error),
-    /// No answer within the call's deadline (measured on this side).
-    #[error("Sluice did not answer within {0:?}")]
-    Deadline(Duration),
-    /// Sluice (or the transport on the way) answered with an error status.
-    #[error("Sluice answered {}: {}", .0.code(), .0.message())]
-    Status(Status),
-    /// The request was refused before it was sent; the message says which part is wrong.
-    #[error("invalid request: {0}")]
-    InvalidRequest(String),
-    /// A bearer token that cannot be an HTTP header value.
-    #[error("the bearer token is not a valid header value")]
-    InvalidToken,
-}
-
-impl Error {
-    /// True when the failure says nothing about the limit: Sluice could not be reached or could
-    /// not decide in time. These are the failures [`FailurePolicy`] covers.
-    pub fn is_unanswered(&self) -> bool {
-        match self {
-            Error::Deadline(_) | Error::Connect(_) => true,
-            Error::Status(status) => matches!(
-                status.code(),
-                Code::Unavailable
-                    | Code::DeadlineExceeded
-                    | Code::Cancelled
-                    | Code::Internal
-                    | Code::Unknown
-            ),
-            Error::InvalidEndpoint { .. } | Error::InvalidRequest(_) | Error::InvalidToken => false,
-        }
-    }
 }
 
 /// Sets up a [`Client`]: deadline, failure policy, bearer token.
@@ -137,8 +94,8 @@ impl ClientBuilder {
     /// `authorization: Bearer <token>` on every call: the native API needs it when Sluice runs
     /// with `LIMITER_API_TOKEN`. Fails on a token that cannot be a header value.
     pub fn bearer_token(mut self, token: &str) -> Result<Self, Error> {
-        let mut value: AsciiMetadataValue =
-            MetadataValue::try_from(format!("Bearer {token}")).map_err(|_| Error::InvalidToken)?;
+        let mut value: AsciiMetadataValue = MetadataValue::try_from(format!("Bearer {token}"))
+            .map_err(|_| Error::invalid_token())?;
         // Kept out of `Debug` output (the builder and the client derive it) and HPACK's table.
         value.set_sensitive(true);
         self.token = Some(value);
@@ -161,7 +118,7 @@ impl ClientBuilder {
         let channel = endpoint_of(endpoint.into())?
             .connect()
             .await
-            .map_err(Error::Connect)?;
+            .map_err(Error::connect)?;
         Ok(self.build(channel))
     }
 
@@ -175,7 +132,7 @@ impl ClientBuilder {
 
 fn endpoint_of(endpoint: String) -> Result<Endpoint, Error> {
     Endpoint::from_shared(endpoint.clone())
-        .map_err(|source| Error::InvalidEndpoint { endpoint, source })
+        .map_err(|source| Error::invalid_endpoint(&endpoint, source))
 }
 
 /// A Sluice client: RLS (`should_rate_limit`, in [`crate::rls`]) and the native API
@@ -233,7 +190,8 @@ impl Client {
     ///
     /// Three timers race for the same deadline: this one, tonic's channel (which enforces the
     /// `grpc-timeout` it sends) and Sluice's; the last two answer `CANCELLED`. Whichever fires
-    /// first, a call cancelled once its deadline has passed is [`Error::Deadline`].
+    /// first, a call cancelled once its deadline has passed is a deadline
+    /// ([`crate::ErrorKind::Deadline`]), not Sluice being unavailable.
     pub(crate) async fn call<T>(
         deadline: Duration,
         call: impl Future<Output = Result<tonic::Response<T>, Status>>,
@@ -244,10 +202,10 @@ impl Client {
             Ok(Err(status))
                 if status.code() == Code::Cancelled && started.elapsed() >= deadline =>
             {
-                Err(Error::Deadline(deadline))
+                Err(Error::deadline_passed(deadline))
             }
-            Ok(Err(status)) => Err(Error::Status(status)),
-            Err(_) => Err(Error::Deadline(deadline)),
+            Ok(Err(status)) => Err(Error::status(status, deadline)),
+            Err(_) => Err(Error::deadline_passed(deadline)),
         }
     }
 }
@@ -255,6 +213,7 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ErrorKind;
 
     #[test]
     fn the_bearer_token_stays_out_of_debug_output() {
@@ -262,9 +221,7 @@ mod tests {
             .bearer_token("s3cret-token-value")
             .unwrap();
         assert!(!format!("{builder:?}").contains("s3cret"));
-        assert!(matches!(
-            Client::builder().bearer_token("line\nbreak"),
-            Err(Error::InvalidToken)
-        ));
+        let refused = Client::builder().bearer_token("line\nbreak").unwrap_err();
+        assert_eq!(refused.kind(), ErrorKind::InvalidSetting);
     }
 }

@@ -9,17 +9,22 @@
 //! - Sluice's native API (named limiters, no config file; served with
 //!   `LIMITER_API_ENABLED=true`): [`Client::set_rate`], [`Client::try_acquire`],
 //!   [`Client::acquire`], [`Client::available_permits`], failing with a [`LimiterError`].
-//! - [`RateLimitLayer`]: one RLS call per request, keyed by a value read from the request
-//!   ([`key::extension`] for the identity an authentication layer proved, [`key::peer_ip`],
-//!   [`key::x_forwarded_for`] / [`key::forwarded`] behind proxies of your own,
-//!   [`key::method_path`], [`key::header`], or any closure); refuses with `429` and
-//!   `RateLimit`/`Retry-After` headers, or `RESOURCE_EXHAUSTED` for gRPC.
+//! - [`SluiceLayer`], a tower layer in tower's shape (`SluiceLayer` builds the service
+//!   [`Sluice`]), set up with [`SluiceLayer::builder`]: one RLS call per request, its
+//!   descriptor's entries read from the request ([`key::extension`] for the identity an
+//!   authentication layer proved, [`key::peer_ip`], [`key::x_forwarded_for`] /
+//!   [`key::forwarded`] behind proxies of your own, [`key::method_path`], [`key::header`], or
+//!   any closure); refuses with `429` and `RateLimit`/`Retry-After` headers, or
+//!   `RESOURCE_EXHAUSTED` for gRPC.
 //!
 //! The layer fails closed on keys: a request whose key cannot be found (a header absent, no
 //! peer address recorded) is refused, never passed unlimited ([`key::Key::Missing`]). IPv6
 //! addresses are keyed by their /64, so one host cannot rotate through fresh budgets. See the
-//! [`key`] module for which key to choose, and [`RateLimitLayer`] for where to put the layer
+//! [`key`] module for which key to choose, and [`SluiceLayer`] for where to put the layer
 //! (after authentication).
+//!
+//! Errors are the crate's own: an [`Error`] has an [`ErrorKind`], the [`GrpcCode`] Sluice
+//! answered and its message; no tonic type is part of it. Every count of hits is a `u64`.
 //!
 //! # Quick start
 //!
@@ -54,13 +59,16 @@
 //! ```no_run
 //! use std::net::SocketAddr;
 //! use axum::{Router, routing::get};
-//! use sluice_client::{Client, RateLimitLayer, key};
+//! use sluice_client::{Client, SluiceLayer, key};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = Client::builder().connect_lazy("http://127.0.0.1:8081")?;
+//! let limit = SluiceLayer::builder(client, "api")
+//!     .key("remote_address", key::peer_ip())
+//!     .build();
 //! let app = Router::new()
 //!     .route("/", get(|| async { "hello" }))
-//!     .layer(RateLimitLayer::new(client, "api", "remote_address", key::peer_ip()));
+//!     .layer(limit);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
 //! # Ok(())
@@ -68,7 +76,7 @@
 //! ```
 //!
 //! To limit each user, put the layer after authentication and key on the identity it proved
-//! ([`RateLimitLayer`] shows the layer order, `examples/limited_axum.rs` a whole service).
+//! ([`SluiceLayer`] shows the layer order, `examples/limited_axum.rs` a whole service).
 //!
 //! The same layer goes on a tonic server (`Server::builder().layer(...)`), where
 //! [`key::header`] reads gRPC metadata and [`key::method_path`] the method.
@@ -78,13 +86,21 @@
 //! Every call ends by its deadline ([`ClientBuilder::deadline`], 500 ms unless set). When Sluice
 //! cannot answer (down, `UNAVAILABLE`, deadline passed), [`FailurePolicy::Open`] (the default,
 //! as Envoy's) admits and marks the answer [`AnsweredBy::FailurePolicy`];
-//! [`FailurePolicy::Closed`] returns the [`Error`], and the layer answers 503 / `UNAVAILABLE`.
+//! [`FailurePolicy::Closed`] returns the [`Error`], and the layer answers 503 / `UNAVAILABLE`
+//! (a layer can set a policy of its own: [`SluiceLayerBuilder::failure_policy`]).
+//!
+//! # Features
+//!
+//! - `axum` (on by default): [`key::peer_ip`] reads the peer address axum records
+//!   (`ConnectInfo`). Off, the crate does not depend on axum; `peer_ip` still reads tonic's
+//!   record and a [`key::PeerAddr`] the service inserts itself.
 
 // Every public item is documented: the crate's users read it on docs.rs, not in the source.
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 mod client;
-mod layer;
+mod error;
+pub mod layer;
 pub mod limiter;
 pub mod rls;
 
@@ -94,8 +110,14 @@ pub mod rls;
 /// overrides, say). The RLS `domain` and descriptor entries are bytes there.
 pub use sluice_proto as proto;
 
-pub use client::{AnsweredBy, Client, ClientBuilder, DEFAULT_DEADLINE, Error, FailurePolicy};
+// The README's examples are compiled as doc tests, so they cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;
+
+pub use client::{AnsweredBy, Client, ClientBuilder, DEFAULT_DEADLINE, FailurePolicy};
+pub use error::{Error, ErrorKind, GrpcCode};
 pub use layer::key;
-pub use layer::{RateLimitLayer, RateLimitService};
+pub use layer::{Sluice, SluiceLayer, SluiceLayerBuilder};
 pub use limiter::{Acquired, LimiterConfig, LimiterError, RateSet};
 pub use rls::{Decision, Descriptor, DescriptorDecision, RateLimitRequest};

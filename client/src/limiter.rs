@@ -4,18 +4,119 @@
 //!
 //! Each of Sluice's answers that is about the request maps to one [`LimiterError`] variant, so
 //! a caller can match on "no such limiter" or "would wait too long" without reading status codes.
+//! The protocol's enums have counterparts of the crate's own ([`Algorithm`], [`Mode`],
+//! [`SetMode`]), so the API does not change with the generated code.
 
 use std::time::Duration;
 
-use tonic::Code;
-
-use crate::client::{AnsweredBy, Client, Error, FailurePolicy};
+use crate::client::{AnsweredBy, Client, FailurePolicy};
+use crate::error::{Error, ErrorKind, GrpcCode};
 use crate::proto::sluice::v1 as wire;
 
-pub use wire::{Algorithm, Mode, SetMode};
+/// How a limiter's permits come back (the algorithms of Sluice's config, README "Algorithms").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// At most `rate` per window of `interval`, windows aligned on the epoch.
+    FixedWindow,
+    /// At most `rate` in any trailing `interval`, each acquisition logged.
+    SlidingWindowLog,
+    /// About `rate` per trailing `interval`, from the current and previous windows' counts.
+    SlidingWindowCounter,
+    /// At most `burst` at once, then `rate` per `interval`.
+    TokenBucket,
+    /// The token bucket's rule as the generic cell rate algorithm (burst tolerance `burst`).
+    Gcra,
+    /// The token bucket's rule as a bucket that drains `rate` per `interval`.
+    LeakyBucket,
+    /// One at a time, spaced by an interval that shrinks from `cold_factor` times the full
+    /// rate's to the full rate's over the warm-up period ([`LimiterConfig::warm_up`]).
+    WarmUp,
+}
+
+impl From<Algorithm> for wire::Algorithm {
+    fn from(algorithm: Algorithm) -> Self {
+        match algorithm {
+            Algorithm::FixedWindow => wire::Algorithm::FixedWindow,
+            Algorithm::SlidingWindowLog => wire::Algorithm::SlidingWindowLog,
+            Algorithm::SlidingWindowCounter => wire::Algorithm::SlidingWindowCounter,
+            Algorithm::TokenBucket => wire::Algorithm::TokenBucket,
+            Algorithm::Gcra => wire::Algorithm::Gcra,
+            Algorithm::LeakyBucket => wire::Algorithm::LeakyBucket,
+            Algorithm::WarmUp => wire::Algorithm::WarmUp,
+        }
+    }
+}
+
+impl Algorithm {
+    fn from_wire(number: i32) -> Option<Self> {
+        Some(match wire::Algorithm::try_from(number).ok()? {
+            wire::Algorithm::Unspecified => return None,
+            wire::Algorithm::FixedWindow => Algorithm::FixedWindow,
+            wire::Algorithm::SlidingWindowLog => Algorithm::SlidingWindowLog,
+            wire::Algorithm::SlidingWindowCounter => Algorithm::SlidingWindowCounter,
+            wire::Algorithm::TokenBucket => Algorithm::TokenBucket,
+            wire::Algorithm::Gcra => Algorithm::Gcra,
+            wire::Algorithm::LeakyBucket => Algorithm::LeakyBucket,
+            wire::Algorithm::WarmUp => Algorithm::WarmUp,
+        })
+    }
+}
+
+/// Whose budget an acquisition spends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Mode {
+    /// One budget shared by every caller.
+    #[default]
+    Overall,
+    /// A budget per `client_id`.
+    PerClient,
+}
+
+impl From<Mode> for wire::Mode {
+    fn from(mode: Mode) -> Self {
+        match mode {
+            Mode::Overall => wire::Mode::Overall,
+            Mode::PerClient => wire::Mode::PerClient,
+        }
+    }
+}
+
+impl Mode {
+    fn from_wire(number: i32) -> Option<Self> {
+        Some(match wire::Mode::try_from(number).ok()? {
+            wire::Mode::Overall => Mode::Overall,
+            wire::Mode::PerClient => Mode::PerClient,
+        })
+    }
+}
+
+/// What [`Client::set_rate`] does to a limiter that exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SetMode {
+    /// Create the limiter only if it does not exist; never change an existing one.
+    TrySet,
+    /// Create or replace the config; what is already counted stays in force.
+    UpdateKeepState,
+    /// Create or replace the config, and start from an empty state.
+    UpdateResetState,
+}
+
+impl From<SetMode> for wire::SetMode {
+    fn from(mode: SetMode) -> Self {
+        match mode {
+            SetMode::TrySet => wire::SetMode::TrySet,
+            SetMode::UpdateKeepState => wire::SetMode::UpdateKeepState,
+            SetMode::UpdateResetState => wire::SetMode::UpdateResetState,
+        }
+    }
+}
 
 /// Why a native API call failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LimiterError {
     /// `NOT_FOUND`: no limiter of that name (create it with [`Client::set_rate`]).
     #[error("no such limiter: {0}")]
@@ -42,25 +143,38 @@ pub enum LimiterError {
 
 impl LimiterError {
     fn from_call(error: Error, waiting: bool) -> Self {
-        let Error::Status(status) = &error else {
+        let Some(code) = error.code() else {
             return LimiterError::Call(error);
         };
-        let message = status.message().to_string();
-        match status.code() {
-            Code::NotFound => LimiterError::NotFound(message),
-            Code::InvalidArgument => LimiterError::Invalid(message),
+        let message = error.message().to_string();
+        match code {
+            GrpcCode::NotFound => LimiterError::NotFound(message),
+            GrpcCode::InvalidArgument => LimiterError::Invalid(message),
             // Only `Acquire` answers DEADLINE_EXCEEDED for its maximum wait; elsewhere it is a
             // deadline like any other.
-            Code::DeadlineExceeded if waiting => LimiterError::WaitTooLong(message),
-            Code::ResourceExhausted => LimiterError::TooMany(message),
-            Code::Unauthenticated => LimiterError::Unauthenticated(message),
+            GrpcCode::DeadlineExceeded if waiting => LimiterError::WaitTooLong(message),
+            GrpcCode::ResourceExhausted => LimiterError::TooMany(message),
+            GrpcCode::Unauthenticated => LimiterError::Unauthenticated(message),
             _ => LimiterError::Call(error),
         }
     }
 }
 
-/// A limiter's config: `rate` permits per `interval` under `algorithm`.
+/// A limiter's config: `rate` permits per `interval` under `algorithm`; made with
+/// [`LimiterConfig::new`], the rest set with the methods of the fields' names.
+///
+/// ```
+/// use std::time::Duration;
+/// use sluice_client::LimiterConfig;
+/// use sluice_client::limiter::{Algorithm, Mode};
+///
+/// let config = LimiterConfig::new("exports", Algorithm::TokenBucket, 5, Duration::from_secs(1))
+///     .burst(2)
+///     .mode(Mode::PerClient);
+/// assert_eq!((config.rate, config.burst), (5, 2));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct LimiterConfig {
     /// The limiter's name, which every call on it gives.
     pub name: String,
@@ -97,21 +211,42 @@ impl LimiterConfig {
         }
     }
 
+    /// Bucket algorithms: most permits taken at once (0, the default, means `rate`).
+    pub fn burst(mut self, burst: u64) -> Self {
+        self.burst = burst;
+        self
+    }
+
+    /// One budget for all callers ([`Mode::Overall`], the default), or one per `client_id`
+    /// ([`Mode::PerClient`]).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// [`Algorithm::WarmUp`] only: the rate climbs to `rate` over `period`, starting
+    /// `cold_factor` times slower.
+    pub fn warm_up(mut self, period: Duration, cold_factor: f64) -> Self {
+        self.warm_up = Some((period, cold_factor));
+        self
+    }
+
     fn into_wire(self) -> wire::LimiterConfig {
         let (warmup, cold_factor) = self.warm_up.unzip();
         wire::LimiterConfig {
             name: self.name,
-            algorithm: self.algorithm as i32,
+            algorithm: wire::Algorithm::from(self.algorithm) as i32,
             rate: self.rate,
             interval: wire_duration(self.interval),
             burst: self.burst,
-            mode: self.mode as i32,
+            mode: wire::Mode::from(self.mode) as i32,
             warmup_period: warmup.and_then(wire_duration),
             cold_factor: cold_factor.unwrap_or_default(),
         }
     }
 
-    fn from_wire(config: wire::LimiterConfig) -> Self {
+    /// The config Sluice reports; `None` for an algorithm or mode this crate does not know.
+    fn from_wire(config: wire::LimiterConfig) -> Option<Self> {
         let duration = |d: Option<prost_types::Duration>| {
             d.and_then(|d| Duration::try_from(d).ok())
                 .unwrap_or_default()
@@ -119,24 +254,26 @@ impl LimiterConfig {
         let warm_up = config
             .warmup_period
             .map(|w| (duration(Some(w)), config.cold_factor));
-        Self {
-            algorithm: Algorithm::try_from(config.algorithm).unwrap_or_default(),
-            mode: Mode::try_from(config.mode).unwrap_or_default(),
+        Some(Self {
+            algorithm: Algorithm::from_wire(config.algorithm)?,
+            mode: Mode::from_wire(config.mode)?,
             interval: duration(config.interval),
             name: config.name,
             rate: config.rate,
             burst: config.burst,
             warm_up,
-        }
+        })
     }
 }
 
 /// The answer to [`Client::set_rate`].
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct RateSet {
     /// False when `TRY_SET` found a limiter and left it alone.
     pub applied: bool,
-    /// The config in force after the call.
+    /// The config in force after the call; `None` if Sluice sent none, or one with an
+    /// algorithm or mode this crate does not know (a newer Sluice's).
     pub config: Option<LimiterConfig>,
     /// The limiter starts from an empty state because of this call.
     pub state_reset: bool,
@@ -144,6 +281,7 @@ pub struct RateSet {
 
 /// The answer to an acquisition.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Acquired {
     /// The permits were taken.
     pub acquired: bool,
@@ -183,7 +321,7 @@ impl Client {
     ) -> Result<RateSet, LimiterError> {
         let message = wire::SetRateRequest {
             config: Some(config.into_wire()),
-            set_mode: mode as i32,
+            set_mode: wire::SetMode::from(mode) as i32,
         };
         let mut api = self.limiter.clone();
         let deadline = self.deadline();
@@ -193,7 +331,7 @@ impl Client {
             .map_err(|e| LimiterError::from_call(e, false))?;
         Ok(RateSet {
             applied: set.applied,
-            config: set.config.map(LimiterConfig::from_wire),
+            config: set.config.and_then(LimiterConfig::from_wire),
             state_reset: set.state_reset,
         })
     }
@@ -223,9 +361,9 @@ impl Client {
     /// Takes `permits`, letting Sluice wait as long as needed within `deadline` (sent as
     /// `grpc-timeout`: Sluice stops waiting when it passes, and nothing is taken).
     /// [`LimiterError::WaitTooLong`] when the wait would pass Sluice's `LIMITER_MAX_WAIT`;
-    /// [`Error::Deadline`] (or Sluice's `CANCELLED`) when `deadline` passes first. A deadline
-    /// passing is an answer here (the permits did not come in time), so the failure policy never
-    /// turns it into permits; it covers the other failures.
+    /// [`LimiterError::Call`] with [`ErrorKind::Deadline`] when `deadline` passes first. A
+    /// deadline passing is an answer here (the permits did not come in time), so the failure
+    /// policy never turns it into permits; it covers the other failures.
     pub async fn acquire(
         &self,
         name: &str,
@@ -307,13 +445,11 @@ impl Client {
 /// answers `CANCELLED` when a call's `grpc-timeout` passes), or Sluice's maximum wait
 /// (`DEADLINE_EXCEEDED`).
 fn ends_a_wait(error: &Error) -> bool {
-    match error {
-        Error::Deadline(_) => true,
-        Error::Status(status) => {
-            matches!(status.code(), Code::Cancelled | Code::DeadlineExceeded)
-        }
-        _ => false,
-    }
+    error.kind() == ErrorKind::Deadline
+        || matches!(
+            error.code(),
+            Some(GrpcCode::Cancelled | GrpcCode::DeadlineExceeded)
+        )
 }
 
 fn wire_duration(d: Duration) -> Option<prost_types::Duration> {

@@ -4,10 +4,16 @@
 //! The request is the one Envoy sends: a domain, descriptors of `key=value` entries matched
 //! against Sluice's config, and a cost (`hits_addend`, 0 meaning 1). The answer keeps what a
 //! caller acts on (allowed or not, what is left, when it resets) and the headers Sluice asked for.
+//!
+//! Every count of hits is a `u64` here, as the native API's are. On the wire the request's cost
+//! is a `uint32` and a descriptor's a `UInt64Value`, so a request cost above `u32::MAX` is sent
+//! as the cost of each descriptor that has none of its own, which Sluice (as Envoy's RLS)
+//! reads first; the counts Sluice answers with are `uint32` and widen without loss.
 
 use std::time::Duration;
 
-use crate::client::{AnsweredBy, Client, Error, FailurePolicy};
+use crate::client::{AnsweredBy, Client, FailurePolicy};
+use crate::error::Error;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use crate::proto::envoy::service::ratelimit::v3 as wire;
@@ -40,7 +46,8 @@ impl Descriptor {
         self
     }
 
-    fn into_wire(self) -> RateLimitDescriptor {
+    /// The descriptor on the wire, costing `request_hits` unless it has a cost of its own.
+    fn into_wire(self, request_hits: Option<u64>) -> RateLimitDescriptor {
         RateLimitDescriptor {
             entries: self
                 .entries
@@ -50,7 +57,7 @@ impl Descriptor {
                     value: value.into_bytes(),
                 })
                 .collect(),
-            hits_addend: self.hits_addend,
+            hits_addend: self.hits_addend.or(request_hits),
             ..Default::default()
         }
     }
@@ -61,7 +68,7 @@ impl Descriptor {
 pub struct RateLimitRequest {
     domain: String,
     descriptors: Vec<Descriptor>,
-    hits_addend: u32,
+    hits_addend: u64,
 }
 
 impl RateLimitRequest {
@@ -80,8 +87,9 @@ impl RateLimitRequest {
     }
 
     /// The cost of the request, charged to every descriptor without its own (0 means 1, as in
-    /// Envoy).
-    pub fn hits_addend(mut self, hits: u32) -> Self {
+    /// Envoy). Above `u32::MAX` (the wire's request-level field) it is sent as the cost of
+    /// each of those descriptors, which Sluice judges the same way.
+    pub fn hits_addend(mut self, hits: u64) -> Self {
         self.hits_addend = hits;
         self
     }
@@ -89,30 +97,37 @@ impl RateLimitRequest {
     /// The message, or what Sluice would refuse as `INVALID_ARGUMENT`, said here instead.
     fn into_wire(self) -> Result<wire::RateLimitRequest, Error> {
         if self.domain.is_empty() {
-            return Err(Error::InvalidRequest("the domain is empty".into()));
+            return Err(Error::invalid_request("the domain is empty"));
         }
         if self.descriptors.is_empty() {
-            return Err(Error::InvalidRequest("a request needs a descriptor".into()));
+            return Err(Error::invalid_request("a request needs a descriptor"));
         }
         if let Some(i) = self.descriptors.iter().position(|d| d.entries.is_empty()) {
-            return Err(Error::InvalidRequest(format!(
+            return Err(Error::invalid_request(format!(
                 "descriptor {i} has no entry"
             )));
         }
+        // A cost the request-level field cannot carry goes on the descriptors instead; there 0
+        // would be a zero-cost look, but such a cost is never 0.
+        let (request_hits, descriptor_hits) = match u32::try_from(self.hits_addend) {
+            Ok(hits) => (hits, None),
+            Err(_) => (0, Some(self.hits_addend)),
+        };
         Ok(wire::RateLimitRequest {
             domain: self.domain.into_bytes(),
             descriptors: self
                 .descriptors
                 .into_iter()
-                .map(Descriptor::into_wire)
+                .map(|d| d.into_wire(descriptor_hits))
                 .collect(),
-            hits_addend: self.hits_addend,
+            hits_addend: request_hits,
         })
     }
 }
 
 /// The unit of a limit's rate, as Sluice reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 #[allow(missing_docs)] // Each variant is its name.
 pub enum Unit {
     Second,
@@ -154,24 +169,26 @@ impl Unit {
 
 /// The limit a descriptor was judged by: `requests_per_unit` per `unit`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Limit {
     /// The rule's `name` in the config; empty when it has none.
     pub name: String,
-    /// Requests allowed per `unit`.
-    pub requests_per_unit: u32,
+    /// Hits allowed per `unit`.
+    pub requests_per_unit: u64,
     /// `None` for a unit this crate does not know.
     pub unit: Option<Unit>,
 }
 
 /// The answer for one descriptor.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DescriptorDecision {
     /// Refused (`OVER_LIMIT`).
     pub over: bool,
     /// The limit that judged it; `None` when no rule matched (never limited).
     pub limit: Option<Limit>,
     /// What is left after this request (0 when over).
-    pub remaining: u32,
+    pub remaining: u64,
     /// Time until the limit's window or bucket resets, in whole seconds as Sluice reports it.
     pub reset: Option<Duration>,
 }
@@ -182,10 +199,10 @@ impl DescriptorDecision {
             over: status.code == Code::OverLimit as i32,
             limit: status.current_limit.map(|l| Limit {
                 name: l.name,
-                requests_per_unit: l.requests_per_unit,
+                requests_per_unit: u64::from(l.requests_per_unit),
                 unit: Unit::from_wire(l.unit),
             }),
-            remaining: status.limit_remaining,
+            remaining: u64::from(status.limit_remaining),
             reset: status
                 .duration_until_reset
                 .and_then(|d| Duration::try_from(d).ok()),
@@ -195,6 +212,7 @@ impl DescriptorDecision {
 
 /// Sluice's answer to a [`RateLimitRequest`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Decision {
     /// Admitted (`OK`), or refused (`OVER_LIMIT`).
     pub allowed: bool,
@@ -246,7 +264,7 @@ impl Decision {
     }
 
     /// What is left under the tightest limit; `None` when nothing was limited.
-    pub fn remaining(&self) -> Option<u32> {
+    pub fn remaining(&self) -> Option<u64> {
         self.deciding().map(|d| d.remaining)
     }
 
@@ -267,10 +285,10 @@ impl Decision {
 impl Client {
     /// Asks Sluice whether `request` is within its limits, charging its cost when it is judged.
     ///
-    /// Fails with [`Error::InvalidRequest`] before sending an empty domain, no descriptor or a
-    /// descriptor without entries. When Sluice cannot answer ([`Error::is_unanswered`]), the
-    /// [`FailurePolicy`] decides: `Open` returns an allowed [`Decision`] answered by the policy,
-    /// `Closed` the error.
+    /// Fails with [`ErrorKind::InvalidRequest`](crate::ErrorKind::InvalidRequest) before sending
+    /// an empty domain, no descriptor or a descriptor without entries. When Sluice cannot
+    /// answer ([`Error::is_unanswered`]), the [`FailurePolicy`] decides: `Open` returns an
+    /// allowed [`Decision`] answered by the policy, `Closed` the error.
     pub async fn should_rate_limit(&self, request: RateLimitRequest) -> Result<Decision, Error> {
         let message = request.into_wire()?;
         let deadline = self.deadline();
@@ -283,5 +301,31 @@ impl Client {
             }
             Err(error) => Err(error),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn costs(request: RateLimitRequest) -> (u32, Vec<Option<u64>>) {
+        let wire = request.into_wire().unwrap();
+        let descriptors = wire.descriptors.iter().map(|d| d.hits_addend).collect();
+        (wire.hits_addend, descriptors)
+    }
+
+    #[test]
+    fn a_cost_above_the_request_field_goes_on_the_descriptors_without_their_own() {
+        let two = |hits| {
+            RateLimitRequest::new("api")
+                .descriptor(Descriptor::new().entry("a", "1"))
+                .descriptor(Descriptor::new().entry("b", "2").hits_addend(0))
+                .hits_addend(hits)
+        };
+        assert_eq!(costs(two(7)), (7, vec![None, Some(0)]));
+        let max = u64::from(u32::MAX);
+        assert_eq!(costs(two(max)), (u32::MAX, vec![None, Some(0)]));
+        assert_eq!(costs(two(max + 1)), (0, vec![Some(max + 1), Some(0)]));
+        assert_eq!(costs(two(u64::MAX)), (0, vec![Some(u64::MAX), Some(0)]));
     }
 }

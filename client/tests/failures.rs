@@ -10,8 +10,8 @@ use common::Sluice;
 use common::services::{grpc_check, http_get, serve_grpc, serve_grpc_recording, serve_http};
 use sluice_client::limiter::{Algorithm, SetMode};
 use sluice_client::{
-    AnsweredBy, Client, Descriptor, Error, FailurePolicy, LimiterConfig, LimiterError,
-    RateLimitLayer, RateLimitRequest, key,
+    AnsweredBy, Client, Descriptor, ErrorKind, FailurePolicy, GrpcCode, LimiterConfig,
+    LimiterError, RateLimitRequest, SluiceLayer, key,
 };
 use tonic::Code;
 
@@ -22,8 +22,10 @@ fn one_user(user: &str) -> RateLimitRequest {
     RateLimitRequest::new("client_test").descriptor(Descriptor::new().entry("user", user))
 }
 
-fn layer(client: Client) -> RateLimitLayer {
-    RateLimitLayer::new(client, "client_test", "user", key::header("x-user"))
+fn layer(client: Client) -> SluiceLayer {
+    SluiceLayer::builder(client, "client_test")
+        .key("user", key::header("x-user"))
+        .build()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -37,6 +39,19 @@ async fn with_sluice_down_fail_open_admits_and_fail_closed_refuses() {
     );
     let grpc_closed = serve_grpc(layer(closed.clone())).await;
     let grpc_open = serve_grpc(layer(open.clone())).await;
+    // A layer's own policy wins over its client's, either way.
+    let closed_over_open = SluiceLayer::builder(open.clone(), "client_test")
+        .key("user", key::header("x-user"))
+        .failure_policy(FailurePolicy::Closed)
+        .build();
+    let open_over_closed = SluiceLayer::builder(closed.clone(), "client_test")
+        .key("user", key::header("x-user"))
+        .failure_policy(FailurePolicy::Open)
+        .build();
+    let (http_closed_over_open, http_open_over_closed) = (
+        serve_http(closed_over_open).await,
+        serve_http(open_over_closed).await,
+    );
     // While Sluice is up, both ask it.
     assert_eq!(
         open.should_rate_limit(one_user("u1"))
@@ -57,9 +72,14 @@ async fn with_sluice_down_fail_open_admits_and_fail_closed_refuses() {
     );
     let error = closed.should_rate_limit(one_user("u3")).await.unwrap_err();
     assert!(error.is_unanswered(), "{error:?}");
+    // In the crate's own terms: Sluice unreachable, whichever way the transport said it.
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error:?}");
 
     assert_eq!(http_get(http_open, &[("x-user", "u4")]).await.status, 200);
     assert_eq!(http_get(http_closed, &[("x-user", "u4")]).await.status, 503);
+    let status = |addr| async move { http_get(addr, &[("x-user", "u4")]).await.status };
+    assert_eq!(status(http_closed_over_open).await, 503);
+    assert_eq!(status(http_open_over_closed).await, 200);
     grpc_check(grpc_open, Some("u5")).await.unwrap();
     let refused = grpc_check(grpc_closed, Some("u5")).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
@@ -109,10 +129,8 @@ async fn a_call_sluice_never_answers_ends_at_its_deadline() {
         .await
         .unwrap_err();
     let took = started.elapsed();
-    assert!(
-        matches!(error, Error::Deadline(d) if d == deadline),
-        "{error:?}"
-    );
+    assert_eq!(error.kind(), ErrorKind::Deadline, "{error:?}");
+    assert_eq!(error.deadline(), Some(deadline), "{error:?}");
     assert!(took >= deadline && took < SLACK, "{took:?}");
 
     let started = Instant::now();
@@ -156,6 +174,8 @@ async fn the_deadline_travels_as_grpc_timeout() {
     // UNIMPLEMENTED is about the request: an error even under the default fail-open policy.
     let error = client.should_rate_limit(one_user("z")).await.unwrap_err();
     assert!(!error.is_unanswered(), "{error:?}");
+    assert_eq!(error.kind(), ErrorKind::Protocol, "{error:?}");
+    assert_eq!(error.code(), Some(GrpcCode::Unimplemented), "{error:?}");
     // `acquire` sends its own deadline; `try_acquire` its wait plus the client's deadline.
     let _ = client.acquire("l", "", 1, Duration::from_secs(7)).await;
     let _ = client.try_acquire("l", "", 1, Duration::from_secs(2)).await;
@@ -175,14 +195,13 @@ async fn acquire_waits_on_the_server_until_its_deadline() {
     // Fail-open: a deadline passing while Sluice waits must still not grant permits.
     let client = sluice.client(FailurePolicy::Open).await;
     let bucket = |name: &str, interval_ms| {
-        let mut config = LimiterConfig::new(
+        LimiterConfig::new(
             name,
             Algorithm::TokenBucket,
             1,
             Duration::from_millis(interval_ms),
-        );
-        config.burst = 1;
-        config
+        )
+        .burst(1)
     };
     for name in ["refills_soon", "refills_late"] {
         let interval = if name == "refills_soon" { 500 } else { 2_500 };
@@ -216,7 +235,8 @@ async fn acquire_waits_on_the_server_until_its_deadline() {
     let result = client.acquire("refills_late", "", 1, deadline).await;
     let took = started.elapsed();
     assert!(
-        matches!(result, Err(LimiterError::Call(Error::Deadline(d))) if d == deadline),
+        matches!(&result, Err(LimiterError::Call(e))
+            if e.kind() == ErrorKind::Deadline && e.deadline() == Some(deadline)),
         "acquire past its deadline: {result:?}"
     );
     assert!(took >= deadline && took < SLACK, "{took:?}");
@@ -294,5 +314,8 @@ async fn the_native_api_answers_with_typed_errors() {
     let empty = client
         .should_rate_limit(RateLimitRequest::new("client_test"))
         .await;
-    assert!(matches!(empty, Err(Error::InvalidRequest(_))), "{empty:?}");
+    assert!(
+        matches!(&empty, Err(e) if e.kind() == ErrorKind::InvalidRequest && e.code().is_none()),
+        "{empty:?}"
+    );
 }

@@ -1,4 +1,4 @@
-//! What requests are limited by, through `RateLimitLayer` in front of real services asking a
+//! What requests are limited by, through `SluiceLayer` in front of real services asking a
 //! real Sluice: IPv6 callers keyed by their /64 (from the peer address and from the addresses
 //! proxies forward), and keys that cannot be found refused instead of passed unlimited (a
 //! missing header, a server that records no peer address). Keying on what authentication
@@ -12,7 +12,7 @@ use common::services::{
     statuses_of,
 };
 use sluice_client::key::{self, KeyExtractor};
-use sluice_client::{FailurePolicy, RateLimitLayer};
+use sluice_client::{FailurePolicy, SluiceLayer};
 use tonic::Code;
 
 /// `peer` allows 2 per day (common::CONFIG): two requests pass, the third is 429.
@@ -20,7 +20,9 @@ use tonic::Code;
 async fn ipv6_addresses_in_one_64_share_one_budget() {
     let sluice = Sluice::start(None, &[]);
     let client = sluice.client(FailurePolicy::Closed).await;
-    let layer = RateLimitLayer::new(client, "client_test", "peer", key::x_forwarded_for(1));
+    let layer = SluiceLayer::builder(client, "client_test")
+        .key("peer", key::x_forwarded_for(1))
+        .build();
     let addr = serve_http(layer).await;
     let status = |list: &'static str| async move {
         http_get(addr, &[("x-forwarded-for", list)]).await.status
@@ -37,12 +39,9 @@ async fn ipv6_addresses_in_one_64_share_one_budget() {
     assert_eq!(status("2001:db8:1:3::1").await, 200);
 
     // `Forwarded` through the same layer's domain: bracketed, with a port, the same rule.
-    let layer = RateLimitLayer::new(
-        sluice.client(FailurePolicy::Closed).await,
-        "client_test",
-        "peer",
-        key::forwarded(1),
-    );
+    let layer = SluiceLayer::builder(sluice.client(FailurePolicy::Closed).await, "client_test")
+        .key("peer", key::forwarded(1))
+        .build();
     let addr = serve_http(layer).await;
     let forwarded =
         |value: &'static str| async move { http_get(addr, &[("forwarded", value)]).await.status };
@@ -59,7 +58,9 @@ async fn ipv6_addresses_in_one_64_share_one_budget() {
 async fn an_ipv6_peer_is_charged_to_its_64() {
     let sluice = Sluice::start(None, &[]);
     let client = sluice.client(FailurePolicy::Closed).await;
-    let layer = RateLimitLayer::new(client, "client_test", "peer", key::peer_ip());
+    let layer = SluiceLayer::builder(client, "client_test")
+        .key("peer", key::peer_ip())
+        .build();
     let addr = serve_axum(layer, "[::1]:0", true).await;
 
     assert_eq!(statuses_of(addr, b"", 2).await, [200, 429]);
@@ -74,7 +75,9 @@ async fn an_ipv6_peer_is_charged_to_its_64() {
 async fn a_service_without_connect_info_refuses_instead_of_passing_unlimited() {
     let sluice = Sluice::start(None, &[]);
     let client = sluice.client(FailurePolicy::Closed).await;
-    let layer = RateLimitLayer::new(client, "client_test", "peer", key::peer_ip());
+    let layer = SluiceLayer::builder(client, "client_test")
+        .key("peer", key::peer_ip())
+        .build();
     // `axum::serve(listener, app)`: no peer address in any request.
     let addr = serve_axum(layer, "127.0.0.1:0", false).await;
 
@@ -86,7 +89,9 @@ async fn a_service_without_connect_info_refuses_instead_of_passing_unlimited() {
 async fn a_request_without_its_key_header_is_refused_not_unlimited() {
     let sluice = Sluice::start(None, &[]);
     let client = sluice.client(FailurePolicy::Closed).await;
-    let layer = RateLimitLayer::new(client.clone(), "client_test", "user", key::header("x-user"));
+    let layer = SluiceLayer::builder(client.clone(), "client_test")
+        .key("user", key::header("x-user"))
+        .build();
     let addr = serve_http(layer).await;
     assert_eq!(statuses_of(addr, b"", 4).await, [400; 4]);
     // With the header, the limit of 2 applies as before.
@@ -96,7 +101,9 @@ async fn a_request_without_its_key_header_is_refused_not_unlimited() {
     );
 
     // gRPC: the reason travels as the status message.
-    let layer = RateLimitLayer::new(client.clone(), "client_test", "user", key::header("x-user"));
+    let layer = SluiceLayer::builder(client.clone(), "client_test")
+        .key("user", key::header("x-user"))
+        .build();
     let grpc = serve_grpc(layer).await;
     let refused = grpc_check(grpc, None).await.unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
@@ -104,7 +111,9 @@ async fn a_request_without_its_key_header_is_refused_not_unlimited() {
 
     // Passing such requests unlimited is a choice made in so many words.
     let lenient = key::header("x-user").or(key::exempt());
-    let layer = RateLimitLayer::new(client, "client_test", "user", lenient);
+    let layer = SluiceLayer::builder(client, "client_test")
+        .key("user", lenient)
+        .build();
     let addr = serve_http(layer).await;
     assert_eq!(statuses_of(addr, b"", 4).await, [200; 4]);
 }
@@ -115,7 +124,9 @@ async fn a_request_without_its_key_header_is_refused_not_unlimited() {
 async fn keyed_on_the_authenticated_user_many_api_keys_are_one_budget() {
     let sluice = Sluice::start(None, &[]);
     let client = sluice.client(FailurePolicy::Closed).await;
-    let layer = RateLimitLayer::new(client, "client_test", "user", key::extension::<User>());
+    let layer = SluiceLayer::builder(client, "client_test")
+        .key("user", key::extension::<User>())
+        .build();
     let addr = serve_authenticated(layer).await;
     let status = |api_key: &'static str| async move {
         http_get(addr, &[("x-api-key", api_key)]).await.status

@@ -1,29 +1,40 @@
-//! [`RateLimitLayer`]: a `tower` layer that asks Sluice about each request before the service
-//! sees it, so limits are shared by every replica of the service.
+//! The tower layer: [`SluiceLayer`] asks Sluice about each request before the service sees it,
+//! so limits are shared by every replica of the service. As in tower, `SluiceLayer` builds the
+//! service [`Sluice`], which wraps yours.
 //!
-//! What it answers is documented on [`RateLimitLayer`], where users of the crate read it.
+//! The names say who decides: not tower's in-process `RateLimitLayer`/`RateLimit` (one budget
+//! per process), nor Envoy's `RateLimitService` (the server side of the protocol), but a Sluice
+//! shared by the fleet. The layer is set up with [`SluiceLayerBuilder`] (`builder.rs`); what it
+//! answers is documented on [`SluiceLayer`], where users of the crate read it; the answers that
+//! are not the service's are `refusal.rs`'s, and what a request is limited by is [`key`]'s.
 
+mod builder;
 pub mod key;
 mod refusal;
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use http::request::Parts;
 use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
+
+pub use builder::{HasEntry, NoEntry, SluiceLayerBuilder};
 
 use crate::client::Client;
 use crate::rls::{Decision, Descriptor, RateLimitRequest};
 use key::{Key, KeyExtractor, Missing};
 
-/// Limits the service it wraps through Sluice.
+/// Limits the service it wraps through Sluice; made with [`SluiceLayer::builder`].
 ///
-/// Per request: the [`KeyExtractor`] reads a value from the request's head; the layer sends one
-/// RLS call (the layer's domain, one descriptor: the fixed entries, then `descriptor_key=value`);
-/// then the request goes on to the service, or is answered here:
+/// Per request: the layer reads the descriptor's entries from the request's head (fixed ones
+/// as they are, the others by their [`KeyExtractor`]), and its cost; it sends one RLS call (the
+/// layer's domain, that one descriptor); then the request goes on to the service, or is
+/// answered here:
 ///
 /// | Sluice says | HTTP request | gRPC request (`content-type: application/grpc…`) |
 /// |---|---|---|
@@ -33,18 +44,20 @@ use key::{Key, KeyExtractor, Missing};
 /// | nothing, [`FailurePolicy::Closed`](crate::FailurePolicy::Closed) | `503` | `200`, `grpc-status: 14` (`UNAVAILABLE`) |
 /// | an error about the request (`INVALID_ARGUMENT`) | `503` | `grpc-status: 14` |
 ///
-/// Before any call, the key decides:
+/// Before any call, the keys decide:
 ///
-/// | the extractor answers | HTTP request | gRPC request |
+/// | the extractors answer | HTTP request | gRPC request |
 /// |---|---|---|
-/// | [`Key::Value`](key::Key::Value) | asks Sluice, as above | asks Sluice, as above |
-/// | [`Key::Exempt`](key::Key::Exempt) | the service's response, no call | the service's response, no call |
-/// | [`Missing::Request`](key::Missing::Request) (a header absent, say) | `400` | `grpc-status: 3` (`INVALID_ARGUMENT`), the reason as `grpc-message` |
-/// | [`Missing::Wiring`](key::Missing::Wiring) (no peer address recorded, say) | `500`, logged at error level | `grpc-status: 13` (`INTERNAL`), the reason as `grpc-message` |
+/// | each a [`Key::Value`] | asks Sluice, as above | asks Sluice, as above |
+/// | one [`Key::Exempt`] | the service's response, no call | the service's response, no call |
+/// | one [`Missing::Request`] (a header absent, say), none exempt | `400` | `grpc-status: 3` (`INVALID_ARGUMENT`), the reason as `grpc-message` |
+/// | one [`Missing::Wiring`] (no peer address recorded, say), none exempt | `500`, logged at error level | `grpc-status: 13` (`INTERNAL`), the reason as `grpc-message` |
 ///
 /// A request whose key cannot be found is never passed unlimited: a client could otherwise
 /// drop the header it is limited by, and a server that records no peer address would switch
-/// the limit off for everyone.
+/// the limit off for everyone. An exemption is a choice made in so many words
+/// ([`key::exempt`]), so it wins over a key another extractor could not find (the first
+/// missing key in the builder's order gives the refusal).
 ///
 /// **Layer order.** A key the client chooses (a raw `x-api-key` header) is a fresh budget for
 /// every value it makes up, so key on what authentication proved: put this layer *inside* the
@@ -55,7 +68,7 @@ use key::{Key, KeyExtractor, Missing};
 /// ```no_run
 /// use axum::{Router, extract::Request, http::StatusCode, middleware::{self, Next},
 ///     response::Response, routing::get};
-/// use sluice_client::{Client, RateLimitLayer, key};
+/// use sluice_client::{Client, SluiceLayer, key};
 ///
 /// /// Who the caller is, as authentication proved it.
 /// #[derive(Clone)]
@@ -79,10 +92,13 @@ use key::{Key, KeyExtractor, Missing};
 ///
 /// # fn run() -> Result<(), sluice_client::Error> {
 /// let client = Client::builder().connect_lazy("http://127.0.0.1:8081")?;
+/// let limit = SluiceLayer::builder(client, "api")
+///     .key("user", key::extension::<User>())
+///     .build();
 /// let app: Router = Router::new()
 ///     .route("/", get(|| async { "hello" }))
 ///     // Added first, so it runs second: only authenticated requests reach it.
-///     .layer(RateLimitLayer::new(client, "api", "user", key::extension::<User>()))
+///     .layer(limit)
 ///     .layer(middleware::from_fn(authenticate));
 /// # Ok(())
 /// # }
@@ -92,38 +108,95 @@ use key::{Key, KeyExtractor, Missing};
 /// `http_body_util`'s `Full`/`Empty` bodies have. Each request waits for Sluice at most the
 /// client's deadline.
 #[derive(Clone)]
-pub struct RateLimitLayer {
-    limit: Arc<Limit>,
+pub struct SluiceLayer {
+    settings: Arc<Settings>,
 }
 
-/// What the layer asks Sluice, shared by every clone of the service.
-#[derive(Clone)]
-struct Limit {
+/// What the layer asks Sluice, shared by every clone of the layer and of its services.
+struct Settings {
+    /// The client with the layer's failure policy.
     client: Client,
     domain: String,
-    fixed_entries: Vec<(String, String)>,
-    descriptor_key: String,
-    extractor: Arc<dyn KeyExtractor>,
-    hits_addend: u32,
+    /// The descriptor's entries, in order.
+    entries: Vec<Entry>,
+    hits: Hits,
 }
 
-/// What to do with one request.
+/// One entry of the descriptor.
+enum Entry {
+    /// `key=value` on every request.
+    Fixed(String, String),
+    /// `key=<what the extractor reads>`.
+    Read(String, Arc<dyn KeyExtractor>),
+}
+
+/// What a request costs.
+enum Hits {
+    /// The same for every request (0 counts as 1, as in Envoy).
+    Each(u64),
+    /// Read from the request's head.
+    Read(Arc<dyn Fn(&Parts) -> u64 + Send + Sync>),
+}
+
+/// What the layer found in a request's head.
+enum Found {
+    /// Ask Sluice this.
+    Ask(RateLimitRequest),
+    /// An extractor exempted the request.
+    Exempt,
+    /// A key could not be found; the first in the builder's order.
+    Missing(Missing),
+}
+
+/// What to do with one request, once Sluice was asked.
 enum Verdict {
     Pass,
     Over(Decision),
     Unavailable,
 }
 
-impl Limit {
-    async fn judge(&self, key: String) -> Verdict {
-        let descriptor = self
-            .fixed_entries
-            .iter()
-            .fold(Descriptor::new(), |d, (k, v)| d.entry(k, v))
-            .entry(&self.descriptor_key, key);
+impl SluiceLayer {
+    /// Starts a layer that asks `client` (whose deadline and failure policy it follows, unless
+    /// the builder sets a policy of its own) about requests in `domain` (the `domain:` of a
+    /// Sluice config). The builder needs at least one descriptor entry before it can
+    /// [`build`](SluiceLayerBuilder::build).
+    pub fn builder(client: Client, domain: impl Into<String>) -> SluiceLayerBuilder<NoEntry> {
+        SluiceLayerBuilder::new(client, domain.into())
+    }
+}
+
+impl Settings {
+    /// The request to send for `head`: each entry read in order. An exemption ends the reading;
+    /// a missing key is kept (the first one) in case a later extractor exempts the request.
+    fn read(&self, head: &Parts) -> Found {
+        let mut descriptor = Descriptor::new();
+        let mut missing = None;
+        for entry in &self.entries {
+            match entry {
+                Entry::Fixed(key, value) => descriptor = descriptor.entry(key, value),
+                Entry::Read(key, extractor) => match extractor.key(head) {
+                    Key::Value(value) => descriptor = descriptor.entry(key, value),
+                    Key::Exempt => return Found::Exempt,
+                    Key::Missing(why) => {
+                        missing.get_or_insert(why);
+                    }
+                },
+            }
+        }
+        if let Some(missing) = missing {
+            return Found::Missing(missing);
+        }
+        let hits = match &self.hits {
+            Hits::Each(hits) => *hits,
+            Hits::Read(read) => read(head),
+        };
         let request = RateLimitRequest::new(&self.domain)
             .descriptor(descriptor)
-            .hits_addend(self.hits_addend);
+            .hits_addend(hits);
+        Found::Ask(request)
+    }
+
+    async fn judge(&self, request: RateLimitRequest) -> Verdict {
         // The client applies the failure policy: an error here is one it did not cover.
         match self.client.should_rate_limit(request).await {
             Ok(decision) if decision.allowed => Verdict::Pass,
@@ -133,67 +206,25 @@ impl Limit {
     }
 }
 
-impl RateLimitLayer {
-    /// Limits by `descriptor_key=<extracted value>` in `domain`, through `client` (whose
-    /// deadline and failure policy the layer follows).
-    pub fn new(
-        client: Client,
-        domain: impl Into<String>,
-        descriptor_key: impl Into<String>,
-        extractor: impl KeyExtractor,
-    ) -> Self {
-        Self {
-            limit: Arc::new(Limit {
-                client,
-                domain: domain.into(),
-                fixed_entries: Vec::new(),
-                descriptor_key: descriptor_key.into(),
-                extractor: Arc::new(extractor),
-                hits_addend: 0,
-            }),
-        }
-    }
-
-    /// Puts the entry `key=value` before the extracted one in every descriptor (to reach a
-    /// nested rule: `service=orders`, then `user=<key>`).
-    pub fn with_entry(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.limit_mut()
-            .fixed_entries
-            .push((key.into(), value.into()));
-        self
-    }
-
-    /// What each request costs (0 means 1, the default).
-    pub fn hits_addend(mut self, hits: u32) -> Self {
-        self.limit_mut().hits_addend = hits;
-        self
-    }
-
-    fn limit_mut(&mut self) -> &mut Limit {
-        // Copied only if a clone of the layer already shares it.
-        Arc::make_mut(&mut self.limit)
-    }
-}
-
-impl<S> Layer<S> for RateLimitLayer {
-    type Service = RateLimitService<S>;
+impl<S> Layer<S> for SluiceLayer {
+    type Service = Sluice<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimitService {
+        Sluice {
             inner,
-            limit: Arc::clone(&self.limit),
+            settings: Arc::clone(&self.settings),
         }
     }
 }
 
-/// The service [`RateLimitLayer`] wraps around `S`.
+/// The service [`SluiceLayer`] wraps around `S`: asks Sluice, then calls `S` or answers itself.
 #[derive(Clone)]
-pub struct RateLimitService<S> {
+pub struct Sluice<S> {
     inner: S,
-    limit: Arc<Limit>,
+    settings: Arc<Settings>,
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Sluice<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
@@ -210,21 +241,21 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (parts, body) = request.into_parts();
-        let key = self.limit.extractor.key(&parts);
+        let found = self.settings.read(&parts);
         let grpc = refusal::is_grpc(&parts.headers);
         let request = Request::from_parts(parts, body);
         // The service that was made ready goes with this request; the clone stays for the next
         // (tower's rule for services called from a future).
         let ready = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready);
-        let limit = Arc::clone(&self.limit);
+        let settings = Arc::clone(&self.settings);
         Box::pin(async move {
-            let key = match key {
-                Key::Value(key) => key,
-                Key::Exempt => return inner.call(request).await,
-                Key::Missing(missing) => return Ok(refuse_without_key(grpc, &missing)),
+            let ask = match found {
+                Found::Ask(ask) => ask,
+                Found::Exempt => return inner.call(request).await,
+                Found::Missing(missing) => return Ok(refuse_without_key(grpc, &missing)),
             };
-            match limit.judge(key).await {
+            match settings.judge(ask).await {
                 Verdict::Pass => inner.call(request).await,
                 Verdict::Over(decision) => Ok(refusal::over_limit(grpc, &decision)),
                 Verdict::Unavailable => Ok(refusal::unavailable(grpc)),
@@ -246,4 +277,124 @@ fn refuse_without_key<B: Default>(grpc: bool, missing: &Missing) -> Response<B> 
         }
     }
     refusal::missing_key(grpc, missing)
+}
+
+/// The domain and the entries' keys: the extractors and the cost closure have no `Debug`.
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let entries: Vec<String> = self
+            .entries
+            .iter()
+            .map(|entry| match entry {
+                Entry::Fixed(key, value) => format!("{key}={value}"),
+                Entry::Read(key, _) => format!("{key}=<read>"),
+            })
+            .collect();
+        f.debug_struct("SluiceLayer")
+            .field("domain", &self.domain)
+            .field("entries", &entries)
+            .field("failure_policy", &self.client.failure_policy())
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for SluiceLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.settings.fmt(f)
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Sluice<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sluice")
+            .field("layer", &self.settings)
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(build: http::request::Builder) -> Parts {
+        build.body(()).unwrap().into_parts().0
+    }
+
+    fn layer(entries: Vec<Entry>, hits: Hits) -> Settings {
+        let client = Client::builder()
+            .connect_lazy("http://127.0.0.1:1")
+            .unwrap();
+        Settings {
+            client,
+            domain: "api".into(),
+            entries,
+            hits,
+        }
+    }
+
+    fn read(key: &str, extractor: impl KeyExtractor) -> Entry {
+        Entry::Read(key.into(), Arc::new(extractor))
+    }
+
+    fn asked(found: Found) -> RateLimitRequest {
+        match found {
+            Found::Ask(request) => request,
+            Found::Exempt => panic!("exempt"),
+            Found::Missing(missing) => panic!("missing: {missing:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn entries_are_read_in_order_with_the_cost_of_the_head() {
+        let entries = vec![
+            Entry::Fixed("service".into(), "orders".into()),
+            read("user", key::header("x-user")),
+            read("route", key::method_path()),
+        ];
+        let cost = |head: &Parts| {
+            if head.method == http::Method::POST {
+                5
+            } else {
+                1
+            }
+        };
+        let settings = layer(entries, Hits::Read(Arc::new(cost)));
+        let request = head(http::Request::post("/orders").header("x-user", "alice"));
+        let expected = RateLimitRequest::new("api")
+            .descriptor(
+                Descriptor::new()
+                    .entry("service", "orders")
+                    .entry("user", "alice")
+                    .entry("route", "POST /orders"),
+            )
+            .hits_addend(5);
+        assert_eq!(asked(settings.read(&request)), expected);
+    }
+
+    #[tokio::test]
+    async fn an_exemption_wins_over_a_missing_key_and_the_first_missing_key_refuses() {
+        let health = |head: &Parts| match head.uri.path() {
+            "/health" => Key::Exempt,
+            path => Key::Value(path.to_string()),
+        };
+        let settings = layer(
+            vec![
+                read("user", key::header("x-user")),
+                read("tenant", key::header("x-tenant")),
+                read("path", health),
+            ],
+            Hits::Each(1),
+        );
+        assert!(matches!(
+            settings.read(&head(http::Request::get("/health"))),
+            Found::Exempt
+        ));
+        match settings.read(&head(http::Request::get("/orders"))) {
+            Found::Missing(missing) => {
+                assert_eq!(missing.reason(), "the request has no x-user header");
+            }
+            _ => panic!("a request without its keys must be refused"),
+        }
+    }
 }

@@ -1,4 +1,4 @@
-//! The answers [`crate::RateLimitLayer`] gives instead of calling the service: over the limit
+//! The answers [`crate::SluiceLayer`] gives instead of calling the service: over the limit
 //! (`429 Too Many Requests`, or gRPC `RESOURCE_EXHAUSTED`), Sluice unreachable under
 //! [`crate::FailurePolicy::Closed`] (`503 Service Unavailable`, or gRPC `UNAVAILABLE`), and no
 //! key to ask about (`400`/`INVALID_ARGUMENT` when the request lacks it, `500`/`INTERNAL` when

@@ -4,10 +4,10 @@
 //! Cargo gives a package's tests only that package's binaries (`CARGO_BIN_EXE_*`), so the
 //! `sluice` binary is found another way: `SLUICE_BIN` when set; else the one in this test's own
 //! target directory when it is newer than every source it is built from (as after
-//! `cargo test --workspace`, which builds it); else `cargo build -p sluice-server --bin sluice` is run
-//! once per test binary. The rebuild is not done every time because a build of the `sluice`
-//! package alone unifies dependency features differently from a workspace test build, and would
-//! compile the service again for nothing.
+//! `cargo test --workspace`, which builds it); else `cargo build -p sluice-server --bin sluice`
+//! is run once per test binary. The rebuild is not done every time because a build of the
+//! server's package alone unifies dependency features differently from a workspace test build,
+//! and would compile the service again for nothing.
 
 #![allow(dead_code)]
 
@@ -26,10 +26,19 @@ use sluice_client::{Client, FailurePolicy};
 /// The Sluice config every test of this crate uses: domain `client_test`. Daily windows, so a
 /// test's few seconds almost never straddle a window's end (which would double a budget).
 /// `peer=::/64` (IPv6 loopback's network, as `key::peer_ip` keys it) has a limit of its own,
-/// so a test can tell which key a request from `::1` was charged to.
+/// so a test can tell which key a request from `::1` was charged to. `service=orders` then
+/// `user` is a nested rule, for a descriptor of more than one entry.
 pub const CONFIG: &str = "\
 domain: client_test
 descriptors:
+  - key: service
+    value: orders
+    descriptors:
+      - key: user
+        rate_limit:
+          name: orders_per_user
+          unit: day
+          requests_per_unit: 3
   - key: shared
     rate_limit:
       name: shared
@@ -93,8 +102,8 @@ pub fn sluice_binary() -> &'static Path {
     })
 }
 
-/// What the service binary is built from: the server's `src/` and the crates under `crates/`
-/// (the library with its Lua scripts, the protocol with its `.proto` files).
+/// What the service binary is built from: the server (`src/`), the limits and the protocol
+/// (`crates/`: their sources, `lua/` compiled in, `proto/` generated from), the patched `h2`.
 const SERVICE_SOURCES: &[&str] = &["src", "crates", "vendor", "Cargo.toml", "Cargo.lock"];
 
 /// True when `binary` exists and was written after every file of the service's sources.

@@ -1,4 +1,4 @@
-//! Real services behind [`RateLimitLayer`] on real sockets, and a plain HTTP/1.1 client for
+//! Real services behind [`SluiceLayer`] on real sockets, and a plain HTTP/1.1 client for
 //! them: an axum router (HTTP, the peer address recorded or not, optionally behind an
 //! authentication middleware), a hyper service served by hyper itself, and a tonic server
 //! running the gRPC health service (gRPC), each on a free port, served by a task of the
@@ -16,7 +16,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use sluice_client::{RateLimitLayer, key};
+use sluice_client::{SluiceLayer, key};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tonic_health::pb::HealthCheckRequest;
@@ -25,13 +25,13 @@ use tower::ServiceBuilder;
 
 /// Serves `GET /` → `hello` behind `layer` on 127.0.0.1, recording each connection's peer
 /// address.
-pub async fn serve_http(layer: RateLimitLayer) -> SocketAddr {
+pub async fn serve_http(layer: SluiceLayer) -> SocketAddr {
     serve_axum(layer, "127.0.0.1:0", true).await
 }
 
 /// Serves `GET /` → `hello` behind `layer` on `bind`, with axum's connect info (the peer's
 /// address in each request) or without it, as `axum::serve(listener, app)` serves.
-pub async fn serve_axum(layer: RateLimitLayer, bind: &str, connect_info: bool) -> SocketAddr {
+pub async fn serve_axum(layer: SluiceLayer, bind: &str, connect_info: bool) -> SocketAddr {
     let app = Router::new()
         .route("/", get(|| async { "hello" }))
         .layer(layer);
@@ -88,7 +88,7 @@ async fn authenticate(
 
 /// Serves `GET /` → `hello` on 127.0.0.1 with [`authenticate`] first and `layer` after it, as
 /// the crate's docs wire them.
-pub async fn serve_authenticated(layer: RateLimitLayer) -> SocketAddr {
+pub async fn serve_authenticated(layer: SluiceLayer) -> SocketAddr {
     let app = Router::new()
         .route("/", get(|| async { "hello" }))
         // Added first, so it runs second, on authenticated requests only.
@@ -100,7 +100,7 @@ pub async fn serve_authenticated(layer: RateLimitLayer) -> SocketAddr {
 /// Serves `hello` to every request with hyper alone (no framework) behind `layer`: the layer
 /// turned into hyper's service by `hyper_util`'s adapter, each connection's peer address put
 /// where `key::peer_ip` reads it.
-pub async fn serve_hyper(layer: RateLimitLayer) -> SocketAddr {
+pub async fn serve_hyper(layer: SluiceLayer) -> SocketAddr {
     let hello = tower::service_fn(|_request: http::Request<Incoming>| async {
         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"hello"))))
     });
@@ -125,7 +125,7 @@ pub async fn serve_hyper(layer: RateLimitLayer) -> SocketAddr {
 }
 
 /// Serves the gRPC health service (`grpc.health.v1.Health/Check` answers SERVING) behind `layer`.
-pub async fn serve_grpc(layer: RateLimitLayer) -> SocketAddr {
+pub async fn serve_grpc(layer: SluiceLayer) -> SocketAddr {
     serve_grpc_recording(Some(layer)).await.0
 }
 
@@ -134,7 +134,7 @@ pub type Received = Arc<Mutex<Vec<HeaderMap>>>;
 
 /// Serves the gRPC health service behind `layer`, if any (other services' calls are
 /// `UNIMPLEMENTED`), and records the headers each call arrives with, before the layer.
-pub async fn serve_grpc_recording(layer: Option<RateLimitLayer>) -> (SocketAddr, Received) {
+pub async fn serve_grpc_recording(layer: Option<SluiceLayer>) -> (SocketAddr, Received) {
     let received = Received::default();
     let record = Arc::clone(&received);
     let layers = ServiceBuilder::new()

@@ -1,6 +1,6 @@
 //! What a request is limited by: a [`KeyExtractor`] reads one value from the request's head
-//! (method, URI, headers, extensions) and [`crate::RateLimitLayer`] sends it to Sluice as a
-//! descriptor entry.
+//! (method, URI, headers, extensions) and [`crate::SluiceLayer`] sends it to Sluice as a
+//! descriptor entry ([`SluiceLayerBuilder::key`](crate::SluiceLayerBuilder::key)).
 //!
 //! The extractors fail closed. A request whose key cannot be found is refused
 //! ([`Key::Missing`]), never let through unlimited: a client that could drop a header, or a
@@ -37,6 +37,7 @@ pub use peer::{PeerAddr, PeerIp, peer_addr_into_extensions, peer_ip};
 
 /// What a [`KeyExtractor`] found in a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Key {
     /// Limit the request by this value.
     Value(String),
@@ -49,6 +50,7 @@ pub enum Key {
 
 /// Why a request has no key, which decides how the layer refuses it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Missing {
     /// The request does not carry what the key is read from (a header; a forwarded list
     /// shorter than the trusted hops, or malformed there): `400 Bad Request`, gRPC

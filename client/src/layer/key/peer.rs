@@ -1,10 +1,13 @@
 //! The peer's address as the key ([`peer_ip`]): read from where the servers this crate knows
-//! record it (axum's `ConnectInfo`, tonic's `TcpConnectInfo`, or a [`PeerAddr`] a hyper service
-//! inserts), keyed by its prefix (`ip.rs`).
+//! record it (a [`PeerAddr`] a hyper service inserts, tonic's `TcpConnectInfo`, and with the
+//! crate's `axum` feature axum's `ConnectInfo`), keyed by its prefix (`ip.rs`).
 //!
 //! A server that records no address is a wiring mistake (axum served without
 //! `into_make_service_with_connect_info`): every request would look alike, so the extractor
 //! answers [`Missing::Wiring`] and the layer refuses, rather than letting everything through.
+//! Reading axum's `ConnectInfo` is the crate's only use of axum, hence the feature: a tonic or
+//! hyper service builds without axum. Without it an axum service can still be keyed by its
+//! peer: a middleware that copies `ConnectInfo` into a [`PeerAddr`].
 
 use std::net::SocketAddr;
 
@@ -20,8 +23,9 @@ pub struct PeerIp {
 }
 
 /// The peer's IP address, from the connection information the server put in the request's
-/// extensions: axum's `ConnectInfo<SocketAddr>`, tonic's `TcpConnectInfo`, or a [`PeerAddr`]
-/// a hyper service inserted itself ([`peer_addr_into_extensions`]).
+/// extensions: a [`PeerAddr`] the service inserted itself ([`peer_addr_into_extensions`]),
+/// tonic's `TcpConnectInfo`, or axum's `ConnectInfo<SocketAddr>` (with the crate's `axum`
+/// feature, on by default).
 ///
 /// An IPv4 address is the key as it is; an IPv6 address is keyed by its /64 network
 /// (`2001:db8:1:2::/64`), since one host usually holds a whole /64 and could change address
@@ -34,13 +38,16 @@ pub struct PeerIp {
 /// ```no_run
 /// use std::net::SocketAddr;
 /// use axum::{Router, routing::get};
-/// use sluice_client::{Client, RateLimitLayer, key};
+/// use sluice_client::{Client, SluiceLayer, key};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = Client::builder().connect_lazy("http://127.0.0.1:8081")?;
+/// let limit = SluiceLayer::builder(client, "api")
+///     .key("remote_address", key::peer_ip())
+///     .build();
 /// let app = Router::new()
 ///     .route("/", get(|| async { "hello" }))
-///     .layer(RateLimitLayer::new(client, "api", "remote_address", key::peer_ip()));
+///     .layer(limit);
 /// let listener = tokio::net::TcpListener::bind("0.0.0.0:3000").await?;
 /// // Not `axum::serve(listener, app)`: that records no peer address.
 /// axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
@@ -75,23 +82,47 @@ impl PeerIp {
     }
 }
 
+/// What to do when no peer address is found, said to whoever reads the refusal.
+#[cfg(feature = "axum")]
+const NO_PEER_ADDRESS: &str = "the server recorded no peer address (with axum, serve \
+    `into_make_service_with_connect_info::<SocketAddr>()`)";
+#[cfg(not(feature = "axum"))]
+const NO_PEER_ADDRESS: &str = "the server recorded no peer address (insert a \
+    sluice_client::key::PeerAddr; axum's `into_make_service_with_connect_info` is read only with \
+    sluice-client's `axum` feature)";
+
 impl KeyExtractor for PeerIp {
     fn key(&self, request: &Parts) -> Key {
         match peer_addr(request) {
             Some(addr) => Key::Value(self.prefixes.key(addr.ip())),
-            None => Key::Missing(Missing::Wiring(
-                "the server recorded no peer address (with axum, serve \
-                 `into_make_service_with_connect_info::<SocketAddr>()`)"
-                    .into(),
-            )),
+            None => Key::Missing(Missing::Wiring(NO_PEER_ADDRESS.into())),
         }
     }
 }
 
-/// A peer address a server stored for [`peer_ip`]: insert `PeerAddr(addr)` into each request's
-/// extensions (a hyper service knows the address when it accepts the connection).
+/// A peer address a server stored for [`peer_ip`]: insert `PeerAddr::new(addr)` into each
+/// request's extensions (a hyper service knows the address when it accepts the connection;
+/// [`peer_addr_into_extensions`] does it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerAddr(pub SocketAddr);
+pub struct PeerAddr(SocketAddr);
+
+impl PeerAddr {
+    /// The peer at `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        PeerAddr(addr)
+    }
+
+    /// The peer's address.
+    pub fn addr(self) -> SocketAddr {
+        self.0
+    }
+}
+
+impl From<SocketAddr> for PeerAddr {
+    fn from(addr: SocketAddr) -> Self {
+        PeerAddr(addr)
+    }
+}
 
 /// Where the servers this crate knows keep the peer's address.
 fn peer_addr(request: &Parts) -> Option<SocketAddr> {
@@ -102,6 +133,7 @@ fn peer_addr(request: &Parts) -> Option<SocketAddr> {
     if let Some(info) = extensions.get::<tonic::transport::server::TcpConnectInfo>() {
         return info.remote_addr();
     }
+    #[cfg(feature = "axum")]
     if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Some(info.0);
     }
@@ -109,7 +141,7 @@ fn peer_addr(request: &Parts) -> Option<SocketAddr> {
 }
 
 /// Stores `addr` as the request's [`PeerAddr`]; for hyper services that serve connections
-/// themselves.
+/// themselves, and for axum services built without the crate's `axum` feature.
 pub fn peer_addr_into_extensions<B>(request: &mut http::Request<B>, addr: SocketAddr) {
     request.extensions_mut().insert(PeerAddr(addr));
 }
@@ -147,8 +179,9 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "axum")]
     #[test]
-    fn the_address_is_read_where_axum_and_tonic_put_it() {
+    fn the_address_is_read_where_axum_puts_it() {
         let mut request = http::Request::new(());
         let addr: SocketAddr = "[2001:db8::9]:80".parse().unwrap();
         request
@@ -156,6 +189,48 @@ mod tests {
             .insert(axum::extract::ConnectInfo(addr));
         let (parts, ()) = request.into_parts();
         assert_eq!(peer_ip().key(&parts), Key::Value("2001:db8::/64".into()));
+    }
+
+    /// Without the `axum` feature, axum's record is not read: the request is refused, and the
+    /// reason names the feature.
+    #[cfg(not(feature = "axum"))]
+    #[test]
+    fn without_the_axum_feature_axums_record_is_not_read() {
+        let mut request = http::Request::new(());
+        let addr: SocketAddr = "[2001:db8::9]:80".parse().unwrap();
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(addr));
+        let (parts, ()) = request.into_parts();
+        match peer_ip().key(&parts) {
+            Key::Missing(Missing::Wiring(reason)) => {
+                assert!(reason.contains("`axum` feature"), "{reason}");
+            }
+            other => panic!("expected a wiring error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_address_is_read_where_tonic_puts_it() {
+        use tonic::transport::server::Connected;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, peer) = listener.accept().unwrap();
+        accepted.set_nonblocking(true).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap();
+        let info = runtime.block_on(async {
+            tokio::net::TcpStream::from_std(accepted)
+                .unwrap()
+                .connect_info()
+        });
+        let mut request = http::Request::new(());
+        request.extensions_mut().insert(info);
+        let (parts, ()) = request.into_parts();
+        assert_eq!(peer_ip().key(&parts), Key::Value(peer.ip().to_string()));
+        drop(client);
     }
 
     #[test]
