@@ -3,7 +3,7 @@
 //! where the network must misbehave), both cores kept busy by two spinning shell processes for
 //! each test's duration.
 //!
-//! What the breaker must tell apart (`src/store/breaker.rs`, `StoreError::Late` and
+//! What the breaker must tell apart (`crates/sluice/src/store/layers/breaker.rs`, `StoreError::Late` and
 //! `store/redis/wire.rs`, `Watch`):
 //! - a Redis that is slow but answering (replies late, a long script run by another client)
 //!   must never open it: calls time out, but `sluice_circuit_breaker_open` stays 0, health stays

@@ -7,7 +7,7 @@
 //! others count. It is still serving, deciding alone with a third of each limit. Before the fix
 //! the other two then learnt a count of 2 and, once they lost Redis too, each decided with half:
 //! a window decided only locally admitted L/2 + L/2 + L/3 = L + L/3 (here 40 of 30). Now a
-//! smaller count is believed only after an hour of seeing it (`store/degraded/replicas.rs`), so
+//! smaller count is believed only after an hour of seeing it (`store/layers/local_share/replicas.rs`), so
 //! the three shares add up to at most L.
 //!
 //! While only one replica is cut off, the other two decide on Redis with the whole limit and it

@@ -317,7 +317,7 @@ pub fn request(data: &[u8]) {
     let limiter = limiter(options);
     // Twice: the second round sees the counters of the first, which reaches OVER_LIMIT paths.
     for _ in 0..2 {
-        match futures_executor::block_on(limiter.should_rate_limit(&request)) {
+        match futures_executor::block_on(limiter.should_rate_limit(&request, None)) {
             Ok(response) => check_response(&request, &response, global_shadow),
             // Only a request that names no domain or no descriptor gets no decision: no other
             // input may turn into an error, on which Envoy would fail open.

@@ -35,7 +35,7 @@ pub enum Backend {
     },
 }
 
-/// The in-process decisions of `FAILURE_POLICY=local_share` (`store::degraded`).
+/// The in-process decisions of `FAILURE_POLICY=local_share` (`store::layers::local_share`).
 #[derive(Debug, Clone)]
 pub struct DegradedOptions {
     /// `DEGRADED_REPLICAS`: the replica count each limit is divided by; unset (or 0), it is

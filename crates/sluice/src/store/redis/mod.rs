@@ -249,7 +249,7 @@ impl RedisStore {
         }
     }
 
-    /// The circuit breaker's own probe ([`crate::store::breaker::Breaker::probe_while_open`]):
+    /// The circuit breaker's own probe ([`crate::store::layers::Layered::probe_while_open`]):
     /// loads the scripts (a Redis back from a restart has none), within [`PROBE_TIMEOUT`].
     pub fn probe(&self) -> StoreFuture<'_, ()> {
         Box::pin(async {
