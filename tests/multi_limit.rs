@@ -22,7 +22,7 @@ use sluice::store::{CounterStore, MemoryStore, MemoryStoreOptions, RedisOptions,
 /// A multiple of 300 s (and so of 60 s): a 5-minute window starts here.
 const BOUNDARY_SECS: u64 = 1_700_000_100;
 
-fn store_for(
+async fn store_for(
     kind: &StoreKind,
     redis: Option<&RedisServer>,
     clock: &Arc<ManualClock>,
@@ -46,10 +46,14 @@ fn store_for(
                 pinned_clock: Some(clock.clone()),
             })
             .expect("the store starts");
-            futures::executor::block_on(store.wait_until_ready(
-                &sluice::store::redis::StartupRetry::within(Some(Duration::from_secs(30))),
-            ))
-            .expect("redis is ready");
+            // Awaited, never `futures::executor::block_on`: inside the test's runtime that spins
+            // for ever once the task's cooperative budget is spent.
+            store
+                .wait_until_ready(&sluice::store::redis::StartupRetry::within(Some(
+                    Duration::from_secs(30),
+                )))
+                .await
+                .expect("redis is ready");
             Arc::new(store)
         }
     }
@@ -111,7 +115,7 @@ fn secs(s: u64) -> u64 {
 async fn a_five_minute_fixed_window_is_epoch_aligned_across_a_boundary() {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS - 10)));
-        let store = store_for(&kind, redis.as_ref(), &clock);
+        let store = store_for(&kind, redis.as_ref(), &clock).await;
         let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: \
                     {unit: minute, unit_multiplier: 5, requests_per_unit: 3}\n";
         let limiter = limiter(store, &clock, yaml, with_headers());
@@ -181,7 +185,7 @@ async fn a_five_minute_fixed_window_is_epoch_aligned_across_a_boundary() {
 async fn other_algorithms_take_the_multiplied_window_as_their_period() {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS)));
-        let store = store_for(&kind, redis.as_ref(), &clock);
+        let store = store_for(&kind, redis.as_ref(), &clock).await;
         // 2 per 15 minutes, in a sliding log: the third is refused for the whole 900 s.
         let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, \
                     unit_multiplier: 15, requests_per_unit: 2, algorithm: sliding_window_log}\n";
@@ -338,7 +342,7 @@ async fn burst_and_sustained_with_the_local_cache_and_stop_increment() {
 async fn burst_and_sustained(options: fn() -> RlsOptions) {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
-        let store = store_for(&kind, redis.as_ref(), &clock);
+        let store = store_for(&kind, redis.as_ref(), &clock).await;
         let limiter = Arc::new(limiter(store, &clock, BURST_AND_SUSTAINED, options()));
         // Exactly 5 in each of the first four seconds: the 59 refused each second charged
         // neither limit, or the minute's 20 would be gone after the first.
@@ -407,7 +411,7 @@ async fn burst_and_sustained(options: fn() -> RlsOptions) {
 async fn a_sliding_log_and_a_token_bucket_under_64_callers() {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
-        let store = store_for(&kind, redis.as_ref(), &clock);
+        let store = store_for(&kind, redis.as_ref(), &clock).await;
         let limiter = Arc::new(limiter(
             store,
             &clock,
@@ -449,7 +453,7 @@ async fn a_sliding_log_and_a_token_bucket_under_64_callers() {
 async fn the_status_and_headers_show_the_deciding_limit() {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
-        let store = store_for(&kind, redis.as_ref(), &clock);
+        let store = store_for(&kind, redis.as_ref(), &clock).await;
         let limiter = limiter(store, &clock, BURST_AND_SUSTAINED, with_headers());
         // First: burst has 4 left, sustained 19: burst (least remaining) decides.
         let first = ask(&limiter, &[("k", "a")]).await;
@@ -497,7 +501,7 @@ fn evalsha_calls(server: &RedisServer) -> u64 {
 async fn a_two_limit_descriptor_costs_one_script_call() {
     let server = RedisServer::start();
     let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
-    let store = store_for(&StoreKind::Redis, Some(&server), &clock);
+    let store = store_for(&StoreKind::Redis, Some(&server), &clock).await;
     let limiter = limiter(store, &clock, BURST_AND_SUSTAINED, RlsOptions::default());
     // The first call may load the script; count from the second.
     ask(&limiter, &[("k", "a")]).await;
@@ -513,7 +517,7 @@ async fn a_two_limit_descriptor_costs_one_script_call() {
 #[tokio::test(flavor = "multi_thread")]
 async fn replaces_drops_one_limit_of_a_list() {
     let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
-    let store = store_for(&StoreKind::Memory, None, &clock);
+    let store = store_for(&StoreKind::Memory, None, &clock).await;
     // `vip` replaces the list's burst limit: only the 3-per-minute one still counts.
     let yaml = "domain: d
 descriptors:
@@ -733,7 +737,7 @@ async fn a_running_service_names_each_limit() {
 #[tokio::test(flavor = "multi_thread")]
 async fn shadow_and_quota_mode_apply_to_every_limit_of_a_list() {
     let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
-    let store = store_for(&StoreKind::Memory, None, &clock);
+    let store = store_for(&StoreKind::Memory, None, &clock).await;
     let yaml = "domain: d
 descriptors:
   - key: shadow
@@ -779,7 +783,7 @@ descriptors:
 #[tokio::test(flavor = "multi_thread")]
 async fn an_override_from_envoy_keeps_one_unit() {
     let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS + 30)));
-    let store = store_for(&StoreKind::Memory, None, &clock);
+    let store = store_for(&StoreKind::Memory, None, &clock).await;
     let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: \
                 {unit: minute, unit_multiplier: 5, requests_per_unit: 3}\n";
     let limiter = limiter(store, &clock, yaml, with_headers());
@@ -861,7 +865,7 @@ async fn repeated_descriptor(
 ) {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
-        let store = store_for(&kind, redis.as_ref(), &clock);
+        let store = store_for(&kind, redis.as_ref(), &clock).await;
         let options = RlsOptions {
             stop_increment_when_over: stop,
             ..Default::default()
