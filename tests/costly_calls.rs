@@ -452,7 +452,10 @@ async fn measure_redis_time_per_decision() {
     let run = async |checks: Vec<Check>| {
         server.cli(&["CONFIG", "RESETSTAT"]).unwrap();
         for check in &checks {
-            store.check_with(sluice::store::Call::detached(), &[check], Charging::Each).await.unwrap();
+            store
+                .check_with(sluice::store::Call::detached(), &[check], Charging::Each)
+                .await
+                .unwrap();
         }
         evalsha_time(&server)
     };
@@ -503,7 +506,11 @@ async fn measure_redis_time_per_decision() {
     for i in 0..100_000 {
         clock.set_micros(T0 + i);
         let out = store
-            .check_with(sluice::store::Call::detached(), &[&check(1)], Charging::Each)
+            .check_with(
+                sluice::store::Call::detached(),
+                &[&check(1)],
+                Charging::Each,
+            )
             .await
             .unwrap();
         assert!(out[0].admitted, "{i}");

@@ -879,13 +879,16 @@ async fn repeated_descriptor(
         // Four charged; the first copy takes the hour's fifth, the second copy would be the
         // sixth: the request is refused, and only the first copy is charged.
         let twice = limiter
-            .should_rate_limit(&request(
-                "d",
-                vec![
-                    descriptor(&[("k", values.0)]),
-                    descriptor(&[("k", values.1)]),
-                ],
-            ), None)
+            .should_rate_limit(
+                &request(
+                    "d",
+                    vec![
+                        descriptor(&[("k", values.0)]),
+                        descriptor(&[("k", values.1)]),
+                    ],
+                ),
+                None,
+            )
             .await
             .expect("a valid request is decided");
         assert_eq!(twice.overall_code, Code::OverLimit as i32, "{case}");

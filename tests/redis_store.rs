@@ -1141,11 +1141,19 @@ async fn without_plain_commands_plain_fixed_windows_take_the_lean_script() {
     // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT spares only the other checks of a call: one
     // check on its own is charged as under Each, and takes the lean script; two need the trial.
     store
-        .check_with(sluice::store::Call::detached(), &[&fixed], Charging::StopWhenOver)
+        .check_with(
+            sluice::store::Call::detached(),
+            &[&fixed],
+            Charging::StopWhenOver,
+        )
         .await
         .unwrap();
     store
-        .check_with(sluice::store::Call::detached(), &[&fixed, &fixed], Charging::StopWhenOver)
+        .check_with(
+            sluice::store::Call::detached(),
+            &[&fixed, &fixed],
+            Charging::StopWhenOver,
+        )
         .await
         .unwrap();
     store.check(&[&fixed, &gcra]).await.unwrap();
@@ -1270,7 +1278,11 @@ async fn a_lone_descriptor_under_stop_cache_is_plain_commands() {
     let mut answers = Vec::new();
     for _ in 0..3 {
         let out = store
-            .check_with(sluice::store::Call::detached(), &[&check], Charging::StopWhenOver)
+            .check_with(
+                sluice::store::Call::detached(),
+                &[&check],
+                Charging::StopWhenOver,
+            )
             .await
             .unwrap();
         answers.push((out[0].admitted, out[0].used));

@@ -68,8 +68,16 @@ impl Pair {
     /// [`Pair::both`] with the given charging.
     async fn both_charging(&self, checks: &[Check], charging: Charging) -> Vec<Outcome> {
         let checks: Vec<&Check> = checks.iter().collect();
-        let m = self.memory.check_with(sluice::store::Call::detached(), &checks, charging).await.unwrap();
-        let r = self.redis.check_with(sluice::store::Call::detached(), &checks, charging).await.unwrap();
+        let m = self
+            .memory
+            .check_with(sluice::store::Call::detached(), &checks, charging)
+            .await
+            .unwrap();
+        let r = self
+            .redis
+            .check_with(sluice::store::Call::detached(), &checks, charging)
+            .await
+            .unwrap();
         assert_eq!(m, r, "memory vs redis for {checks:?} ({charging:?})");
         m
     }
@@ -616,7 +624,13 @@ async fn a_log_of_the_old_layout_is_read_as_written() {
         p.clock.set_micros(at);
         let checks = [check(hits)];
         let refs: Vec<&Check> = checks.iter().collect();
-        assert!(p.memory.check_with(sluice::store::Call::detached(), &refs, Charging::Each).await.unwrap()[0].admitted);
+        assert!(
+            p.memory
+                .check_with(sluice::store::Call::detached(), &refs, Charging::Each)
+                .await
+                .unwrap()[0]
+                .admitted
+        );
         for _ in 0..hits {
             position += 1;
             redis::cmd("ZADD")
@@ -914,8 +928,16 @@ impl Limiters {
                     },
                     ..Default::default()
                 };
-                let m = text(self.memory.set_rate(sluice::store::Call::detached(), config.clone(), MODES[mode]).await);
-                let r = text(self.redis.set_rate(sluice::store::Call::detached(), config, MODES[mode]).await);
+                let m = text(
+                    self.memory
+                        .set_rate(sluice::store::Call::detached(), config.clone(), MODES[mode])
+                        .await,
+                );
+                let r = text(
+                    self.redis
+                        .set_rate(sluice::store::Call::detached(), config, MODES[mode])
+                        .await,
+                );
                 assert_eq!(m, r, "{op:?}");
             }
             Op::TryAcquire {
@@ -925,7 +947,11 @@ impl Limiters {
             } => {
                 let client = CLIENTS[client];
                 let name = name(limiter);
-                let capacity = match self.memory.config(sluice::store::Call::detached(), &name).await {
+                let capacity = match self
+                    .memory
+                    .config(sluice::store::Call::detached(), &name)
+                    .await
+                {
                     Ok(c) if c.burst > 0 => c.burst,
                     Ok(c) => c.rate,
                     Err(_) => 1,
@@ -933,12 +959,24 @@ impl Limiters {
                 let permits = [0, 1, capacity, capacity + 1, u64::MAX][permits];
                 let m = text(
                     self.memory
-                        .try_acquire(sluice::store::Call::detached(), &name, client, permits, Duration::ZERO)
+                        .try_acquire(
+                            sluice::store::Call::detached(),
+                            &name,
+                            client,
+                            permits,
+                            Duration::ZERO,
+                        )
                         .await,
                 );
                 let r = text(
                     self.redis
-                        .try_acquire(sluice::store::Call::detached(), &name, client, permits, Duration::ZERO)
+                        .try_acquire(
+                            sluice::store::Call::detached(),
+                            &name,
+                            client,
+                            permits,
+                            Duration::ZERO,
+                        )
                         .await,
                 );
                 // `waited` is the real time the call took.
@@ -947,13 +985,37 @@ impl Limiters {
                 assert_eq!(m, r, "{op:?} ({permits} permits)");
             }
             Op::Available { limiter, client } => {
-                let m = text(self.memory.available(sluice::store::Call::detached(), &name(limiter), CLIENTS[client]).await);
-                let r = text(self.redis.available(sluice::store::Call::detached(), &name(limiter), CLIENTS[client]).await);
+                let m = text(
+                    self.memory
+                        .available(
+                            sluice::store::Call::detached(),
+                            &name(limiter),
+                            CLIENTS[client],
+                        )
+                        .await,
+                );
+                let r = text(
+                    self.redis
+                        .available(
+                            sluice::store::Call::detached(),
+                            &name(limiter),
+                            CLIENTS[client],
+                        )
+                        .await,
+                );
                 assert_eq!(m, r, "{op:?}");
             }
             Op::Delete { limiter } => {
-                let m = text(self.memory.delete(sluice::store::Call::detached(), &name(limiter)).await);
-                let r = text(self.redis.delete(sluice::store::Call::detached(), &name(limiter)).await);
+                let m = text(
+                    self.memory
+                        .delete(sluice::store::Call::detached(), &name(limiter))
+                        .await,
+                );
+                let r = text(
+                    self.redis
+                        .delete(sluice::store::Call::detached(), &name(limiter))
+                        .await,
+                );
                 assert_eq!(m, r, "{op:?}");
             }
             Op::Wait { micros } => self.clock.advance_micros(micros),
@@ -999,25 +1061,52 @@ async fn a_limiter_created_again_at_the_same_instant_meets_none_of_its_old_state
     };
     for limiters in [&l.memory, &l.redis] {
         limiters
-            .set_rate(sluice::store::Call::detached(), config.clone(), SetMode::TrySet)
+            .set_rate(
+                sluice::store::Call::detached(),
+                config.clone(),
+                SetMode::TrySet,
+            )
             .await
             .unwrap();
         let taken = limiters
-            .try_acquire(sluice::store::Call::detached(), "again", "a", 1, Duration::ZERO)
+            .try_acquire(
+                sluice::store::Call::detached(),
+                "again",
+                "a",
+                1,
+                Duration::ZERO,
+            )
             .await
             .unwrap();
         assert!(taken.acquired);
-        assert!(limiters.delete(sluice::store::Call::detached(), "again").await.unwrap());
+        assert!(
+            limiters
+                .delete(sluice::store::Call::detached(), "again")
+                .await
+                .unwrap()
+        );
         assert!(matches!(
-            limiters.available(sluice::store::Call::detached(), "again", "a").await,
+            limiters
+                .available(sluice::store::Call::detached(), "again", "a")
+                .await,
             Err(NamedError::NotFound(_))
         ));
         let set = limiters
-            .set_rate(sluice::store::Call::detached(), config.clone(), SetMode::TrySet)
+            .set_rate(
+                sluice::store::Call::detached(),
+                config.clone(),
+                SetMode::TrySet,
+            )
             .await
             .unwrap();
         assert!(set.applied && set.state_reset);
-        assert_eq!(limiters.available(sluice::store::Call::detached(), "again", "a").await.unwrap(), 1);
+        assert_eq!(
+            limiters
+                .available(sluice::store::Call::detached(), "again", "a")
+                .await
+                .unwrap(),
+            1
+        );
     }
 }
 

@@ -20,9 +20,7 @@ use sluice::store::layers::breaker::Breaker;
 use sluice::store::layers::local_share::{LocalShare, OnDegraded, Replicas};
 use sluice::store::layers::measured::Measured;
 use sluice::store::redis::StartupRetry;
-use sluice::store::{
-    CounterStore, FullStore, LimiterStore, MemoryStore, RedisOptions, RedisStore,
-};
+use sluice::store::{CounterStore, FullStore, LimiterStore, MemoryStore, RedisOptions, RedisStore};
 
 /// The stores [`open_stores`] opened, each already with its layers ([`Layers::stack`]).
 pub(super) struct Stores {

@@ -247,7 +247,10 @@ impl limiter_server::Limiter for NamedApi {
             .limiters
             .try_acquire(call, &r.name, &r.client_id, r.permits.max(1), timeout)
             .await;
-        Ok(response(acquired.map_err(|e| self.status(e))?, marks.degraded()))
+        Ok(response(
+            acquired.map_err(|e| self.status(e))?,
+            marks.degraded(),
+        ))
     }
 
     async fn acquire(
@@ -258,9 +261,17 @@ impl limiter_server::Limiter for NamedApi {
         let r = request.into_inner();
         let acquired = self
             .limiters
-            .acquire(marks.call(deadline), &r.name, &r.client_id, r.permits.max(1))
+            .acquire(
+                marks.call(deadline),
+                &r.name,
+                &r.client_id,
+                r.permits.max(1),
+            )
             .await;
-        Ok(response(acquired.map_err(|e| self.status(e))?, marks.degraded()))
+        Ok(response(
+            acquired.map_err(|e| self.status(e))?,
+            marks.degraded(),
+        ))
     }
 
     async fn available_permits(

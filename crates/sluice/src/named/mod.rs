@@ -730,7 +730,10 @@ mod tests {
             2,
             Duration::from_secs(60),
         );
-        let set = l.set_rate(crate::store::Call::detached(), one.clone(), SetMode::TrySet).await.unwrap();
+        let set = l
+            .set_rate(crate::store::Call::detached(), one.clone(), SetMode::TrySet)
+            .await
+            .unwrap();
         assert!(set.applied && set.state_reset);
         let other = config(
             "a",
@@ -738,7 +741,14 @@ mod tests {
             5,
             Duration::from_secs(60),
         );
-        let set = l.set_rate(crate::store::Call::detached(), other.clone(), SetMode::TrySet).await.unwrap();
+        let set = l
+            .set_rate(
+                crate::store::Call::detached(),
+                other.clone(),
+                SetMode::TrySet,
+            )
+            .await
+            .unwrap();
         assert!(!set.applied && !set.state_reset);
         assert_eq!(set.config.rate, 2);
 
@@ -747,23 +757,57 @@ mod tests {
         assert!(take().await.unwrap().acquired);
         assert!(!take().await.unwrap().acquired);
         // Keep state: 2 of 5 used.
-        l.set_rate(crate::store::Call::detached(), other.clone(), SetMode::UpdateKeepState)
-            .await
-            .unwrap();
-        assert_eq!(l.available(crate::store::Call::detached(), "a", "").await.unwrap(), 3);
+        l.set_rate(
+            crate::store::Call::detached(),
+            other.clone(),
+            SetMode::UpdateKeepState,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            l.available(crate::store::Call::detached(), "a", "")
+                .await
+                .unwrap(),
+            3
+        );
         // Reset: all 5 back.
-        l.set_rate(crate::store::Call::detached(), other, SetMode::UpdateResetState).await.unwrap();
-        assert_eq!(l.available(crate::store::Call::detached(), "a", "").await.unwrap(), 5);
-        assert_eq!(l.config(crate::store::Call::detached(), "a").await.unwrap().rate, 5);
+        l.set_rate(
+            crate::store::Call::detached(),
+            other,
+            SetMode::UpdateResetState,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            l.available(crate::store::Call::detached(), "a", "")
+                .await
+                .unwrap(),
+            5
+        );
+        assert_eq!(
+            l.config(crate::store::Call::detached(), "a")
+                .await
+                .unwrap()
+                .rate,
+            5
+        );
     }
 
     #[tokio::test]
     async fn impossible_requests_and_bad_configs_are_refused() {
         let (l, _) = limiters();
         let bucket = config("b", ApiAlgorithm::TokenBucket, 10, Duration::from_secs(1));
-        l.set_rate(crate::store::Call::detached(), bucket, SetMode::TrySet).await.unwrap();
+        l.set_rate(crate::store::Call::detached(), bucket, SetMode::TrySet)
+            .await
+            .unwrap();
         let err = l
-            .try_acquire(crate::store::Call::detached(), "b", "", 11, Duration::from_secs(1))
+            .try_acquire(
+                crate::store::Call::detached(),
+                "b",
+                "",
+                11,
+                Duration::from_secs(1),
+            )
             .await
             .unwrap_err();
         assert!(
@@ -771,12 +815,20 @@ mod tests {
             "{err}"
         );
         assert!(matches!(
-            l.try_acquire(crate::store::Call::detached(), "nope", "", 1, Duration::ZERO).await,
+            l.try_acquire(
+                crate::store::Call::detached(),
+                "nope",
+                "",
+                1,
+                Duration::ZERO
+            )
+            .await,
             Err(NamedError::NotFound(_))
         ));
         let bad = config("c", ApiAlgorithm::Unspecified, 1, Duration::from_secs(1));
         assert!(matches!(
-            l.set_rate(crate::store::Call::detached(), bad, SetMode::TrySet).await,
+            l.set_rate(crate::store::Call::detached(), bad, SetMode::TrySet)
+                .await,
             Err(NamedError::Invalid(_))
         ));
         let bad = config(
@@ -786,7 +838,8 @@ mod tests {
             Duration::from_millis(1500),
         );
         assert!(matches!(
-            l.set_rate(crate::store::Call::detached(), bad, SetMode::TrySet).await,
+            l.set_rate(crate::store::Call::detached(), bad, SetMode::TrySet)
+                .await,
             Err(NamedError::Invalid(_))
         ));
     }
@@ -796,7 +849,9 @@ mod tests {
         let (l, _) = limiters();
         let mut c = config("p", ApiAlgorithm::FixedWindow, 1, Duration::from_secs(60));
         c.mode = Mode::PerClient as i32;
-        l.set_rate(crate::store::Call::detached(), c, SetMode::TrySet).await.unwrap();
+        l.set_rate(crate::store::Call::detached(), c, SetMode::TrySet)
+            .await
+            .unwrap();
         assert!(
             l.try_acquire(crate::store::Call::detached(), "p", "x", 1, Duration::ZERO)
                 .await
@@ -816,7 +871,8 @@ mod tests {
                 .acquired
         );
         assert!(matches!(
-            l.try_acquire(crate::store::Call::detached(), "p", "", 1, Duration::ZERO).await,
+            l.try_acquire(crate::store::Call::detached(), "p", "", 1, Duration::ZERO)
+                .await,
             Err(NamedError::NeedsClient(_))
         ));
     }

@@ -6,8 +6,8 @@
 
 use tracing::Instrument;
 
-use super::plan::RequestPlan;
 use super::RateLimiter;
+use super::plan::RequestPlan;
 use crate::store::{Call, Charging, Check, Outcome, Rule, StoreError};
 
 impl RateLimiter {

@@ -608,11 +608,14 @@ async fn descriptors_beyond_the_input_limits_are_refused_alone() {
     // are decided as usual.
     let r = h
         .limiter
-        .should_rate_limit(&request(vec![
-            descriptor(&[("user", "a")]),
-            descriptor(&[("health", "x")]),
-            descriptor(&[("user", "b")]),
-        ]), None)
+        .should_rate_limit(
+            &request(vec![
+                descriptor(&[("user", "a")]),
+                descriptor(&[("health", "x")]),
+                descriptor(&[("user", "b")]),
+            ]),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -631,10 +634,13 @@ async fn descriptors_beyond_the_input_limits_are_refused_alone() {
     // Too many entries: that descriptor alone.
     let r = h
         .limiter
-        .should_rate_limit(&request(vec![
-            descriptor(&[("user", "c")]),
-            descriptor(&[("a", "1"), ("b", "2"), ("c", "3")]),
-        ]), None)
+        .should_rate_limit(
+            &request(vec![
+                descriptor(&[("user", "c")]),
+                descriptor(&[("a", "1"), ("b", "2"), ("c", "3")]),
+            ]),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(statuses(&r), (OVER, vec![(OK, 1), (OVER, 0)]));
@@ -655,10 +661,13 @@ async fn descriptors_beyond_the_input_limits_are_refused_alone() {
     // No entries: OK with no limit, as upstream answers; the others are decided.
     let r = h
         .limiter
-        .should_rate_limit(&request(vec![
-            RateLimitDescriptor::default(),
-            descriptor(&[("user", "f")]),
-        ]), None)
+        .should_rate_limit(
+            &request(vec![
+                RateLimitDescriptor::default(),
+                descriptor(&[("user", "f")]),
+            ]),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(statuses(&r), (OK, vec![(OK, 0), (OK, 1)]));

@@ -153,10 +153,18 @@ mod tests {
     fn sooner_keeps_time_back_only_under_a_callers_deadline() {
         let own = Duration::from_millis(15);
         let marks = Marks::new();
-        let kept = marks.call(None).sooner(|_| Duration::from_secs(1)).budget(own);
-        assert_eq!(kept.left, own, "no caller deadline: nothing to bring forward");
+        let kept = marks
+            .call(None)
+            .sooner(|_| Duration::from_secs(1))
+            .budget(own);
+        assert_eq!(
+            kept.left, own,
+            "no caller deadline: nothing to bring forward"
+        );
         let call = marks.call(Some(Deadline::of(Instant::now(), Duration::from_secs(2))));
-        let sooner = call.sooner(|left| left / 2).budget(Duration::from_millis(1500));
+        let sooner = call
+            .sooner(|left| left / 2)
+            .budget(Duration::from_millis(1500));
         // 2 s less the 20 ms margin, halved.
         assert!(
             sooner.left > Duration::from_millis(500) && sooner.left <= Duration::from_millis(990),

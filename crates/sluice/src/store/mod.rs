@@ -498,7 +498,8 @@ pub trait LimiterStore: Store {
     ) -> StoreFuture<'a, Option<LimiterRecord>>;
 
     /// Removes the config and the shared state; returns whether a config existed.
-    fn delete_limiter<'a>(&'a self, call: Call<'a>, keys: &'a LimiterKeys) -> StoreFuture<'a, bool>;
+    fn delete_limiter<'a>(&'a self, call: Call<'a>, keys: &'a LimiterKeys)
+    -> StoreFuture<'a, bool>;
 
     /// Takes `permits` (0: only looks) under the limiter's current config, atomically with
     /// reading it. Unlike [`CounterStore::check`], a refused acquisition never changes the state, for
@@ -565,7 +566,11 @@ impl<S: LimiterStore + ?Sized> LimiterStore for Arc<S> {
         (**self).get_limiter(call, keys)
     }
 
-    fn delete_limiter<'a>(&'a self, call: Call<'a>, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
+    fn delete_limiter<'a>(
+        &'a self,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+    ) -> StoreFuture<'a, bool> {
         (**self).delete_limiter(call, keys)
     }
 

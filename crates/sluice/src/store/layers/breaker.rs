@@ -250,7 +250,6 @@ impl<S: Store> Layered<Breaker, S> {
             }
         }
     }
-
 }
 
 #[cfg(test)]

@@ -137,7 +137,9 @@ pub trait Layer: Send + Sync + Debug {
         key: &'a str,
         op: RegistryOp<'a>,
     ) -> StoreFuture<'a, RegistryReply> {
-        self.around(Op::Registry, call, move |call| store.registry(call, key, op))
+        self.around(Op::Registry, call, move |call| {
+            store.registry(call, key, op)
+        })
     }
 }
 
@@ -188,7 +190,8 @@ impl<L: Layer, S: LimiterStore> LimiterStore for Layered<L, S> {
         record: &'a LimiterRecord,
         mode: SetMode,
     ) -> StoreFuture<'a, LimiterSet> {
-        self.layer.set_limiter(&self.store, call, keys, record, mode)
+        self.layer
+            .set_limiter(&self.store, call, keys, record, mode)
     }
 
     fn get_limiter<'a>(
@@ -199,7 +202,11 @@ impl<L: Layer, S: LimiterStore> LimiterStore for Layered<L, S> {
         self.layer.get_limiter(&self.store, call, keys)
     }
 
-    fn delete_limiter<'a>(&'a self, call: Call<'a>, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
+    fn delete_limiter<'a>(
+        &'a self,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+    ) -> StoreFuture<'a, bool> {
         self.layer.delete_limiter(&self.store, call, keys)
     }
 

@@ -354,7 +354,10 @@ mod tests {
     }
 
     async fn take(store: &MemoryStore, keys: &LimiterKeys, permits: u64) -> Acquisition {
-        store.acquire(crate::store::Call::detached(), keys, permits, 0).await.unwrap()
+        store
+            .acquire(crate::store::Call::detached(), keys, permits, 0)
+            .await
+            .unwrap()
     }
 
     /// The named limiters' states live in a table of their own: they never take a counter's
@@ -389,13 +392,23 @@ mod tests {
         for name in ["a", "b"] {
             let (keys, record) = per_client(name);
             store
-                .set_limiter(crate::store::Call::detached(), &keys, &record, SetMode::TrySet)
+                .set_limiter(
+                    crate::store::Call::detached(),
+                    &keys,
+                    &record,
+                    SetMode::TrySet,
+                )
                 .await
                 .unwrap();
         }
         let acquire = |keys: LimiterKeys| {
             let store = &store;
-            async move { store.acquire(crate::store::Call::detached(), &keys, 1, 20).await.unwrap() }
+            async move {
+                store
+                    .acquire(crate::store::Call::detached(), &keys, 1, 20)
+                    .await
+                    .unwrap()
+            }
         };
         for i in 0..20 {
             let got = acquire(client("a", &format!("c{i}"))).await;
@@ -443,7 +456,12 @@ mod tests {
             window_start: 0,
         };
         store
-            .set_limiter(crate::store::Call::detached(), &keys, &limiter(fixed, 10), SetMode::TrySet)
+            .set_limiter(
+                crate::store::Call::detached(),
+                &keys,
+                &limiter(fixed, 10),
+                SetMode::TrySet,
+            )
             .await
             .unwrap();
         assert!(matches!(
@@ -478,7 +496,12 @@ mod tests {
             let record = limiter(rule, 5);
             let store = &store;
             let keys = &keys;
-            async move { store.set_limiter(crate::store::Call::detached(), keys, &record, mode).await.unwrap() }
+            async move {
+                store
+                    .set_limiter(crate::store::Call::detached(), keys, &record, mode)
+                    .await
+                    .unwrap()
+            }
         };
         assert!(set(bucket(5), SetMode::TrySet).await.state_reset);
         take(&store, &keys, 2).await;

@@ -464,7 +464,11 @@ mod tests {
                 fixed(&format!("b-{i}"), 1, 10, 120),
             );
             store_two
-                .check_with(crate::store::Call::detached(), &[&a, &b], Charging::StopWhenOver)
+                .check_with(
+                    crate::store::Call::detached(),
+                    &[&a, &b],
+                    Charging::StopWhenOver,
+                )
                 .await
                 .unwrap();
         }

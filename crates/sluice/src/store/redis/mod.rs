@@ -710,7 +710,11 @@ impl LimiterStore for RedisStore {
         })
     }
 
-    fn delete_limiter<'a>(&'a self, call: Call<'a>, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
+    fn delete_limiter<'a>(
+        &'a self,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+    ) -> StoreFuture<'a, bool> {
         self.bounded(call, async move {
             let existed: i64 = self.limiter_op(keys, "delete", |_| {}).await?;
             Ok(existed == 1)

@@ -8,9 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::*;
 use crate::clock::ManualClock;
 use crate::store::layers::Layered;
-use crate::store::{
-    Marks, MemoryStoreOptions, RegistryOp, RegistryReply, Rule, StateKeys, Store,
-};
+use crate::store::{Marks, MemoryStoreOptions, RegistryOp, RegistryReply, Rule, StateKeys, Store};
 
 /// A store that answers with `failure` while it is set, and as the memory store otherwise.
 #[derive(Debug)]
@@ -69,7 +67,11 @@ impl LimiterStore for Failing {
     ) -> StoreFuture<'a, Option<LimiterRecord>> {
         self.up.get_limiter(call, keys)
     }
-    fn delete_limiter<'a>(&'a self, call: Call<'a>, keys: &'a LimiterKeys) -> StoreFuture<'a, bool> {
+    fn delete_limiter<'a>(
+        &'a self,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+    ) -> StoreFuture<'a, bool> {
         self.up.delete_limiter(call, keys)
     }
     fn acquire<'a>(
