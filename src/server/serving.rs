@@ -48,7 +48,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::budget::{BodyKind, RequestBudget};
+use super::budget::{BodyKind, ConnectionBudget, RequestBudget};
 use super::connections::Peer;
 use super::routes::{self, GrpcRoutes};
 use sluice::metrics::Metrics;
@@ -300,42 +300,7 @@ impl Http2Connection {
         let service = {
             let calls = calls.clone();
             hyper::service::service_fn(move |request: http::Request<Incoming>| {
-                let call = calls.start();
-                let arrived = Instant::now();
-                let deadline = grpc_timeout(request.headers());
-                let header_bytes = header_bytes(&request);
-                let kind = if routes::streams_requests(request.uri().path()) {
-                    BodyKind::Streaming
-                } else {
-                    BodyKind::Unary
-                };
-                let mut request =
-                    request.map(|body| budget.body(body, arrived, header_bytes, kind));
-                // The handlers hand the caller's deadline (less a margin for the answer to
-                // travel) to their store calls, which then answer before it whatever
-                // REDIS_TIMEOUT says, so the enforcement below only cuts a handler that is late
-                // for other reasons.
-                if let Some(timeout) = deadline {
-                    request
-                        .extensions_mut()
-                        .insert(Deadline::of(arrived, timeout));
-                }
-                // The handler's future is boxed (`routes::ResponseFuture`), so this one stays
-                // small: hyper moves it into the call's task, a copy per move (docs/BENCHMARKS.md,
-                // "Issue #30, part 4").
-                let response = routes.call(request.map(tonic::body::Body::new), arrived, deadline);
-                async move {
-                    let response: Result<_, Infallible> = match deadline {
-                        None => response.await,
-                        Some(deadline) => match tokio::time::timeout(deadline, response).await {
-                            Ok(response) => response,
-                            // The answer tonic's own server loop gave.
-                            Err(_) => Ok(tonic::Status::cancelled("Timeout expired").into_http()),
-                        },
-                    };
-                    drop(call);
-                    response
-                }
+                call(&calls, &budget, &routes, request)
             })
         };
         let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
@@ -366,6 +331,50 @@ impl Http2Connection {
                 }
             }
         }
+    }
+}
+
+/// One gRPC call of a connection: its request read under the connection's `budget`, its
+/// caller's deadline handed to the handler (in the request's extensions) and enforced, and its
+/// end noted in `calls` for the idle timer.
+fn call(
+    calls: &Arc<Calls>,
+    budget: &Arc<ConnectionBudget>,
+    routes: &GrpcRoutes,
+    request: http::Request<Incoming>,
+) -> impl Future<Output = Result<http::Response<tonic::body::Body>, Infallible>> + Send + use<> {
+    let call = calls.start();
+    let arrived = Instant::now();
+    let deadline = grpc_timeout(request.headers());
+    let header_bytes = header_bytes(&request);
+    let kind = if routes::streams_requests(request.uri().path()) {
+        BodyKind::Streaming
+    } else {
+        BodyKind::Unary
+    };
+    let mut request = request.map(|body| budget.body(body, arrived, header_bytes, kind));
+    // The handlers hand the caller's deadline (less a margin for the answer to travel) to their
+    // store calls, which then answer before it whatever REDIS_TIMEOUT says, so the enforcement
+    // below only cuts a handler that is late for other reasons.
+    if let Some(timeout) = deadline {
+        request
+            .extensions_mut()
+            .insert(Deadline::of(arrived, timeout));
+    }
+    // The handler's future is boxed (`routes::ResponseFuture`), so this one stays small: hyper
+    // moves it into the call's task, a copy per move (docs/BENCHMARKS.md, "Issue #30, part 4").
+    let response = routes.call(request.map(tonic::body::Body::new), arrived, deadline);
+    async move {
+        let response: Result<_, Infallible> = match deadline {
+            None => response.await,
+            Some(deadline) => match tokio::time::timeout(deadline, response).await {
+                Ok(response) => response,
+                // The answer tonic's own server loop gave.
+                Err(_) => Ok(tonic::Status::cancelled("Timeout expired").into_http()),
+            },
+        };
+        drop(call);
+        response
     }
 }
 

@@ -63,8 +63,8 @@ use self::conn::{
 };
 use self::plain::{ExpireNx, ExpiryFailed, why_no_expire_nx};
 use self::script::{
-    ELSEWHERE, FIXED_WINDOW_LEAN, Keys, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK, Reply,
-    decode,
+    ELSEWHERE, FIXED_WINDOW_LEAN, Keys, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK,
+    RecordFields, Reply, decode, parse_record,
 };
 use self::wire::Heard;
 use super::{
@@ -593,34 +593,6 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A script's reply as the caller's type.
 fn parse<T: redis::FromRedisValue>(value: Value) -> Result<T, StoreError> {
     T::from_redis_value(value).map_err(|e| StoreError::Protocol(e.to_string()))
-}
-
-/// The stored fields of a limiter (`rule`, `a`..`d`, `cap`, `pc`, `desc`), as HMGET returns
-/// them.
-type RecordFields = (
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<Vec<u8>>,
-);
-
-fn parse_record(fields: RecordFields) -> Result<Option<LimiterRecord>, StoreError> {
-    let (Some(rule), Some(a), Some(b), c, d, Some(cap), per_client, desc) = fields else {
-        return Ok(None);
-    };
-    let args = [a, b, c.unwrap_or_default(), d.unwrap_or_default()];
-    Ok(Some(LimiterRecord {
-        rule: script::parse_rule(&rule, &args)?,
-        capacity: cap
-            .parse()
-            .map_err(|_| StoreError::Protocol(format!("stored capacity {cap:?}")))?,
-        per_client: per_client.as_deref() == Some("1"),
-        description: desc.unwrap_or_default(),
-    }))
 }
 
 impl RedisStore {

@@ -5,7 +5,7 @@
 use std::sync::LazyLock;
 
 use crate::store::algorithms::fixed_window_outcome;
-use crate::store::{Charging, Check, Outcome, Rule, StoreError};
+use crate::store::{Charging, Check, LimiterRecord, Outcome, Rule, StoreError};
 
 /// Helpers and algorithms, shared by both entry points; each script is one chunk so its entry
 /// point can call them.
@@ -663,6 +663,35 @@ pub(super) fn parse_rule(name: &str, args: &[String; 4]) -> Result<Rule, StoreEr
         },
         _ => return Err(bad()),
     })
+}
+
+/// The stored fields of a limiter (`rule`, `a`..`d`, `cap`, `pc`, `desc`), as HMGET returns
+/// them.
+pub(super) type RecordFields = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<Vec<u8>>,
+);
+
+/// The limiter these fields describe; `None` when there is none.
+pub(super) fn parse_record(fields: RecordFields) -> Result<Option<LimiterRecord>, StoreError> {
+    let (Some(rule), Some(a), Some(b), c, d, Some(cap), per_client, desc) = fields else {
+        return Ok(None);
+    };
+    let args = [a, b, c.unwrap_or_default(), d.unwrap_or_default()];
+    Ok(Some(LimiterRecord {
+        rule: parse_rule(&rule, &args)?,
+        capacity: cap
+            .parse()
+            .map_err(|_| StoreError::Protocol(format!("stored capacity {cap:?}")))?,
+        per_client: per_client.as_deref() == Some("1"),
+        description: desc.unwrap_or_default(),
+    }))
 }
 
 #[cfg(test)]
