@@ -15,6 +15,10 @@
 
 pub use sluice_proto as proto;
 
+mod embed;
+
+pub use embed::{AppliedLimit, Decision, Error, Limiter, LimiterBuilder, Limits};
+
 pub mod clock;
 pub mod config;
 pub mod metrics;

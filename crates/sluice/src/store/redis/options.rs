@@ -123,6 +123,26 @@ pub struct RedisOptions {
     pub pinned_clock: Option<Arc<dyn Clock>>,
 }
 
+impl RedisOptions {
+    /// Options for `target` with no credentials and no TLS files of its own (a `rediss://` URL
+    /// trusts the public roots), a pool of 10 connections, and at most a second per decision:
+    /// a request handler waiting on it has no other bound. (The server defaults `timeout` to
+    /// upstream's 10 s instead: there the caller's `grpc-timeout` bounds each call.)
+    pub fn new(target: Target) -> RedisOptions {
+        RedisOptions {
+            target,
+            auth: None,
+            auth_file: None,
+            sentinel_auth: None,
+            tls: TlsFiles::default(),
+            pool_size: 10,
+            timeout: Duration::from_secs(1),
+            expiration_jitter_max: Duration::from_secs(300),
+            pinned_clock: None,
+        }
+    }
+}
+
 impl fmt::Debug for RedisOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisOptions")
