@@ -29,12 +29,15 @@ impl Limits {
     ///
     /// ```
     /// let limits = sluice::Limits::from_yaml(
-    ///     "domain: api\n\
-    ///      descriptors:\n\
-    ///        - key: api_key\n\
-    ///          rate_limit: {unit: minute, requests_per_unit: 3}\n",
+    ///     "
+    /// domain: api
+    /// descriptors:
+    ///   - key: api_key
+    ///     rate_limit: {unit: minute, requests_per_unit: 3}
+    /// ",
     /// )?;
     /// assert_eq!(limits.domains().collect::<Vec<_>>(), ["api"]);
+    /// assert!(limits.warnings().is_empty());
     ///
     /// let wrong = sluice::Limits::from_yaml("domain: api\ndescriptors:\n  - rate_limit: 3\n");
     /// let errors = wrong.err().expect("a descriptor needs a key");

@@ -33,7 +33,7 @@ pub enum Error {
     /// The check itself is wrong (an empty domain, no entries); retrying cannot help.
     #[error("invalid check: {0}")]
     InvalidRequest(String),
-    /// The store could not decide, or (from [`Limiter::redis`]) could not be reached. The hits
+    /// The store could not decide, or (building a limiter on Redis) could not be reached. The hits
     /// may or may not have been counted. Whether to admit the request anyway (fail open) or
     /// refuse it is the caller's choice: the façade never guesses.
     #[error(transparent)]
@@ -62,10 +62,12 @@ impl From<RlsError> for Error {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let limits = sluice::Limits::from_yaml(
-///     "domain: api\n\
-///      descriptors:\n\
-///        - key: api_key\n\
-///          rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_window_log}\n",
+///     "
+/// domain: api
+/// descriptors:
+///   - key: api_key
+///     rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_window_log}
+/// ",
 /// )?;
 /// let limiter = sluice::Limiter::memory(limits);
 /// for expected in [true, true, false] {
@@ -171,7 +173,7 @@ impl Limiter {
     }
 }
 
-/// A [`Limiter`] with more said than [`Limiter::memory`] and [`Limiter::redis`] say; finished by
+/// A [`Limiter`] with more said than `Limiter::memory` and `Limiter::redis` say; finished by
 /// one of its `build_*` methods, which picks the store.
 #[derive(Debug)]
 #[must_use = "a builder does nothing until one of its build_* methods is called"]
