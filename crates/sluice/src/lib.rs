@@ -56,3 +56,8 @@ pub mod rls;
 pub mod store;
 pub mod util;
 
+// The Rust blocks of docs/library.md run as this crate's doc tests, so the guide's code keeps
+// compiling as the library changes.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+struct LibraryGuide;

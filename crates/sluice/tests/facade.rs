@@ -263,3 +263,14 @@ async fn a_manual_clock_moves_the_windows_of_the_memory_store() {
     clock.advance_micros(60_000_000);
     assert_eq!(admitted(&limiter, "hal", &[1, 1]).await, [true, false]);
 }
+
+#[test]
+fn limits_warn_of_what_upstream_ignores() {
+    // A `rate_limit` one level too far out: upstream loads the file and ignores the key, so
+    // the descriptor has no limit; the warning is how a service can tell.
+    let text = "domain: app\ndescriptors:\n  - key: user\nrate_limit: {unit: minute, requests_per_unit: 3}\n";
+    let limits = Limits::from_yaml(text).unwrap();
+    let warnings = limits.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].line, Some(4), "{warnings:?}");
+}
