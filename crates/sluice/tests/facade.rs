@@ -1,6 +1,6 @@
 //! The façade (`sluice::Limits`, `sluice::Limiter`) on each store: what a check answers, how
-//! hits are charged, limits replaced at run time, key prefixes, invalid checks and a Redis
-//! that is not there.
+//! hits are charged, limits replaced at run time, key prefixes, invalid checks, and a Redis
+//! that is not there or goes away and comes back.
 
 #![cfg(feature = "redis")]
 
@@ -242,9 +242,32 @@ async fn a_redis_that_is_not_there_is_a_store_error() {
     let limiter = Limiter::redis(per_user(1), redis.options()).await.unwrap();
     assert_eq!(admitted(&limiter, "gil", &[1]).await, [true]);
     redis.kill();
+    let mut failures = Vec::new();
     for _ in 0..10 {
-        let failed = limiter.check("app", &[("user", "gil")], 1).await;
-        assert!(matches!(failed, Err(Error::Store(_))), "{failed:?}");
+        match limiter.check("app", &[("user", "gil")], 1).await {
+            Err(Error::Store(e)) => failures.push(e.to_string()),
+            other => panic!("a check on a dead redis: {other:?}"),
+        }
+    }
+    // The breaker opened (5 outages in a row): the rest failed without trying Redis.
+    assert!(
+        failures[5..]
+            .iter()
+            .all(|e| e.contains("circuit breaker open")),
+        "{failures:#?}"
+    );
+
+    // Back on the same port (empty): a probe closes the breaker and checks are decided again.
+    let _back = common::Redis::start_on(redis.port);
+    // 10 s: the probe runs within a second of Redis answering on a quiet machine.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match limiter.check("app", &[("user", "gil")], 1).await {
+            Ok(decision) => break assert!(decision.allowed, "an empty redis has counted nothing"),
+            Err(e) if std::time::Instant::now() < deadline => drop(e),
+            Err(e) => panic!("redis is back but checks still fail: {e}"),
+        }
     }
 }
 

@@ -27,9 +27,13 @@ impl Redis {
     /// Starts one and waits until it accepts connections. `SLUICE_TEST_REDIS_SERVER` names
     /// another server binary, as for the server's tests (scripts/test.sh).
     pub fn start() -> Redis {
+        Redis::start_on(free_port())
+    }
+
+    /// Starts one on `port` (the port of one that was killed, to bring it back empty).
+    pub fn start_on(port: u16) -> Redis {
         let binary = std::env::var("SLUICE_TEST_REDIS_SERVER")
             .unwrap_or_else(|_| "redis-server".to_string());
-        let port = free_port();
         let child = Command::new(&binary)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
