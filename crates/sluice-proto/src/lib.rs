@@ -9,6 +9,10 @@
 //! entries are `bytes` here (`build.rs` says why). With the `transport` feature the clients
 //! also have `connect(url)`.
 
+// The hand-written items say what they are for; the generated modules allow their missing
+// docs below, since protobuf comments are all they could carry.
+#![deny(missing_docs)]
+
 pub mod codec;
 
 #[allow(clippy::all, missing_docs)]

@@ -14,6 +14,7 @@ pub struct LogThrottle {
 }
 
 impl LogThrottle {
+    /// A throttle that lets the first occurrence through; `const`, so it can be a `static`.
     pub const fn new() -> Self {
         Self {
             last_second: AtomicU64::new(0),

@@ -22,9 +22,9 @@ use super::{ConfigError, ConfigErrors, RateLimitConfig};
 /// Loader switches that come from the environment (upstream's variable names in brackets).
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
-    /// Several files may add descriptors to one domain [`MERGE_DOMAIN_CONFIG`].
+    /// Several files may add descriptors to one domain (`MERGE_DOMAIN_CONFIG`).
     pub merge_domains: bool,
-    /// Skip files and directories whose name starts with a dot [`RUNTIME_IGNOREDOTFILES`].
+    /// Skip files and directories whose name starts with a dot (`RUNTIME_IGNOREDOTFILES`).
     pub ignore_dotfiles: bool,
 }
 

@@ -27,16 +27,24 @@ use crate::proto::{DescriptorEntry, OverrideUnit, ResponseUnit};
 /// as upstream defines them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Unit {
+    /// 1 s.
     Second,
+    /// 60 s.
     Minute,
+    /// 3 600 s.
     Hour,
+    /// 86 400 s.
     Day,
+    /// 7 days (a Sluice addition to upstream's units; Envoy's overrides cannot name it).
     Week,
+    /// 30 days.
     Month,
+    /// 365 days.
     Year,
 }
 
 impl Unit {
+    /// Every unit, shortest first.
     pub const ALL: [Unit; 7] = [
         Unit::Second,
         Unit::Minute,
@@ -47,6 +55,7 @@ impl Unit {
         Unit::Year,
     ];
 
+    /// The unit's length in seconds.
     pub fn window_secs(self) -> u64 {
         match self {
             Unit::Second => 1,
@@ -59,6 +68,7 @@ impl Unit {
         }
     }
 
+    /// The unit as config files spell it (`minute`), in lower case.
     pub fn name(self) -> &'static str {
         match self {
             Unit::Second => "second",
@@ -91,6 +101,7 @@ impl Unit {
         }
     }
 
+    /// The unit as Envoy's response names it (`current_limit.unit`).
     pub fn to_response(self) -> ResponseUnit {
         match self {
             Unit::Second => ResponseUnit::Second,
@@ -109,12 +120,16 @@ impl Unit {
 pub enum Quota {
     /// Never counted, never touches the store.
     Unlimited,
+    /// Counted: `requests_per_unit` per window, by `algorithm`.
     PerUnit {
+        /// How many hits one window admits (or the rate, for the bucket-shaped algorithms).
         requests_per_unit: u32,
+        /// The unit the window is counted in.
         unit: Unit,
         /// `unit_multiplier` (a Sluice extension, 1 when absent): the window is this many units
         /// long, and `requests_per_unit` counts per window.
         unit_multiplier: u32,
+        /// How the hits are counted.
         algorithm: Algorithm,
     },
 }
@@ -151,20 +166,32 @@ pub enum Algorithm {
     /// Two counters; the previous window weighted by how much of it still overlaps.
     SlidingWindowCounter,
     /// Capacity `burst`, refilled at `requests_per_unit` per unit (Spring Cloud Gateway's).
-    TokenBucket { burst: u32 },
+    TokenBucket {
+        /// Most tokens the bucket holds.
+        burst: u32,
+    },
     /// Generic cell rate algorithm with a burst tolerance of `burst` requests (redis-cell's).
-    Gcra { burst: u32 },
+    Gcra {
+        /// Requests admitted at once beyond the steady spacing.
+        burst: u32,
+    },
     /// Leaky bucket as a meter: size `burst`, draining at `requests_per_unit` per unit.
-    LeakyBucket { burst: u32 },
+    LeakyBucket {
+        /// The bucket's size.
+        burst: u32,
+    },
     /// Guava's SmoothWarmingUp: spaced requests, slower while cold, reaching the stable rate
     /// after `warmup` of steady use.
     WarmUp {
+        /// How long steady use takes to reach the stable rate (at least 1 ms).
         warmup: std::time::Duration,
+        /// How many times slower than the stable rate a cold limiter spaces requests.
         cold_factor: f64,
     },
 }
 
 impl Algorithm {
+    /// Every algorithm's name as `algorithm:` takes it, for messages that list them.
     pub const NAMES: [&'static str; 7] = [
         "fixed_window",
         "sliding_window_log",
@@ -175,6 +202,7 @@ impl Algorithm {
         "warm_up",
     ];
 
+    /// The algorithm's name as `algorithm:` spells it.
     pub fn name(&self) -> &'static str {
         match self {
             Algorithm::FixedWindow => "fixed_window",
@@ -214,15 +242,20 @@ const MAX_WARM_UP_STORED: f64 = 4_294_967_296.0; // 2^32
 /// Which number an [`AlgorithmProblem`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AlgorithmField {
+    /// `requests_per_unit` (with the window).
     Rate,
+    /// `burst`.
     Burst,
+    /// `warmup_period`.
     WarmupPeriod,
 }
 
 /// Numbers an algorithm cannot work with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AlgorithmProblem {
+    /// The number at fault, so each source can name it its own way (a YAML key, an API field).
     pub field: AlgorithmField,
+    /// Why, for people.
     pub reason: String,
 }
 
@@ -230,8 +263,10 @@ pub struct AlgorithmProblem {
 /// native API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum WarmUpProblem {
+    /// Under 1 ms.
     #[error("warmup_period must be at least 1ms")]
     PeriodTooShort,
+    /// Not above 1 and at most 1000 (or not a number).
     #[error("cold_factor must be a number above 1 and at most 1000")]
     ColdFactor,
 }
@@ -372,10 +407,14 @@ pub struct Limit {
     pub id: Option<usize>,
     /// `rate_limit.name`, empty when unnamed; echoed in `current_limit.name`.
     pub name: String,
+    /// How much it admits, and how.
     pub quota: Quota,
     /// Names of limits this one drops from the same request.
     pub replaces: Vec<String>,
+    /// `shadow_mode`: counted and reported, but the answer is OK.
     pub shadow_mode: bool,
+    /// `quota_mode`: a request is refused for its quota limits only when all of them are over
+    /// (any other limit over still refuses it).
     pub quota_mode: bool,
     /// `rate_limit.record_refused_hits` (a Sluice extension): refused hits are charged too,
     /// as upstream's fixed window always does; see `store::algorithms`.
@@ -564,6 +603,7 @@ impl fmt::Display for UpstreamDumpLine<'_> {
 pub struct Stats {
     /// The segments joined: the key when no runtime value is asked for.
     pub key: String,
+    /// `<key>_<value>` or `<key>` per level, as the config wrote them.
     pub segments: Vec<String>,
     /// `value_to_metric` levels: their segment becomes `<key>_<runtime value>`.
     pub value_levels: Vec<usize>,
@@ -587,6 +627,7 @@ pub struct RateLimitConfig {
 }
 
 impl RateLimitConfig {
+    /// The domain called `name`, if the configuration has one.
     pub fn domain(&self, name: &str) -> Option<&Domain> {
         self.domains.get(name)
     }
@@ -603,6 +644,7 @@ impl RateLimitConfig {
         self.limit_count
     }
 
+    /// Every domain's name, in no particular order.
     pub fn domain_names(&self) -> impl Iterator<Item = &str> {
         self.domains.keys().map(|d| &**d)
     }
@@ -696,8 +738,11 @@ impl Domain {
 /// One problem found while loading: the file, the line when known, and the reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
+    /// The file, the directory, or for an xDS resource its name.
     pub file: PathBuf,
+    /// 1-based; `None` for what has no line (a file that cannot be read, an xDS resource).
     pub line: Option<usize>,
+    /// What is wrong, in upstream's words where upstream has them.
     pub reason: String,
 }
 

@@ -19,6 +19,7 @@ impl Wildcard {
         })
     }
 
+    /// The pattern as the config wrote it (its stats key and counter key use it).
     pub fn as_str(&self) -> &str {
         &self.pattern
     }

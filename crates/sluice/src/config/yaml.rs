@@ -13,18 +13,24 @@ use yaml_rust2::scanner::{Marker, TScalarStyle};
 /// One YAML node and the line it starts on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Node {
+    /// 1-based, as editors count.
     pub line: usize,
+    /// What the node holds.
     pub value: Value,
 }
 
+/// A node's content: the three shapes YAML has once aliases are resolved.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     /// A scalar as written. `plain` is false for quoted and block scalars, which are always
     /// strings, never numbers, booleans or null.
     Scalar {
+        /// The scalar's text, escapes resolved.
         text: String,
+        /// Written without quotes, so YAML 1.1's typing applies to it (`load/scalars.rs`).
         plain: bool,
     },
+    /// Items in document order.
     Sequence(Vec<Node>),
     /// Entries in document order (order matters: wildcard children match in file order).
     Mapping(Vec<(Node, Node)>),
@@ -33,7 +39,9 @@ pub enum Value {
 /// A YAML syntax error with its position.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SyntaxError {
+    /// 1-based line where the parser stopped.
     pub line: usize,
+    /// The parser's reason (or the bound the document broke).
     pub message: String,
 }
 

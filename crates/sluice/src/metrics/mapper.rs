@@ -36,10 +36,17 @@ pub enum StatKind {
     Timer,
 }
 
+/// Why `PROMETHEUS_MAPPER_YAML` could not be used; the server does not start on it.
 #[derive(Debug, thiserror::Error)]
 pub enum MapperError {
+    /// The file cannot be read, or its mappings do not parse.
     #[error("{path}: {reason}")]
-    File { path: String, reason: String },
+    File {
+        /// The file as configured.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 #[derive(Debug)]

@@ -10,7 +10,7 @@
 //! Stat names come from the config (domains, config paths), never from request values, unless
 //! the config asks for it with `detailed_metric` or `value_to_metric`: that keeps the number of
 //! series bounded by the config (upstream's memory-growth complaint). Where it asks, the series
-//! named after request values are capped (`MAX_DETAILED_METRIC_SERIES`, a [`SeriesCap`]), their
+//! named after request values are capped (`MAX_DETAILED_METRIC_SERIES`, a `SeriesCap`), their
 //! long parts digested and control characters replaced, since a client chooses them.
 
 mod mapper;
@@ -21,7 +21,8 @@ mod store_metrics;
 
 pub use mapper::{Mapper, MapperError};
 pub use pressure::PressureMetrics;
-pub use stats::{Counter, Observe, SeriesCap, Stat, StatStore};
+pub use stats::{Counter, Stat, StatStore};
+use stats::{Observe, SeriesCap};
 pub use statsd::{StatsdOptions, run as run_statsd};
 
 use std::borrow::Cow;
@@ -43,36 +44,48 @@ use crate::store::Outcome;
 use crate::store::layers::measured::Measures;
 use crate::util::shown;
 
+/// Every metric of the process, registered once at start-up; the server hands the handles to
+/// each part it builds.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     near_limit_ratio: f64,
     /// Upstream's stats, by their statsd names.
     pub stats: Arc<StatStore>,
+    /// `ratelimit.service.global_shadow_mode`: requests `SHADOW_MODE` answered OK.
     pub global_shadow_mode: Counter,
+    /// `ratelimit.service.config_load_success`.
     pub config_load_success: Counter,
+    /// `ratelimit.service.config_load_error`.
     pub config_load_error: Counter,
     /// `ratelimit.service.call.should_rate_limit.<err_type>`.
     pub errors: StatFamily,
     /// `ratelimit_server.<method>.total_requests`.
     pub total_requests: StatFamily,
+    /// `ratelimit_service_response_time_seconds`, by method.
     pub response_time: HistogramVec,
     /// What one second of response time adds to the histogram: 1, or 1 000 with
     /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS` (upstream's legacy series).
     response_time_scale: f64,
+    /// `sluice_store_call_seconds`: each store operation's latency.
     pub store_call: HistogramVec,
+    /// `sluice_store_errors_total`, by store and [`StoreError::kind`](crate::store::StoreError::kind).
     pub store_errors: IntCounterVec,
     /// Error replies to a script: a bug or an input the script cannot represent, never an
     /// outage (they do not count toward a circuit breaker).
     pub script_errors: IntCounterVec,
+    /// `sluice_failed_open_total`: requests `FAILURE_POLICY=fail_open` answered OK.
     pub failed_open: IntCounter,
     /// Store calls decided locally with this replica's share while the store was down or late
     /// (`FAILURE_POLICY=local_share`), by store.
     pub degraded_decisions: IntCounterVec,
     /// The replica count `local_share` divides each limit by (configured or learnt).
     pub degraded_replicas: IntGauge,
+    /// `sluice_circuit_breaker_open`: 1 while a store's circuit breaker is open, by store.
     pub breaker_open: IntGaugeVec,
+    /// `sluice_memory_store_entries`: live counters in the memory store.
     pub memory_entries: IntGauge,
+    /// `sluice_memory_store_evictions_total`: counters dropped early at the store's bound.
     pub memory_evictions: IntCounter,
     /// The named limiters' client states on the memory store (their own table).
     pub memory_limiter_states: IntGauge,
@@ -80,8 +93,11 @@ pub struct Metrics {
     /// (`LIMITER_MAX_CLIENTS`) or the memory store's table (`MEMORY_MAX_LIMITER_STATES`) was
     /// full: the store refuses, the native API's adapter (`server/named.rs`) counts.
     pub limiter_clients_refused: IntCounter,
+    /// `sluice_connections_open`, by listener.
     pub connections_open: IntGaugeVec,
+    /// `sluice_connections_rejected_total`: closed at accept, by listener and reason.
     pub connections_rejected: IntCounterVec,
+    /// `sluice_connections_closed_total`: closed for a silent client, by listener and reason.
     pub connections_closed: IntCounterVec,
     /// What callers make the process hold, and the overload manager's actions.
     pub pressure: PressureMetrics,
@@ -425,8 +441,11 @@ impl Metrics {
 /// but `entries`, which is what it holds now.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct CacheFigures {
+    /// Keys looked up.
     pub lookups: u64,
+    /// Lookups that found the key over its limit.
     pub hits: u64,
+    /// Lookups that did not.
     pub misses: u64,
     /// A key remembered again while still held.
     pub overwrites: u64,
@@ -434,6 +453,7 @@ pub struct CacheFigures {
     pub evacuations: u64,
     /// Entries dropped because their window had ended.
     pub expired: u64,
+    /// Keys held now.
     pub entries: u64,
 }
 
@@ -452,7 +472,9 @@ impl std::ops::AddAssign for CacheFigures {
 /// The handles of one API's request metrics, resolved once by its server.
 #[derive(Debug, Clone)]
 pub struct ApiMetrics {
+    /// `ratelimit_server.<method>.total_requests`.
     pub requests: Counter,
+    /// `ratelimit_server.<method>.response_time`.
     pub response_time: ResponseTime,
 }
 

@@ -19,14 +19,14 @@ use super::mapper::{Mapped, Mapper, StatKind, escape_metric_name};
 /// A bound on the stat series a family may create (the series named after request values),
 /// counted over the process's life: stats are never removed, so a series once made stays.
 #[derive(Debug)]
-pub struct SeriesCap {
+pub(crate) struct SeriesCap {
     /// At most this many; 0: no bound.
     max: usize,
     made: AtomicUsize,
 }
 
 impl SeriesCap {
-    pub fn new(max: usize) -> Self {
+    pub(crate) fn new(max: usize) -> Self {
         Self {
             max,
             made: AtomicUsize::new(0),
@@ -64,18 +64,22 @@ impl Stat {
         }
     }
 
+    /// Counts one.
     pub fn inc(&self) {
         self.inc_by(1);
     }
 
+    /// Counts `n`.
     pub fn inc_by(&self, n: u64) {
         self.value.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// The count since the start.
     pub fn get(&self) -> u64 {
         self.value.load(Ordering::Relaxed)
     }
 
+    /// The statsd name (`ratelimit.service.rate_limit.<domain>.<key>.total_hits`).
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -100,7 +104,7 @@ type Reader = Box<dyn Fn() -> u64 + Send + Sync>;
 
 /// What an observed stat is ([`StatStore::observe`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Observe {
+pub(crate) enum Observe {
     /// It only grows; statsd gets its increase.
     Counter,
     /// A state; statsd gets its value at every flush, as gostats sends gauges.
@@ -108,7 +112,7 @@ pub enum Observe {
 }
 
 /// A stat kept elsewhere and read when shown or sent ([`StatStore::observe`]).
-pub struct Observed {
+pub(crate) struct Observed {
     name: Box<str>,
     mapped: Mapped,
     kind: Observe,
@@ -118,15 +122,18 @@ pub struct Observed {
 }
 
 impl Observed {
-    pub fn name(&self) -> &str {
+    /// The statsd name.
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
-    pub fn get(&self) -> u64 {
+    /// Its value now, read from its owner.
+    pub(crate) fn get(&self) -> u64 {
         (self.read)()
     }
 
-    pub fn kind(&self) -> Observe {
+    /// A counter or a gauge.
+    pub(crate) fn kind(&self) -> Observe {
         self.kind
     }
 
@@ -171,6 +178,9 @@ pub struct StatStore {
 }
 
 impl StatStore {
+    /// An empty store. `enabled` false (`DISABLE_STATS`) keeps counting but shows nothing;
+    /// `mapper` names each stat's Prometheus series; `extra_tags` (`EXTRA_TAGS`) go on every
+    /// series and statsd line; `keep_timers` keeps timer samples for a statsd sink to drain.
     pub fn new(
         enabled: bool,
         mapper: Mapper,
@@ -188,7 +198,7 @@ impl StatStore {
         }
     }
 
-    pub fn extra_tags(&self) -> &[(String, String)] {
+    pub(crate) fn extra_tags(&self) -> &[(String, String)] {
         &self.extra_tags
     }
 
@@ -207,7 +217,7 @@ impl StatStore {
     /// The counter named `name` when it exists, or when `cap` has room for one more series
     /// (taken under the same lock as the insertion, so concurrent callers cannot overshoot it).
     /// `None`: the cap is reached and the series would be new.
-    pub fn counter_within(&self, name: &str, cap: &SeriesCap) -> Option<Counter> {
+    pub(crate) fn counter_within(&self, name: &str, cap: &SeriesCap) -> Option<Counter> {
         if let Some(c) = read(&self.counters).get(name) {
             return Some(c.clone());
         }
@@ -227,7 +237,7 @@ impl StatStore {
     /// Shows the stat `name`, kept elsewhere, by reading it with `read` whenever a sink shows or
     /// sends it (a counter's `read` must never go down). A second stat of the same name replaces
     /// the first (its owner was rebuilt).
-    pub fn observe(
+    pub(crate) fn observe(
         &self,
         name: &str,
         kind: Observe,
@@ -251,7 +261,7 @@ impl StatStore {
     }
 
     /// Every observed stat, sorted by name.
-    pub fn observed(&self) -> Vec<Arc<Observed>> {
+    pub(crate) fn observed(&self) -> Vec<Arc<Observed>> {
         read(&self.observed).values().cloned().collect()
     }
 
@@ -344,7 +354,7 @@ impl StatStore {
     }
 
     /// The mapped stats in the Prometheus text format, with `EXTRA_TAGS` as labels.
-    pub fn render_prometheus(&self, out: &mut Vec<u8>) {
+    pub(crate) fn render_prometheus(&self, out: &mut Vec<u8>) {
         if !self.enabled {
             return;
         }

@@ -13,7 +13,7 @@
 //!
 //! # Waiting in line
 //!
-//! Callers that wait for the same budget on one replica form a line ([`Line`]) and are served in
+//! Callers that wait for the same budget on one replica form a line (`Line`) and are served in
 //! arrival order. A budget is the limiter's for an `OVERALL` limiter, whatever client ids the
 //! callers name (the store ignores them there), and the client's for a `PER_CLIENT` one; the
 //! mode is learnt from the store's replies (and from `SetRate` on this replica), so a caller of
@@ -79,32 +79,49 @@ pub const MAX_INTERVAL: Duration = Duration::from_secs(366 * 86_400);
 /// represent every such number.
 pub const MAX_PERMITS: u64 = u32::MAX as u64;
 
+/// Why a named limiter call got no answer. Each maps to one gRPC status (`server::named`).
 #[derive(Debug, thiserror::Error)]
 pub enum NamedError {
+    /// A field of the call is out of range or malformed; the message names it.
     #[error("{0}")]
     Invalid(String),
+    /// The limiter does not exist (never set, deleted, or swept as idle).
     #[error("no limiter named {0:?}")]
     NotFound(String),
+    /// The limiter is `PER_CLIENT` and the call named no client.
     #[error("limiter {0:?} is per client: the call must name a client_id")]
     NeedsClient(String),
+    /// More permits than the limiter can ever grant at once: waiting would never end.
     #[error(
         "{permits} permits can never be granted: limiter {name:?} grants at most {capacity} at once"
     )]
     TooManyPermits {
+        /// The limiter.
         name: String,
+        /// What the call asked for.
         permits: u64,
+        /// The most it grants at once.
         capacity: u64,
     },
+    /// `acquire` would have to wait longer than `LIMITER_MAX_WAIT`, the server's bound (given).
     #[error("acquiring would wait longer than the server's maximum of {0:?}")]
     WaitTooLong(Duration),
+    /// Creating one more limiter would pass `LIMITER_MAX_COUNT` (the count is given).
     #[error("{0} limiters exist, the most this server keeps (LIMITER_MAX_COUNT)")]
     TooManyLimiters(u64),
+    /// A new client would pass a bound on client states; it is not admitted until one expires.
     #[error(
         "limiter {name:?} keeps the state of {max} clients, the most it may hold \
          (LIMITER_MAX_CLIENTS, or MEMORY_MAX_LIMITER_STATES over all limiters); \
          a new client gets a place when one expires"
     )]
-    TooManyClients { name: String, max: u64 },
+    TooManyClients {
+        /// The limiter.
+        name: String,
+        /// The bound reached.
+        max: u64,
+    },
+    /// The store could not answer.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -124,13 +141,19 @@ pub struct RateSet {
 /// The outcome of an acquisition, after any waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Acquired {
+    /// The permits were granted.
     pub acquired: bool,
+    /// How long the call waited in line and for the budget, on this replica.
     pub waited: Duration,
+    /// Permits left after this call.
     pub remaining: u64,
     /// When not acquired: until the same request would succeed.
     pub retry_after: Duration,
 }
 
+/// The named limiters of the native API (`sluice.v1.Limiter`): their configs live in the
+/// store, so every replica on one Redis sees the same limiters; what a replica keeps to itself
+/// is the order its own callers wait in.
 #[derive(Debug)]
 pub struct NamedLimiters {
     store: Arc<dyn LimiterStore>,
@@ -176,6 +199,8 @@ struct Hint {
 }
 
 impl NamedLimiters {
+    /// The limiters kept in `store` under `keys`' prefix; no call waits longer than `max_wait`
+    /// (`LIMITER_MAX_WAIT`). Bounded by [`Bounds::default`] until [`Self::with_bounds`].
     pub fn new(store: Arc<dyn LimiterStore>, keys: KeyBuilder, max_wait: Duration) -> Self {
         Self {
             store,
@@ -189,6 +214,7 @@ impl NamedLimiters {
         }
     }
 
+    /// Bounds the limiters' number, idle time and clients (the server's `LIMITER_*` settings).
     pub fn with_bounds(mut self, bounds: Bounds) -> Self {
         self.bounds = bounds;
         self
@@ -253,7 +279,7 @@ impl NamedLimiters {
 
     /// Deletes the limiters unused for the idle period, as the registry lists them. Every
     /// replica runs this now and then; deleting twice is harmless.
-    pub async fn sweep_idle(&self) -> Result<usize, NamedError> {
+    pub(crate) async fn sweep_idle(&self) -> Result<usize, NamedError> {
         const BATCH: usize = 100;
         let call = Call::detached();
         let mut deleted = 0;
@@ -356,6 +382,7 @@ impl NamedLimiters {
         })
     }
 
+    /// The config of the limiter `name` (`GetLimiter`).
     pub async fn config(&self, call: Call<'_>, name: &str) -> Result<LimiterConfig, NamedError> {
         check_name(name)?;
         let keys = self.keys.limiter(name, None);
@@ -365,6 +392,7 @@ impl NamedLimiters {
         }
     }
 
+    /// Deletes the limiter `name` with its states (`DeleteLimiter`); `false` when there was none.
     pub async fn delete(&self, call: Call<'_>, name: &str) -> Result<bool, NamedError> {
         check_name(name)?;
         let deleted = self

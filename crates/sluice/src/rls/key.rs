@@ -110,10 +110,10 @@ pub struct KeyBuilder {
 
 /// From how many bytes on a domain, key or value is written as its digest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LongParts {
-    pub domain: usize,
-    pub key: usize,
-    pub value: usize,
+pub(crate) struct LongParts {
+    pub(crate) domain: usize,
+    pub(crate) key: usize,
+    pub(crate) value: usize,
 }
 
 impl Default for LongParts {
@@ -132,6 +132,8 @@ impl Default for LongParts {
 const DIGEST_MARK: &str = "%%";
 
 impl KeyBuilder {
+    /// Keys under `prefix` (`CACHE_KEY_PREFIX`; empty for none). A prefix with `{` or `}`
+    /// would be read as a Redis Cluster hash tag and pin every key to one slot, so it is refused.
     pub fn new(prefix: &str) -> Result<Self, PrefixError> {
         if prefix.contains(['{', '}']) {
             return Err(PrefixError(prefix.to_string()));
@@ -143,7 +145,7 @@ impl KeyBuilder {
     }
 
     /// Uses `long` as the lengths above which parts are digested.
-    pub fn with_long_parts(mut self, long: LongParts) -> Self {
+    pub(crate) fn with_long_parts(mut self, long: LongParts) -> Self {
         self.long = long;
         self
     }
@@ -244,7 +246,7 @@ impl KeyBuilder {
 
     /// The registry of named limiters (which exist, until when each is kept while idle):
     /// `<prefix>{limiters}:registry`. Its tag differs from every limiter's `{limiter_<name>}`.
-    pub fn limiter_registry(&self) -> String {
+    pub(crate) fn limiter_registry(&self) -> String {
         format!("{}{{limiters}}:registry", self.prefix)
     }
 

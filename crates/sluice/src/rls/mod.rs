@@ -28,7 +28,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwapOption;
 
-pub use key::{KeyBuilder, LongParts, PrefixError};
+use key::LongParts;
+pub use key::{KeyBuilder, PrefixError};
 pub use plan::Refusal;
 pub use response::{DEGRADED_HEADER, DEGRADED_METADATA, HeaderNames};
 
@@ -53,10 +54,15 @@ pub const MAX_HITS: u64 = u32::MAX as u64 + 1;
 /// past the descriptor or entry count is refused on its own ([`Refusal`]).
 #[derive(Debug, Clone)]
 pub struct InputLimits {
+    /// `MAX_DESCRIPTORS_PER_REQUEST`: descriptors past this many are refused.
     pub max_descriptors: usize,
+    /// `MAX_ENTRIES_PER_DESCRIPTOR`: a descriptor with more entries is refused.
     pub max_entries: usize,
+    /// `MAX_DOMAIN_BYTES`: a longer domain is keyed by its digest.
     pub max_domain_bytes: usize,
+    /// `MAX_DESCRIPTOR_KEY_BYTES`: a longer entry key is keyed by its digest.
     pub max_key_bytes: usize,
+    /// `MAX_DESCRIPTOR_VALUE_BYTES`: a longer entry value is keyed by its digest.
     pub max_value_bytes: usize,
 }
 
@@ -85,6 +91,7 @@ pub struct RlsOptions {
     pub draft_headers: bool,
     /// `RESPONSE_DYNAMIC_METADATA`.
     pub dynamic_metadata: bool,
+    /// What one request may carry before parts of it are digested or refused.
     pub input_limits: InputLimits,
     /// `FAILURE_POLICY`: what to answer when the store cannot decide.
     pub failure_policy: FailurePolicy,
@@ -92,7 +99,7 @@ pub struct RlsOptions {
     /// limit, so their later requests skip the store; 0 turns it off.
     pub local_cache_bytes: usize,
     /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: when any descriptor of a request would go over
-    /// its limit, only those are counted (see [`Charging::StopWhenOver`]).
+    /// its limit, only those are counted (see [`Charging::StopWhenOver`](crate::store::Charging::StopWhenOver)).
     pub stop_increment_when_over: bool,
 }
 
@@ -117,6 +124,8 @@ pub enum RlsError {
     /// The request itself is wrong; retrying it cannot help.
     #[error("{0}")]
     InvalidRequest(String),
+    /// No configuration was ever installed ([`RateLimiter::set_config`]); the server holds
+    /// off serving until its first one unless `FORCE_START_WITHOUT_INITIAL_CONFIG`.
     #[error("no rate limit configuration loaded")]
     NoConfig,
     /// The store could not decide.
@@ -156,6 +165,8 @@ struct Active {
 }
 
 impl RateLimiter {
+    /// A limiter counting in `store`, naming counters with `keys`, reading windows off `clock`.
+    /// It answers [`RlsError::NoConfig`] until [`Self::set_config`] installs a configuration.
     pub fn new(
         store: Arc<dyn CounterStore>,
         keys: KeyBuilder,
@@ -207,10 +218,12 @@ impl RateLimiter {
             .store(Some(Arc::new(Active { config, counters })));
     }
 
+    /// The configuration in force, if one was installed.
     pub fn config(&self) -> Option<Arc<RateLimitConfig>> {
         self.active.load().as_ref().map(|a| a.config.clone())
     }
 
+    /// The store's kind (`memory`, `redis`), for the start-up log.
     pub fn store_kind(&self) -> &'static str {
         self.store.kind()
     }

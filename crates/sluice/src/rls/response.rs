@@ -90,8 +90,11 @@ pub(super) fn counted(limit: &Limit, rate: Rate, outcome: &Outcome) -> Descripto
 /// Names of the three headers added when `LIMIT_RESPONSE_HEADERS_ENABLED` is set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderNames {
+    /// `LIMIT_LIMIT_HEADER`: the limit's `requests_per_unit`.
     pub limit: String,
+    /// `LIMIT_REMAINING_HEADER`: what it can still admit.
     pub remaining: String,
+    /// `LIMIT_RESET_HEADER`: seconds until it resets.
     pub reset: String,
 }
 
@@ -130,7 +133,8 @@ pub(super) fn mark_degraded(reply: &mut RateLimitResponse) {
 }
 
 impl HeaderNames {
-    pub fn headers(&self, status: &DescriptorStatus) -> Vec<HeaderValue> {
+    /// The three headers for `status` (0 for what it does not say).
+    pub(super) fn headers(&self, status: &DescriptorStatus) -> Vec<HeaderValue> {
         let header = |key: &str, value: u64| HeaderValue {
             key: key.to_string(),
             value: value.to_string(),

@@ -44,7 +44,7 @@ use super::Outcome;
 
 /// Per-key state in the memory store.
 #[derive(Debug, Clone, PartialEq)]
-pub enum State {
+pub(crate) enum State {
     Count(u64),
     /// (time, running total) entries, oldest first. Boxed: the other states are two words at
     /// most, and every entry of the memory store is as large as the largest variant.
@@ -66,10 +66,10 @@ pub enum State {
 
 /// What an algorithm decided and what to keep.
 #[derive(Debug)]
-pub struct Step {
-    pub outcome: Outcome,
+pub(crate) struct Step {
+    pub(crate) outcome: Outcome,
     /// `None` keeps the state as it was (including "no state").
-    pub keep: Option<(State, u64)>,
+    pub(crate) keep: Option<(State, u64)>,
 }
 
 fn micros_to_ms(us: u64) -> u64 {
@@ -82,7 +82,7 @@ fn micros_to_ms(us: u64) -> u64 {
 /// fit, so a refused acquisition takes nothing. A zero-hit look creates nothing. The state lives
 /// until the window ends. Twin of `fixed_window` and `fixed_window_take` in
 /// `lua/fixed_window.lua`.
-pub fn fixed_window(
+pub(crate) fn fixed_window(
     state: Option<State>,
     hits: u64,
     take: bool,
@@ -170,7 +170,7 @@ fn fixed_window_take(
 /// min(hits logged, calls that logged) entries, so never more than the limit it was logged
 /// under. The running total makes "the time of the n-th hit in the window" a binary search.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Log {
+pub(crate) struct Log {
     /// The running total before the first entry: the hits the log dropped.
     base: u64,
     /// (time, running total after this entry's hits), oldest first; both strictly increasing.
@@ -179,16 +179,18 @@ pub struct Log {
 
 impl Log {
     /// The hits the log holds.
-    pub fn hits(&self) -> u64 {
+    pub(crate) fn hits(&self) -> u64 {
         self.entries.back().map_or(self.base, |&(_, end)| end) - self.base
     }
 
     /// How many entries it holds.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    /// Whether it holds no entry (every hit has left the window).
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
@@ -290,7 +292,7 @@ fn log_decision(
 /// under `record_refused`, up to the limit), as [`Log`] entries: a call costs O(log entries)
 /// whatever its hits, and the log never holds more than `limit` hits. Twin of
 /// `lua/sliding_window_log.lua`.
-pub fn sliding_window_log(
+pub(crate) fn sliding_window_log(
     state: Option<State>,
     hits: u64,
     record_refused: bool,
@@ -327,7 +329,7 @@ pub fn sliding_window_log(
 /// [`sliding_window_log`]'s outcome for a trial (a dry run), read from the log in place: nothing
 /// is logged (a trial's refusals are never recorded, as in the Lua twin's dry run) and nothing
 /// copied, so a trial costs O(log entries) too.
-pub fn sliding_window_log_trial(
+pub(crate) fn sliding_window_log_trial(
     state: Option<&State>,
     hits: u64,
     limit: u64,
@@ -356,7 +358,7 @@ pub fn sliding_window_log_trial(
 /// horizon (the current window's hits weigh until the end of the next one) reaches up to twice
 /// the window, which no client should be told to wait. A request refused early in a window may
 /// therefore be refused once more at that retry.
-pub fn sliding_window_counter(
+pub(crate) fn sliding_window_counter(
     state: Option<State>,
     hits: u64,
     record_refused: bool,
@@ -497,7 +499,7 @@ fn gcra_charge(
 /// token bucket (capacity `burst`, one token per `interval`) and the leaky bucket as a meter
 /// (size `burst`, draining one per `interval`): with tokens = burst - (TAT - now) / interval the
 /// three admission rules are the same inequality.
-pub fn gcra(
+pub(crate) fn gcra(
     state: Option<State>,
     hits: u64,
     record_refused: bool,
@@ -618,7 +620,7 @@ impl WarmUpShape {
 /// be admitted) and 0 before.
 // The arguments mirror the Lua twin's, one for one, so the two are easy to compare.
 #[allow(clippy::too_many_arguments)]
-pub fn warm_up(
+pub(crate) fn warm_up(
     state: Option<State>,
     hits: u64,
     record_refused: bool,

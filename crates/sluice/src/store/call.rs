@@ -26,6 +26,7 @@ pub struct Marks {
 }
 
 impl Marks {
+    /// The marks of a request about to make its store calls: none yet.
     pub fn new() -> Marks {
         Marks::default()
     }

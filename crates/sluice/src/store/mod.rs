@@ -12,7 +12,7 @@
 //! be atomic across service replicas; the memory store and the scripts in `lua/` implement the
 //! same semantics and are tested against each other.
 
-pub mod algorithms;
+pub(crate) mod algorithms;
 mod call;
 pub mod deadline;
 pub mod layers;
@@ -40,28 +40,45 @@ pub enum Rule {
     /// Upstream's fixed window: the key names the window; admitted while the count after this
     /// request is at most `limit`.
     FixedWindow {
+        /// Hits the window admits.
         limit: u64,
+        /// The window's length, in seconds (upstream counts in seconds).
         window_secs: u64,
         /// Unix seconds, on the service clock; also part of the key.
         window_start: u64,
     },
+    /// Exact: at most `limit` hits in any trailing `window`, one log entry per admitting call.
     SlidingWindowLog {
+        /// Hits any trailing window admits.
         limit: u64,
+        /// The window's length.
         window: u64,
     },
+    /// The previous window's count weighted by how much of it the trailing window still
+    /// overlaps, plus the current one's.
     SlidingWindowCounter {
+        /// Hits the weighted window admits.
         limit: u64,
+        /// The window's length.
         window: u64,
     },
     /// GCRA, which is also the token bucket and the leaky bucket (meter).
     Gcra {
+        /// Time one hit takes to come back.
         interval: u64,
+        /// Hits admitted at once beyond the steady spacing.
         burst: u64,
     },
+    /// Guava's SmoothWarmingUp: spacing that starts `cold_factor` times slower and reaches
+    /// the stable rate after `warmup` of steady use.
     WarmUp {
+        /// The stable rate: permits per `window`.
         permits_per_window: u64,
+        /// The window the stable rate is given in.
         window: u64,
+        /// How long steady use takes to warm up.
         warmup: u64,
+        /// How many times slower a cold limiter spaces requests.
         cold_factor: f64,
     },
 }
@@ -89,6 +106,7 @@ pub struct Check {
     pub key: String,
     /// Cost of the request; 0 looks without counting.
     pub hits: u64,
+    /// How it is counted, with every number the store needs.
     pub rule: Rule,
     /// Charge the hits even when the request is refused (`record_refused_hits`), bounded as
     /// `algorithms.rs` describes. A fixed window on its own always does (upstream's rule); the
@@ -102,6 +120,7 @@ pub struct Check {
 /// A store's answer for one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Outcome {
+    /// The hits were admitted (and charged).
     pub admitted: bool,
     /// What could still be admitted now.
     pub remaining: u64,
@@ -141,6 +160,8 @@ pub enum StoreError {
         "the caller's deadline ran out after {0:?}, shorter than the store may take (the hits may or may not have been counted)"
     )]
     CallerDeadline(std::time::Duration),
+    /// Redis cannot serve now (`BUSY`, `LOADING`, `READONLY`, `OOM`, refused credentials) or
+    /// the connection failed: an outage.
     #[error("redis error: {0}")]
     Redis(String),
     /// The store ran the script and answered with an error reply (a wrong type, a number out
@@ -148,8 +169,11 @@ pub enum StoreError {
     /// count toward the circuit breaker.
     #[error("script error: {0}")]
     Script(String),
+    /// No connection could be had in time (connect refused, no master for a slot, the circuit
+    /// breaker open): an outage.
     #[error("no redis connection available: {0}")]
     Unavailable(String),
+    /// A reply the store cannot read (a bug, or something other than Redis on the port).
     #[error("store returned a malformed reply: {0}")]
     Protocol(String),
     /// Settings the store cannot start with (bad URL, unreadable certificate).
@@ -190,6 +214,8 @@ impl StoreError {
     }
 }
 
+/// What every store operation returns: boxed, so the traits stay object-safe
+/// (`Arc<dyn CounterStore>`), and `Send`, so a call may move between threads.
 pub type StoreFuture<'a, T = Vec<Outcome>> =
     Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
@@ -197,6 +223,7 @@ pub type StoreFuture<'a, T = Vec<Outcome>> =
 /// script can read the config and decide on the state atomically.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimiterKeys {
+    /// The limiter's config (its [`LimiterRecord`]).
     pub config: String,
     /// State and epoch (which config generation the state belongs to) shared by all callers.
     pub shared: StateKeys,
@@ -209,9 +236,13 @@ pub struct LimiterKeys {
     pub client_id: String,
 }
 
+/// The keys of one budget of a named limiter (its shared one, or one client's).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateKeys {
+    /// The algorithm's state.
     pub state: String,
+    /// Which config generation the state was counted under: a state of an older one is
+    /// read as empty, so a reset never has to find every client's state.
     pub epoch: String,
 }
 
@@ -244,7 +275,10 @@ impl LimiterRecord {
 pub enum SetMode {
     /// Only create; an existing limiter is left alone.
     TrySet,
+    /// Create or change; the states counted so far are kept where the change allows
+    /// ([`LimiterRecord::keeps_state_of`]).
     UpdateKeepState,
+    /// Create or change, starting every state afresh.
     UpdateResetState,
 }
 
@@ -263,12 +297,14 @@ pub struct LimiterSet {
 /// What an acquisition found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Acquisition {
+    /// No config is stored under the keys.
     NoSuchLimiter,
     /// The limiter is per client and the call named none.
     NeedsClient,
     /// More permits than the limiter's capacity (which is given): refused before any state was
     /// read, since no wait could grant them.
     TooManyPermits {
+        /// The most one call can get.
         capacity: u64,
     },
     /// The limiter is per client, the call's client holds no state, and `max` clients do
@@ -276,11 +312,14 @@ pub enum Acquisition {
     /// limiters): refused before anything was written, so that no flood of fresh client ids
     /// can grow the store or push out another client's state.
     TooManyClients {
+        /// The bound reached.
         max: u64,
     },
     /// The outcome, the limiter's capacity and mode at that moment.
     Decided {
+        /// Granted or not, and what is left.
         outcome: Outcome,
+        /// The most one call can get, under the config read.
         capacity: u64,
         /// One budget per client: the waiting line is the client's, not the limiter's.
         per_client: bool,
@@ -294,14 +333,23 @@ pub enum RegistryOp<'a> {
     /// Registers `name`, or keeps it another `idle_ms` if it is registered; a new name is
     /// refused while `max` names are live (0: no maximum).
     Touch {
+        /// The limiter.
         name: &'a str,
+        /// How long it is kept from now if nobody uses it.
         idle_ms: u64,
+        /// The most names the registry holds.
         max: u64,
     },
     /// Removes and returns up to `at_most` names whose time has passed.
-    TakeExpired { at_most: usize },
+    TakeExpired {
+        /// The most names one call removes, so one call stays short.
+        at_most: usize,
+    },
     /// Removes `name`.
-    Remove { name: &'a str },
+    Remove {
+        /// The limiter.
+        name: &'a str,
+    },
 }
 
 /// What a registry operation found.
@@ -491,6 +539,7 @@ pub trait LimiterStore: Store {
         mode: SetMode,
     ) -> StoreFuture<'a, LimiterSet>;
 
+    /// The limiter's config, `None` when it has none.
     fn get_limiter<'a>(
         &'a self,
         call: Call<'a>,

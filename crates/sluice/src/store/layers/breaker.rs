@@ -21,7 +21,7 @@
 //! A breaker that waited for calls to probe would stay open on a service that gets none: a pod
 //! whose readiness follows the breaker (`REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`, or a degraded
 //! start) is taken out of its Service, so no call comes, so it never becomes ready again.
-//! [`Breaker::probe_while_open`] probes on its own after each cool-down (issue #29).
+//! [`Layered::probe_while_open`] probes on its own after each cool-down (issue #29).
 //!
 //! While open or half-open only the probe's result counts: calls that were already in flight
 //! when the breaker opened fail late (they wait out their deadline), and counting them would
@@ -36,10 +36,15 @@ use tokio::sync::watch;
 use super::{Layer, Layered, Op};
 use crate::store::{Call, Store, StoreError, StoreFuture};
 
+/// When the breaker opens and how long it stays open (the server's `BREAKER_*` settings).
 #[derive(Debug, Clone)]
 pub struct BreakerOptions {
+    /// Outages in a row that open it (`BREAKER_FAILURES`).
     pub failures_to_open: u32,
+    /// How long it stays open the first time (`BREAKER_COOL_DOWN`); doubled after each
+    /// failed probe.
     pub cool_down: Duration,
+    /// The longest the doubling makes it.
     pub max_cool_down: Duration,
 }
 
@@ -87,6 +92,7 @@ pub struct Breaker {
 }
 
 impl Breaker {
+    /// A closed breaker.
     pub fn new(options: BreakerOptions) -> Self {
         Self {
             options,

@@ -28,11 +28,17 @@ use super::{
 /// A store operation, as the layers that treat every operation alike name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
+    /// [`CounterStore::check_with`].
     Check,
+    /// [`LimiterStore::set_limiter`].
     SetLimiter,
+    /// [`LimiterStore::get_limiter`].
     GetLimiter,
+    /// [`LimiterStore::delete_limiter`].
     DeleteLimiter,
+    /// [`LimiterStore::acquire`].
     Acquire,
+    /// [`LimiterStore::registry`].
     Registry,
 }
 
@@ -151,10 +157,12 @@ pub struct Layered<L, S> {
 }
 
 impl<L: Layer, S> Layered<L, S> {
+    /// `store` (a store, or one already layered) with `layer` in front.
     pub fn new(layer: L, store: S) -> Self {
         Self { layer, store }
     }
 
+    /// The layer (the breaker's state, to watch or force open).
     pub fn layer(&self) -> &L {
         &self.layer
     }

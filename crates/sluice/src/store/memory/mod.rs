@@ -33,6 +33,7 @@ use super::{
 };
 use crate::clock::Clock;
 
+/// The memory store's bounds and its sweep.
 #[derive(Debug, Clone)]
 pub struct MemoryStoreOptions {
     /// Most live counters kept at once (at least one per shard).
@@ -55,6 +56,7 @@ impl Default for MemoryStoreOptions {
     }
 }
 
+/// Counters and named limiters in this process: exact for one replica, shared by none.
 #[derive(Debug)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
@@ -101,6 +103,7 @@ impl MemoryStore {
         self.inner.table.len()
     }
 
+    /// Whether it holds no entry.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

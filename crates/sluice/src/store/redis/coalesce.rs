@@ -91,7 +91,9 @@ pub(super) struct Coalescer<C: Connect> {
 /// batch depth the coalescer achieves.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PipelineCounts {
+    /// Calls sent.
     pub calls: u64,
+    /// Pipelined writes they went out in.
     pub pipelines: u64,
 }
 

@@ -1,7 +1,7 @@
 //! The Redis store: one `EVALSHA` of the decision script per request; on a Redis Cluster one
-//! per master the request's slots are on (see [`RedisStore::run`]). The common request, every
+//! per master the request's slots are on (see `RedisStore::run`). The common request, every
 //! check a plain fixed window charged each (`script::fits_lean`), takes the cheapest path the
-//! server allows ([`DecisionPath`]): plain `INCRBY` and `PEXPIRE .. NX` (`plain.rs`) on Redis 7.0
+//! server allows (`DecisionPath`): plain `INCRBY` and `PEXPIRE .. NX` (`plain.rs`) on Redis 7.0
 //! or later (a single server, a Sentinel master, or every master of a cluster), else the lean
 //! script. A request whose checks all use one other algorithm takes that algorithm's lean script.
 //!
@@ -9,7 +9,7 @@
 //! write to the socket, one reader task hands out the replies in order). Script calls go through
 //! `coalesce.rs`, which sends the calls of concurrent requests as one pipeline on one pooled
 //! connection (checked out, cloned and returned at once), the calls of one lean script among
-//! them as one call (`merge.rs`). A failed call sets a flag on its connection ([`Manager`]),
+//! them as one call (`merge.rs`). A failed call sets a flag on its connection (`conn::Manager`),
 //! and so does a connection that stopped answering; the pool then replaces it on its next
 //! checkout, without a PING per request.
 //!
@@ -73,6 +73,8 @@ use super::{
     needs_trial,
 };
 
+/// Counters and named limiters in Redis (a single server, a Sentinel master or a Cluster),
+/// shared by every replica that uses the same Redis and key prefix.
 pub struct RedisStore {
     connector: Connector,
     /// Every connection the store's pools opened and closed.
@@ -250,7 +252,7 @@ impl RedisStore {
     }
 
     /// The circuit breaker's own probe ([`crate::store::layers::Layered::probe_while_open`]):
-    /// loads the scripts (a Redis back from a restart has none), within [`PROBE_TIMEOUT`].
+    /// loads the scripts (a Redis back from a restart has none), within `PROBE_TIMEOUT`.
     pub fn probe(&self) -> StoreFuture<'_, ()> {
         Box::pin(async {
             tokio::time::timeout(PROBE_TIMEOUT, self.load_script())

@@ -12,7 +12,9 @@ use crate::clock::Clock;
 /// Credentials from `REDIS_AUTH` (`password` or `user:password`). `Debug` never shows them.
 #[derive(Clone)]
 pub struct RedisAuth {
+    /// An ACL user; `None` authenticates as the default user.
     pub username: Option<String>,
+    /// The password.
     pub password: String,
 }
 
@@ -57,6 +59,7 @@ impl fmt::Debug for RedisAuth {
 /// PEM files for TLS to Redis (`rediss://`). Without a CA file the bundled public roots are used.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TlsFiles {
+    /// The CA that signed the server's certificate, instead of the public roots.
     pub ca_cert: Option<PathBuf>,
     /// Client certificate and key, for Redis servers that require mutual TLS.
     pub client_cert_and_key: Option<(PathBuf, PathBuf)>,
@@ -71,7 +74,9 @@ pub enum Target {
     Cluster(Vec<String>),
     /// A master watched by Redis Sentinel: its name and the sentinels' URLs.
     Sentinel {
+        /// The master's name, as the sentinels know it.
         master: String,
+        /// URLs of some of the sentinels.
         sentinels: Vec<String>,
     },
 }
@@ -102,9 +107,14 @@ impl fmt::Debug for Target {
     }
 }
 
+/// What a [`RedisStore`](crate::store::RedisStore) is told at start-up
+/// ([`RedisOptions::new`] for the defaults).
 #[derive(Clone)]
 pub struct RedisOptions {
+    /// Where Redis is.
     pub target: Target,
+    /// `REDIS_AUTH`: credentials for Redis (a `redis://user:password@…` URL may carry them
+    /// too).
     pub auth: Option<RedisAuth>,
     /// `REDIS_AUTH_FILE`: a file holding what `REDIS_AUTH` would (`password` or
     /// `user:password`), read again for every new connection so that a rotated secret is used
@@ -112,7 +122,9 @@ pub struct RedisOptions {
     pub auth_file: Option<PathBuf>,
     /// `REDIS_SENTINEL_AUTH`: credentials for the sentinels themselves.
     pub sentinel_auth: Option<RedisAuth>,
+    /// TLS files for a `rediss://` target.
     pub tls: TlsFiles,
+    /// Connections per server (per master on a cluster); calls share them, pipelined.
     pub pool_size: u32,
     /// Deadline of one decision, connection checkout included.
     pub timeout: Duration,
@@ -121,6 +133,26 @@ pub struct RedisOptions {
     pub expiration_jitter_max: Duration,
     /// Replaces Redis's clock in the script. Only for tests that need pinned time.
     pub pinned_clock: Option<Arc<dyn Clock>>,
+}
+
+impl RedisOptions {
+    /// Options for `target` with no credentials and no TLS files of its own (a `rediss://` URL
+    /// trusts the public roots), a pool of 10 connections, and at most a second per decision:
+    /// a request handler waiting on it has no other bound. (The server defaults `timeout` to
+    /// upstream's 10 s instead: there the caller's `grpc-timeout` bounds each call.)
+    pub fn new(target: Target) -> RedisOptions {
+        RedisOptions {
+            target,
+            auth: None,
+            auth_file: None,
+            sentinel_auth: None,
+            tls: TlsFiles::default(),
+            pool_size: 10,
+            timeout: Duration::from_secs(1),
+            expiration_jitter_max: Duration::from_secs(300),
+            pinned_clock: None,
+        }
+    }
 }
 
 impl fmt::Debug for RedisOptions {
@@ -160,7 +192,9 @@ pub fn redact_url(url: &str) -> String {
 /// grows 1.5× per attempt, as its backoff library does by default.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StartupRetry {
+    /// The first wait.
     pub initial: Duration,
+    /// The longest wait.
     pub max_interval: Duration,
     /// Give up after this long; `None` retries forever (upstream's 0).
     pub max_elapsed: Option<Duration>,

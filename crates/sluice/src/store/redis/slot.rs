@@ -5,10 +5,11 @@
 //! between them, only those bytes (the first such tag) are hashed; otherwise the whole key is.
 //! The hash is CRC16/XMODEM, modulo 16384.
 
-pub const SLOTS: u16 = 16_384;
+/// How many slots a cluster has.
+pub(crate) const SLOTS: u16 = 16_384;
 
 /// The bytes Redis hashes for `key`.
-pub fn hash_tag(key: &[u8]) -> &[u8] {
+pub(crate) fn hash_tag(key: &[u8]) -> &[u8] {
     if let Some(open) = key.iter().position(|&b| b == b'{')
         && let Some(len) = key[open + 1..].iter().position(|&b| b == b'}')
         && len > 0
@@ -18,6 +19,8 @@ pub fn hash_tag(key: &[u8]) -> &[u8] {
     key
 }
 
+/// The slot of `key`: what decides which master of a cluster holds it. Tests use it to pick
+/// keys that land on the same master, or on different ones.
 pub fn slot(key: &[u8]) -> u16 {
     crc16(hash_tag(key)) % SLOTS
 }

@@ -74,7 +74,7 @@ impl Replicas {
         self.configured.is_some()
     }
 
-    /// Refreshes this replica's member every [`BEAT`] and keeps the count ([`Learnt`]), until
+    /// Refreshes this replica's member every [`BEAT`] and keeps the count (`Learnt`), until
     /// the store is dropped. `key` is `prefix{sluice_replicas}`; `redis` reaches the Redis store inside
     /// `store` (the beat bypasses the breaker: it is not a decision); `publish` is told each
     /// count learnt (the metric `sluice_degraded_replicas`).
