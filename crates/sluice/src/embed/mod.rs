@@ -2,7 +2,7 @@
 //! configuration), a [`Limiter`] on a store, and [`Limiter::check`], which answers a
 //! [`Decision`] for one set of descriptor entries, with no protocol type in sight.
 //!
-//! It is a thin layer over the decision path the server runs ([`rls::RateLimiter`]): a check
+//! It is a thin layer over the decision path the server runs ([`crate::rls::RateLimiter`]): a check
 //! becomes a one-descriptor `RateLimitRequest` and the answer is read back from the response,
 //! so matching, counter keys, the algorithms and the stores are exactly the server's, and so
 //! are its answers. The server does not use it: it calls the decision path directly, with the

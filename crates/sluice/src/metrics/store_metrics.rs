@@ -7,7 +7,7 @@ use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 use super::{counter, counter_vec, gauge, gauge_vec};
 
 /// Sluice's own Prometheus metrics of the stores: errors, breakers and the memory store's
-/// tables ([`Metrics::with_stats`] registers them).
+/// tables ([`super::Metrics::with_stats`] registers them).
 pub(super) struct StoreMetrics {
     pub(super) script_errors: IntCounterVec,
     pub(super) store_errors: IntCounterVec,
