@@ -210,15 +210,14 @@ fn redis_target<F: Fn(&str) -> Option<String>>(
         // Upstream's form: the master's name, then the sentinels' host:port.
         let mut items = url.split(',').map(str::trim).filter(|i| !i.is_empty());
         let master = items.next().unwrap_or_default().to_string();
+        // As upstream (envoyproxy/ratelimit#1015): `TLS` covers the sentinels and the master
+        // they name alike, with the same files.
         let sentinels = items
-            .map(|n| redis_url(n, "tcp"))
+            .map(|n| redis_url(n, "tcp").map(with_tls))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|reason| env.error(&var("URL"), reason))?;
         if sentinels.is_empty() {
             return Err(env.error(&var("URL"), "expected master-name,host:port[,host:port…]"));
-        }
-        if tls {
-            return Err(env.error(&var("TLS"), "TLS through sentinel is not supported"));
         }
         Target::Sentinel { master, sentinels }
     } else if kind == "cluster" || url.starts_with("redis+cluster://") {
@@ -277,7 +276,7 @@ fn redis_tls_files<F: Fn(&str) -> Option<String>>(
     let uses_tls = match target {
         Target::Single(url) => url.starts_with("rediss://"),
         Target::Cluster(nodes) => nodes.iter().all(|n| n.starts_with("rediss://")),
-        Target::Sentinel { .. } => false,
+        Target::Sentinel { sentinels, .. } => sentinels.iter().all(|n| n.starts_with("rediss://")),
     };
     if tls_files != TlsFiles::default() && !uses_tls {
         return Err(env.error(
