@@ -386,6 +386,43 @@ mod tests {
         assert_eq!(err.variable, "REDIS_STARTUP_INITIAL_INTERVAL");
     }
 
+    /// Upstream's Sentinel over TLS (envoyproxy/ratelimit#1015): `REDIS_TLS` makes every
+    /// sentinel `rediss://` (the master they name is reached the same way), with the TLS files
+    /// and both passwords.
+    #[test]
+    fn sentinel_takes_tls_and_both_passwords() {
+        let redis = |vars: &[(&str, &str)]| redis_backend(vars).map(|(options, _)| options);
+        let tls = redis(&[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "app,s1:26379,s2:26379"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", "/ca.pem"),
+            ("REDIS_AUTH", "master-pw"),
+            ("REDIS_SENTINEL_AUTH", "sentinel-user:sentinel-pw"),
+        ])
+        .unwrap();
+        assert_eq!(
+            tls.target,
+            Target::Sentinel {
+                master: "app".into(),
+                sentinels: vec!["rediss://s1:26379".into(), "rediss://s2:26379".into()],
+            }
+        );
+        assert_eq!(tls.tls.ca_cert, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(tls.auth.as_ref().unwrap().password, "master-pw");
+        let sentinel_auth = tls.sentinel_auth.as_ref().unwrap();
+        assert_eq!(sentinel_auth.username.as_deref(), Some("sentinel-user"));
+        assert_eq!(sentinel_auth.password, "sentinel-pw");
+        // Without REDIS_TLS the TLS files are a mistake, as for the other modes.
+        let err = redis(&[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "app,s1:26379"),
+            ("REDIS_TLS_CACERT", "/ca.pem"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.variable, "REDIS_TLS");
+    }
+
     #[test]
     fn redis_credentials_come_from_the_variable_or_a_file_not_both() {
         let redis = |vars: &[(&str, &str)]| redis_backend(vars).map(|(options, _)| options);
