@@ -119,7 +119,8 @@ enum Source {
     /// failover reaches the new master.
     Sentinel {
         client: tokio::sync::Mutex<SentinelClient>,
-        sentinels: Sentinels,
+        /// How to make another client (boxed: one per pool, read once per connection).
+        sentinels: Box<Sentinels>,
     },
 }
 
@@ -363,7 +364,7 @@ pub(super) fn sentinel_pool(
     Ok(pool_of(
         Source::Sentinel {
             client: tokio::sync::Mutex::new(client),
-            sentinels,
+            sentinels: Box::new(sentinels),
         },
         settings,
     ))
