@@ -17,6 +17,7 @@ pub(crate) mod rls;
 mod routes;
 pub(crate) mod serving;
 pub mod tls;
+mod trace_parent;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

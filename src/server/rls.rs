@@ -19,8 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use opentelemetry::propagation::{Extractor, TextMapPropagator};
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tokio::net::TcpListener;
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
@@ -33,7 +31,7 @@ use super::named::NamedApiService;
 use super::oversized::AnswerOversized;
 use super::routes::GrpcRoutes;
 use super::serving::{self, Closed, Http2Options, Preface};
-use super::{GrpcListener, GrpcOptions, MAX_REQUEST_BYTES, ServeError, tls};
+use super::{GrpcListener, GrpcOptions, MAX_REQUEST_BYTES, ServeError, tls, trace_parent};
 use sluice::metrics::{ApiMetrics, Metrics};
 use sluice::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
 use sluice::rls::{RateLimiter, RlsError};
@@ -60,9 +58,8 @@ impl proto::RateLimitService for RateLimitService {
         let _timer = self.api.response_time.start_timer();
         let span = tracing::debug_span!("ShouldRateLimit", otel.kind = "server");
         if !span.is_disabled() {
-            // The caller's W3C trace context, so our spans join its trace.
-            let parent = TraceContextPropagator::new().extract(&Metadata(request.metadata()));
-            let _ = span.set_parent(parent);
+            // The caller's trace context (W3C, else B3), so our spans join its trace.
+            let _ = span.set_parent(trace_parent::parent(request.metadata()));
         }
         // The deadline the server took from the call's `grpc-timeout` (`serving.rs`).
         let deadline = request.extensions().get::<Deadline>().copied();
@@ -83,25 +80,6 @@ impl proto::RateLimitService for RateLimitService {
                 Err(to_status(e))
             }
         }
-    }
-}
-
-/// Reads `traceparent`/`tracestate` from gRPC metadata.
-struct Metadata<'a>(&'a tonic::metadata::MetadataMap);
-
-impl Extractor for Metadata<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|v| v.to_str().ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0
-            .keys()
-            .filter_map(|k| match k {
-                tonic::metadata::KeyRef::Ascii(k) => Some(k.as_str()),
-                tonic::metadata::KeyRef::Binary(_) => None,
-            })
-            .collect()
     }
 }
 

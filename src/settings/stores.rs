@@ -210,15 +210,14 @@ fn redis_target<F: Fn(&str) -> Option<String>>(
         // Upstream's form: the master's name, then the sentinels' host:port.
         let mut items = url.split(',').map(str::trim).filter(|i| !i.is_empty());
         let master = items.next().unwrap_or_default().to_string();
+        // As upstream (envoyproxy/ratelimit#1015): `TLS` covers the sentinels and the master
+        // they name alike, with the same files.
         let sentinels = items
-            .map(|n| redis_url(n, "tcp"))
+            .map(|n| redis_url(n, "tcp").map(with_tls))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|reason| env.error(&var("URL"), reason))?;
         if sentinels.is_empty() {
             return Err(env.error(&var("URL"), "expected master-name,host:port[,host:port…]"));
-        }
-        if tls {
-            return Err(env.error(&var("TLS"), "TLS through sentinel is not supported"));
         }
         Target::Sentinel { master, sentinels }
     } else if kind == "cluster" || url.starts_with("redis+cluster://") {
@@ -277,7 +276,7 @@ fn redis_tls_files<F: Fn(&str) -> Option<String>>(
     let uses_tls = match target {
         Target::Single(url) => url.starts_with("rediss://"),
         Target::Cluster(nodes) => nodes.iter().all(|n| n.starts_with("rediss://")),
-        Target::Sentinel { .. } => false,
+        Target::Sentinel { sentinels, .. } => sentinels.iter().all(|n| n.starts_with("rediss://")),
     };
     if tls_files != TlsFiles::default() && !uses_tls {
         return Err(env.error(
@@ -385,6 +384,43 @@ mod tests {
         assert_eq!(inverted.max_interval, Duration::from_secs(5));
         let err = startup(&[("REDIS_STARTUP_INITIAL_INTERVAL", "0s")]).unwrap_err();
         assert_eq!(err.variable, "REDIS_STARTUP_INITIAL_INTERVAL");
+    }
+
+    /// Upstream's Sentinel over TLS (envoyproxy/ratelimit#1015): `REDIS_TLS` makes every
+    /// sentinel `rediss://` (the master they name is reached the same way), with the TLS files
+    /// and both passwords.
+    #[test]
+    fn sentinel_takes_tls_and_both_passwords() {
+        let redis = |vars: &[(&str, &str)]| redis_backend(vars).map(|(options, _)| options);
+        let tls = redis(&[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "app,s1:26379,s2:26379"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", "/ca.pem"),
+            ("REDIS_AUTH", "master-pw"),
+            ("REDIS_SENTINEL_AUTH", "sentinel-user:sentinel-pw"),
+        ])
+        .unwrap();
+        assert_eq!(
+            tls.target,
+            Target::Sentinel {
+                master: "app".into(),
+                sentinels: vec!["rediss://s1:26379".into(), "rediss://s2:26379".into()],
+            }
+        );
+        assert_eq!(tls.tls.ca_cert, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(tls.auth.as_ref().unwrap().password, "master-pw");
+        let sentinel_auth = tls.sentinel_auth.as_ref().unwrap();
+        assert_eq!(sentinel_auth.username.as_deref(), Some("sentinel-user"));
+        assert_eq!(sentinel_auth.password, "sentinel-pw");
+        // Without REDIS_TLS the TLS files are a mistake, as for the other modes.
+        let err = redis(&[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "app,s1:26379"),
+            ("REDIS_TLS_CACERT", "/ca.pem"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.variable, "REDIS_TLS");
     }
 
     #[test]

@@ -9,9 +9,11 @@ pub mod container;
 pub mod envoy;
 pub mod envoy_gateway;
 pub mod load;
+pub mod otlp;
 pub mod proxy;
 pub mod raw_h2;
 pub mod sentinel;
+pub mod sentinel_tls;
 pub mod untimed;
 pub mod xds;
 

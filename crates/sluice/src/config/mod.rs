@@ -419,6 +419,11 @@ pub struct Limit {
     /// `rate_limit.record_refused_hits` (a Sluice extension): refused hits are charged too,
     /// as upstream's fixed window always does; see `store::algorithms`.
     pub record_refused_hits: bool,
+    /// `rate_limit.hide_from_headers` (a Sluice extension, the counterpart of Envoy's
+    /// per-descriptor `x_ratelimit_option: OFF`, which never reaches the service): Sluice's own
+    /// response headers (`LIMIT_RESPONSE_HEADERS_*`) never describe this limit; they describe
+    /// the request's other limits as if it were not there. Its status is unchanged.
+    pub hide_from_headers: bool,
     /// `metadata` of the descriptor, returned in dynamic metadata when enabled.
     pub metadata: Option<prost_types::Struct>,
     /// Entry positions whose counter key uses the wildcard pattern instead of the runtime value
@@ -480,6 +485,7 @@ impl Limit {
             replaces: Vec::new(),
             shadow_mode: false,
             record_refused_hits: false,
+            hide_from_headers: false,
             quota_mode: false,
             metadata: None,
             shared_values: Vec::new(),
@@ -537,6 +543,9 @@ impl fmt::Display for Limit {
         }
         if self.record_refused_hits {
             f.write_str(" record_refused_hits")?;
+        }
+        if self.hide_from_headers {
+            f.write_str(" hide_from_headers")?;
         }
         for (_, pattern) in &self.shared_values {
             write!(f, " shared={pattern}")?;

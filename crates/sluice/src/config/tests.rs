@@ -457,6 +457,22 @@ fn record_refused_hits_is_read_per_limit() {
 }
 
 #[test]
+fn hide_from_headers_is_read_per_limit() {
+    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5, hide_from_headers: true}\n  - key: b\n    rate_limits:\n      - {name: s, unit: second, requests_per_unit: 5}\n      - {name: h, unit: hour, requests_per_unit: 50, hide_from_headers: true}\n";
+    let config = load(text).unwrap_or_else(|e| panic!("{e:?}"));
+    let domain = config.domain("d").unwrap();
+    assert!(
+        domain
+            .find(&entries(&[("a", "v")]))
+            .unwrap()
+            .hide_from_headers
+    );
+    let listed = domain.find_all(&entries(&[("b", "v")]));
+    let hidden: Vec<bool> = listed.iter().map(|l| l.hide_from_headers).collect();
+    assert_eq!(hidden, [false, true]);
+}
+
+#[test]
 fn algorithms_and_their_parameters() {
     let ok = |yaml: &str| algorithm_of(yaml).unwrap_or_else(|e| panic!("{yaml}: {e:?}"));
     assert_eq!(
@@ -555,6 +571,14 @@ fn algorithm_parameters_that_make_no_sense_are_refused() {
         (
             "      unlimited: true\n      record_refused_hits: true\n",
             "limits.yaml:6: record_refused_hits has no meaning on an unlimited rate limit",
+        ),
+        (
+            "      unlimited: true\n      hide_from_headers: true\n",
+            "limits.yaml:6: hide_from_headers has no meaning on an unlimited rate limit",
+        ),
+        (
+            "      unit: second\n      requests_per_unit: 5\n      hide_from_headers: yes please\n",
+            "limits.yaml:7: hide_from_headers must be true or false, found: 'yes please'",
         ),
         (
             "      unit: second\n      requests_per_unit: 5\n      record_refused_hits: true\n",

@@ -137,6 +137,7 @@ impl RateLimiter {
             over: !outcome.admitted && !limit.shadow_mode,
             quota: limit.quota_mode || self.options.quota_mode,
             remaining: Some(response::remaining(outcome)),
+            hidden: limit.hide_from_headers,
         };
         (
             response::counted(limit, member.rate, outcome),

@@ -209,6 +209,8 @@ pub(super) struct Judged {
     pub(super) quota: bool,
     /// `limit_remaining` of a status that names a limit; `None` when it names none.
     pub(super) remaining: Option<u32>,
+    /// Its limit says `hide_from_headers`: the headers never describe it.
+    pub(super) hidden: bool,
 }
 
 impl Judged {
@@ -217,17 +219,20 @@ impl Judged {
         over: false,
         quota: false,
         remaining: None,
+        hidden: false,
     };
     /// Refused without being judged (see [`super::Refusal`]).
     pub(super) const REFUSED: Judged = Judged {
         over: true,
         quota: false,
         remaining: None,
+        hidden: false,
     };
 }
 
 /// What a request's statuses add up to, counted as they are built: the overall code (upstream's
-/// quota mode) and the status the headers describe.
+/// quota mode) and the status the headers describe, chosen among the statuses whose limit is
+/// not hidden from them (`hide_from_headers`) as upstream chooses among all.
 #[derive(Debug, Default)]
 pub(super) struct Tally {
     non_quota_over: bool,
@@ -248,7 +253,12 @@ impl Tally {
             self.quota_over += usize::from(judged.over);
         } else if judged.over {
             self.non_quota_over = true;
-            self.last_over = Some(index);
+            if !judged.hidden {
+                self.last_over = Some(index);
+            }
+        }
+        if judged.hidden {
+            return;
         }
         if let Some(remaining) = judged.remaining
             && self
@@ -266,7 +276,7 @@ impl Tally {
     }
 
     /// The status the headers describe: the last non-quota OVER_LIMIT one if any, else the one
-    /// naming a limit with the least remaining.
+    /// naming a limit with the least remaining; hidden ones left out of both.
     pub(super) fn header_source(&self) -> Option<usize> {
         self.last_over
             .or(self.least_remaining.map(|(index, _)| index))

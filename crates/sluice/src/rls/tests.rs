@@ -57,6 +57,8 @@ descriptors:
   - key: tenant
     value: "solo-*"
     rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: internal
+    rate_limit: {unit: minute, requests_per_unit: 1, name: internal, hide_from_headers: true}
 "#;
 
 struct Harness {
@@ -464,6 +466,66 @@ async fn response_headers_follow_upstream_choice() {
     // No limit anywhere: no headers.
     let r = h.ask(&request(vec![descriptor(&[("nothing", "x")])])).await;
     assert!(r.response_headers_to_add.is_empty());
+}
+
+/// `hide_from_headers`: the headers describe the request's other limits as if the hidden one
+/// were not there, whether it has the least remaining or refuses; its status is unchanged.
+#[tokio::test]
+async fn hidden_limits_are_left_out_of_the_headers() {
+    let h = harness(RlsOptions {
+        response_headers: Some(HeaderNames::default()),
+        draft_headers: true,
+        ..Default::default()
+    });
+    let both = || {
+        request(vec![
+            descriptor(&[("internal", "i")]),
+            descriptor(&[("user", "u")]),
+        ])
+    };
+    let limit_header = |r: &RateLimitResponse| {
+        r.response_headers_to_add
+            .iter()
+            .map(|h| format!("{}: {}", h.key, h.value))
+            .collect::<Vec<_>>()
+    };
+    // internal has 0 left of 1, user 1 of 2: the headers describe user.
+    let r = h.ask(&both()).await;
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert_eq!(
+        r.statuses[0].current_limit.as_ref().unwrap().name,
+        "internal"
+    );
+    let shown = limit_header(&r);
+    assert!(
+        shown.contains(&"RateLimit-Limit: 2".to_string()),
+        "{shown:?}"
+    );
+    assert!(
+        shown.contains(&"RateLimit-Remaining: 1".to_string()),
+        "{shown:?}"
+    );
+    assert!(shown.iter().all(|h| !h.contains("internal")), "{shown:?}");
+    // internal refuses, user still admits: refused, and the headers still describe user.
+    let r = h.ask(&both()).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    let shown = limit_header(&r);
+    assert!(
+        shown.contains(&"RateLimit-Remaining: 0".to_string()),
+        "{shown:?}"
+    );
+    assert!(shown.iter().any(|h| h.contains("per_user")), "{shown:?}");
+    assert!(shown.iter().all(|h| !h.contains("internal")), "{shown:?}");
+    // Alone, a hidden limit gives no headers at all.
+    let r = h
+        .ask(&request(vec![descriptor(&[("internal", "j")])]))
+        .await;
+    assert!(
+        r.response_headers_to_add.is_empty(),
+        "{:?}",
+        limit_header(&r)
+    );
 }
 
 #[tokio::test]

@@ -132,9 +132,6 @@ Checks that fail the render with a clear message instead of producing a broken r
 {{- if and .Values.redis.startupDegraded (not .Values.redis.startupMaxElapsedTime) }}
 {{- fail "redis.startupDegraded needs redis.startupMaxElapsedTime (e.g. 10s): Sluice starts degraded only once that wait is over, and with no limit it waits forever" }}
 {{- end }}
-{{- if and .Values.redis.tls (eq (include "sluice.redisType" .Values.redis) "sentinel") }}
-{{- fail "redis.tls: TLS through sentinel is not supported by Sluice" }}
-{{- end }}
 {{- if .Values.redis.perSecond.enabled }}
 {{- include "sluice.validateRedis" (dict "name" "redis.perSecond" "values" .Values.redis.perSecond) }}
 {{- end }}

@@ -141,6 +141,7 @@ fn limits_of(
                 quota: l.quota,
                 replaces: l.replaces,
                 record_refused_hits: l.record_refused_hits,
+                hide_from_headers: l.hide_from_headers,
                 shadow_mode: spec.shadow_mode,
                 quota_mode: spec.quota_mode,
                 metadata: spec.metadata.clone(),

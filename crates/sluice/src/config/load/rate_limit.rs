@@ -28,11 +28,16 @@ impl FileChecker<'_> {
             "cold_factor",
             "record_refused_hits",
             "unit_multiplier",
+            "hide_from_headers",
         ];
         let fields = self.mapping(node, "rate_limit", FIELDS)?;
         let record_refused_hits = fields
             .get("record_refused_hits")
             .and_then(|n| self.boolean(n, "record_refused_hits"))
+            .unwrap_or(false);
+        let hide_from_headers = fields
+            .get("hide_from_headers")
+            .and_then(|n| self.boolean(n, "hide_from_headers"))
             .unwrap_or(false);
         let unlimited = fields
             .get("unlimited")
@@ -78,6 +83,7 @@ impl FileChecker<'_> {
             quota,
             replaces,
             record_refused_hits,
+            hide_from_headers,
         })
     }
 

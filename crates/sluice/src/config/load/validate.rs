@@ -45,6 +45,7 @@ pub(super) const EXTENSION_KEYS: &[&str] = &[
     "cold_factor",
     "record_refused_hits",
     "unit_multiplier",
+    "hide_from_headers",
 ];
 
 /// Validates every document, each named by its source, and gathers the descriptors of each
@@ -128,6 +129,8 @@ pub(super) struct LimitSpec {
     pub(super) quota: Quota,
     pub(super) replaces: Vec<String>,
     pub(super) record_refused_hits: bool,
+    /// `hide_from_headers`: never the limit Sluice's own response headers describe.
+    pub(super) hide_from_headers: bool,
 }
 
 /// Validates one file's YAML tree, recording errors and warnings against its path.

@@ -11,8 +11,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{
+    ClientTlsConfig, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError,
+    ServerErrorKind, TlsCertificates, TlsMode,
+};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -116,9 +119,50 @@ enum Source {
     /// failover reaches the new master.
     Sentinel {
         client: tokio::sync::Mutex<SentinelClient>,
-        sentinels: Vec<ConnectionInfo>,
-        master: String,
+        /// How to make another client (boxed: one per pool, read once per connection).
+        sentinels: Box<Sentinels>,
     },
+}
+
+/// How to ask the sentinels: their addresses, the master's name, the sentinels' own
+/// credentials, and the certificates of TLS (to the sentinels and to the master alike, as
+/// upstream's `REDIS_TLS`) when their addresses are `rediss://`.
+struct Sentinels {
+    addresses: Vec<ConnectionAddr>,
+    master: String,
+    auth: Option<RedisAuth>,
+    tls: Option<TlsCertificates>,
+}
+
+impl Sentinels {
+    /// A client of the sentinels that authenticates to the master they name with `auth`.
+    fn client(&self, auth: Option<&RedisAuth>) -> Result<SentinelClient, RedisError> {
+        let mut builder = SentinelClientBuilder::new(
+            self.addresses.clone(),
+            &self.master,
+            SentinelServerType::Master,
+        )?;
+        if let Some(auth) = &self.auth {
+            builder = builder.set_client_to_sentinel_password(&auth.password);
+            if let Some(user) = &auth.username {
+                builder = builder.set_client_to_sentinel_username(user);
+            }
+        }
+        if let Some(auth) = auth {
+            builder = builder.set_client_to_redis_password(&auth.password);
+            if let Some(user) = &auth.username {
+                builder = builder.set_client_to_redis_username(user);
+            }
+        }
+        if let Some(certificates) = &self.tls {
+            builder = builder
+                .set_client_to_sentinel_tls_mode(TlsMode::Secure)
+                .set_client_to_sentinel_certificates(certificates.clone())
+                .set_client_to_redis_tls_mode(TlsMode::Secure)
+                .set_client_to_redis_certificates(certificates.clone());
+        }
+        builder.build()
+    }
 }
 
 impl Manager {
@@ -180,12 +224,8 @@ impl Manager {
                 .await?
                 .get_connection_info()
                 .clone(),
-            (
-                Source::Sentinel {
-                    sentinels, master, ..
-                },
-                Some(auth),
-            ) => sentinel_client(sentinels.clone(), master, Some(&auth))?
+            (Source::Sentinel { sentinels, .. }, Some(auth)) => sentinels
+                .client(Some(&auth))?
                 .async_get_client()
                 .await?
                 .get_connection_info()
@@ -287,56 +327,69 @@ pub(super) fn new_pool(info: ConnectionInfo, settings: &PoolSettings) -> Pool {
 }
 
 /// A pool of connections to the master the sentinels name (`Target::Sentinel`), as `settings`
-/// say (TLS through Sentinel is not supported: the settings refuse it).
+/// say; over TLS to the sentinels and the master when the sentinels' addresses are `rediss://`.
 pub(super) fn sentinel_pool(
     master: &str,
     sentinels: &[String],
     options: &RedisOptions,
     settings: &PoolSettings,
 ) -> Result<Pool, StoreError> {
-    let sentinel_infos = sentinels
+    let addresses = sentinels
         .iter()
         .map(|s| {
-            let info = s.as_str().into_connection_info().map_err(|e| {
-                StoreError::Setup(format!("invalid sentinel address ({:?})", e.kind()))
-            })?;
-            Ok(match &options.sentinel_auth {
-                Some(auth) => with_auth(info, auth),
-                None => info,
-            })
+            s.as_str()
+                .into_connection_info()
+                .map(|info| info.addr().clone())
+                .map_err(|e| {
+                    StoreError::Setup(format!("invalid sentinel address ({:?})", e.kind()))
+                })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    let client = sentinel_client(sentinel_infos.clone(), master, options.auth.as_ref())
+    let tls = addresses
+        .iter()
+        .any(|a| matches!(a, ConnectionAddr::TcpTls { .. }));
+    let sentinels = Sentinels {
+        addresses,
+        master: master.to_string(),
+        auth: options.sentinel_auth.clone(),
+        tls: if tls {
+            Some(tls_certificates(&options.tls)?)
+        } else {
+            None
+        },
+    };
+    let client = sentinels
+        .client(options.auth.as_ref())
         .map_err(|e| StoreError::Setup(format!("invalid sentinel settings: {}", describe(&e))))?;
     Ok(pool_of(
         Source::Sentinel {
             client: tokio::sync::Mutex::new(client),
-            sentinels: sentinel_infos,
-            master: master.to_string(),
+            sentinels: Box::new(sentinels),
         },
         settings,
     ))
 }
 
-/// A client of `sentinels` for the master named `master`, authenticating to it with `auth`.
-fn sentinel_client(
-    sentinels: Vec<ConnectionInfo>,
-    master: &str,
-    auth: Option<&RedisAuth>,
-) -> Result<SentinelClient, RedisError> {
-    let mut node = redis::RedisConnectionInfo::default();
-    if let Some(auth) = auth {
-        node = node.set_password(&auth.password);
-        if let Some(user) = &auth.username {
-            node = node.set_username(user);
-        }
-    }
-    SentinelClient::build(
-        sentinels,
-        master,
-        Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(node)),
-        SentinelServerType::Master,
-    )
+/// The TLS files as redis-rs takes them for its connections to the sentinels (and the role
+/// check of the master they name): the CA (the public roots without one) and the client
+/// certificate. Read once, at start-up, as [`tls_config`] reads them.
+fn tls_certificates(files: &TlsFiles) -> Result<TlsCertificates, StoreError> {
+    let read = |path: &PathBuf| {
+        std::fs::read(path)
+            .map_err(|e| StoreError::Setup(format!("cannot read {}: {e}", path.display())))
+    };
+    let client_tls = match &files.client_cert_and_key {
+        Some((cert, key)) => Some(ClientTlsConfig {
+            client_cert: read(cert)?,
+            client_key: read(key)?,
+        }),
+        None => None,
+    };
+    let root_cert = files.ca_cert.as_ref().map(read).transpose()?;
+    Ok(TlsCertificates {
+        client_tls,
+        root_cert,
+    })
 }
 
 fn pool_of(source: Source, settings: &PoolSettings) -> Pool {

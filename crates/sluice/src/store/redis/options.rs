@@ -72,7 +72,8 @@ pub enum Target {
     Single(String),
     /// A Redis Cluster, by the URLs of some of its nodes (the rest are discovered).
     Cluster(Vec<String>),
-    /// A master watched by Redis Sentinel: its name and the sentinels' URLs.
+    /// A master watched by Redis Sentinel: its name and the sentinels' URLs. Sentinels at
+    /// `rediss://` URLs are reached over TLS, and so is the master they name.
     Sentinel {
         /// The master's name, as the sentinels know it.
         master: String,
@@ -86,7 +87,10 @@ impl Target {
         match self {
             Target::Single(url) => url.starts_with("rediss://"),
             Target::Cluster(nodes) => nodes.iter().any(|n| n.starts_with("rediss://")),
-            Target::Sentinel { .. } => false,
+            // The sentinels and the master they name speak TLS alike (`REDIS_TLS`).
+            Target::Sentinel { sentinels, .. } => {
+                sentinels.iter().any(|n| n.starts_with("rediss://"))
+            }
         }
     }
 }
