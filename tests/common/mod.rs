@@ -5,12 +5,14 @@
 
 #![allow(dead_code)]
 
+pub mod chart;
 pub mod container;
 pub mod envoy;
 pub mod envoy_gateway;
 pub mod load;
 pub mod proxy;
 pub mod raw_h2;
+pub mod readiness;
 pub mod sentinel;
 pub mod untimed;
 pub mod xds;
