@@ -58,7 +58,8 @@ def env_of(docs):
 
 
 scenarios = {
-    "defaults": ({}, {"BACKEND_TYPE": "memory", "USE_STATSD": "false"}),
+    "defaults": ({}, {"BACKEND_TYPE": "memory", "USE_STATSD": "false",
+                      "FAILURE_POLICY": "local_share", "DEGRADED_REPLICAS": None}),
     "statsd": (
         {"statsd": {"enabled": True, "host": "statsd.monitoring", "port": 9125}},
         {"USE_STATSD": "true", "STATSD_HOST": "statsd.monitoring", "STATSD_PORT": "9125"},
@@ -75,6 +76,30 @@ scenarios = {
         {"LIMITER_API_ENABLED": "true", "LIMITER_GRPC_PORT": "8082",
          "LIMITER_MAX_COUNT": "10000", "LIMITER_IDLE_EXPIRY": "168h",
          "LIMITER_API_TOKEN": {"secretKeyRef": {"name": "limiter-token", "key": "token"}}},
+    ),
+    "redis with the default failure policy, local_share, divided by the Deployment's count": (
+        {"backend": "redis"},
+        {"FAILURE_POLICY": "local_share", "DEGRADED_REPLICAS": "2"},
+    ),
+    "local_share with replicaCount 3": (
+        {"backend": "redis", "replicaCount": 3},
+        {"FAILURE_POLICY": "local_share", "DEGRADED_REPLICAS": "3"},
+    ),
+    "local_share autoscaled: the count is learnt (no DEGRADED_REPLICAS)": (
+        {"backend": "redis", "autoscaling": {"enabled": True}},
+        {"FAILURE_POLICY": "local_share", "DEGRADED_REPLICAS": None},
+    ),
+    "local_share with localShare.replicas 0 (learnt)": (
+        {"backend": "redis", "localShare": {"replicas": 0}},
+        {"DEGRADED_REPLICAS": "0"},
+    ),
+    "local_share with localShare.replicas 5 and autoscaling": (
+        {"backend": "redis", "localShare": {"replicas": 5}, "autoscaling": {"enabled": True}},
+        {"DEGRADED_REPLICAS": "5"},
+    ),
+    "fail_closed on redis: no replica count": (
+        {"backend": "redis", "failurePolicy": "fail_closed"},
+        {"FAILURE_POLICY": "fail_closed", "DEGRADED_REPLICAS": None},
     ),
     "tracing and fail-open": (
         {"tracing": {"otlpEndpoint": "http://collector:4317"}, "failurePolicy": "fail_open",
@@ -97,16 +122,26 @@ for label, (values, want_env) in scenarios.items():
     for name, value in want_env.items():
         check(env.get(name) == value, f"{label}: {name}={env.get(name)!r} (want {value!r})")
 
-for label, values in {
-    "unknown backend": {"backend": "memcache"},
-    "several memory replicas": {"replicaCount": 2},
-    "redis auth without a secret": {"backend": "redis", "redis": {"auth": {"enabled": True}}},
+# Each refusal with the part of the message that says why (None: any refusal).
+for label, (values, why) in {
+    "unknown backend": ({"backend": "memcache"}, None),
+    "several memory replicas": ({"replicaCount": 2}, None),
+    "redis auth without a secret": (
+        {"backend": "redis", "redis": {"auth": {"enabled": True}}}, None),
+    "an unknown failure policy": ({"failurePolicy": "garbage"}, "failurePolicy must be"),
+    "local_share misspelt": ({"failurePolicy": "local-share"}, "failurePolicy must be"),
+    "a failure policy that is not a string": (
+        {"failurePolicy": ["local_share"]}, "failurePolicy must be"),
+    "localShare.replicas not a number": (
+        {"backend": "redis", "localShare": {"replicas": "three"}}, "localShare.replicas must be"),
+    "localShare.replicas negative": (
+        {"backend": "redis", "localShare": {"replicas": -1}}, "localShare.replicas must be"),
 }.items():
     try:
         render(values)
         check(False, f"{label}: rendered but should be refused")
-    except Exception:
-        check(True, f"{label}: refused")
+    except Exception as e:
+        check(why is None or why in str(e), f"{label}: refused ({str(e).strip()[:160]})")
 
 print(f"{len(failures)} failed" if failures else "chart checks passed")
 sys.exit(1 if failures else 0)

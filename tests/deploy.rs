@@ -148,6 +148,7 @@ const SERIES: &[&str] = &[
     "ratelimit_service_total_requests",
     "sluice_failed_open_total",
     "sluice_circuit_breaker_open",
+    "sluice_serving_degraded",
     "sluice_memory_store_entries",
     "sluice_memory_store_evictions_total",
     "sluice_store_errors_total",
@@ -921,9 +922,11 @@ fn chart_values_match_the_image() {
         Some(1),
         "{VALUES}: tracing.samplingRate default 1"
     );
+    // The chart's own default (the service's is fail_closed): decisions go on while Redis is
+    // down, each pod with its share (issue #42).
     assert_eq!(
         str_at(&values, &["failurePolicy"], VALUES),
-        "fail_closed",
+        "local_share",
         "{VALUES}: failurePolicy default"
     );
     assert_eq!(
@@ -933,6 +936,7 @@ fn chart_values_match_the_image() {
     );
     for var in [
         "FAILURE_POLICY",
+        "DEGRADED_REPLICAS",
         "OTEL_EXPORTER_OTLP_ENDPOINT",
         "TRACING_SAMPLING_RATE",
         "REDIS_TYPE",

@@ -114,6 +114,15 @@ impl Layers<'_> {
         }
     }
 
+    /// The part the RLS path's Redis stores play in health: under `local_share` a replica whose
+    /// Redis is down still decides every call, so it stays ready, degraded.
+    fn health_role(&self) -> HealthRole {
+        match self.local_share {
+            Some(_) => HealthRole::Degrades,
+            None => HealthRole::Counts,
+        }
+    }
+
     /// A Redis store behind its breaker, with its layers; `local` as for [`Self::stack`].
     fn on_redis(
         &self,
@@ -182,6 +191,7 @@ pub(super) async fn open_stores(
     let mut memory_store = None;
     let mut named_store = None;
     let mut health_follows_store = false;
+    let rls_role = layers.health_role();
     let store: Arc<dyn CounterStore> = match &settings.backend {
         Backend::Memory(options) => {
             let store = Arc::new(MemoryStore::new(options.clone(), clock.clone()));
@@ -214,12 +224,12 @@ pub(super) async fn open_stores(
             if settings.rls.stop_increment_when_over {
                 warn_partial_stop(options, per_second.is_some());
             }
-            store_usable.push(("redis", main.layer().usable(), HealthRole::Counts));
+            store_usable.push(("redis", main.layer().usable(), rls_role));
             if let Some(options) = per_second {
                 let store = layers.redis(options, &wait, degraded).await?;
                 metrics.observe_redis_pool("redis_per_second_pool", store.store().connections());
                 let usable = store.layer().usable();
-                store_usable.push(("redis_per_second", usable, HealthRole::Counts));
+                store_usable.push(("redis_per_second", usable, rls_role));
                 per_second_store =
                     Some(layers.on_redis(store, "redis_per_second", "redis_per_second") as _);
             }
@@ -284,6 +294,9 @@ fn warn_partial_stop(options: &RedisOptions, per_second: bool) {
 enum HealthRole {
     /// The RLS path's stores: Envoy's answers depend on them.
     Counts,
+    /// The RLS path's stores under `FAILURE_POLICY=local_share`: while one is open the replica
+    /// still decides every call, with its share, so it stays ready and is marked degraded.
+    Degrades,
     /// The native API's store: only its own gauge follows it.
     Ignored,
 }
@@ -292,27 +305,35 @@ enum HealthRole {
 /// closed: until they have all been closed once (a start degraded waits for Redis), and after
 /// that only when `keep_following` (`REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`). Upstream's health
 /// likewise waits for Redis's first answer and, without that variable, ignores Redis after it.
+/// Under `local_share` (`HealthRole::Degrades`) an open breaker after that first answer leaves
+/// health SERVING and marks it degraded (`sluice_serving_degraded`, `/healthcheck`'s body).
 async fn follow_stores(
     health: Health,
     metrics: Arc<Metrics>,
     mut stores: Vec<(&'static str, watch::Receiver<bool>, HealthRole)>,
     keep_following: bool,
 ) {
-    let mut following = true;
+    let mut started = false;
     loop {
-        let mut all = true;
-        for (name, usable, counts) in &mut stores {
+        let (mut closed, mut degraded) = (true, false);
+        for (name, usable, role) in &mut stores {
             let usable = *usable.borrow_and_update();
             metrics
                 .breaker_open
                 .with_label_values(&[*name])
                 .set(i64::from(!usable));
-            all &= usable || *counts == HealthRole::Ignored;
+            match role {
+                HealthRole::Degrades if started => degraded |= !usable,
+                HealthRole::Counts | HealthRole::Degrades => closed &= usable,
+                HealthRole::Ignored => {}
+            }
         }
-        if following {
-            health.set_store_usable(all).await;
-            following = keep_following || !all;
+        if !started || keep_following {
+            health.set_store_usable(closed).await;
         }
+        started |= closed;
+        health.set_degraded(degraded);
+        metrics.serving_degraded.set(i64::from(degraded));
         let changes = stores.iter_mut().map(|(_, s, _)| Box::pin(s.changed()));
         if futures::future::select_all(changes).await.0.is_err() {
             return;
@@ -332,7 +353,16 @@ impl StoreHealth {
     pub(super) fn follow(self, health: &Health, metrics: &Arc<Metrics>) {
         let (store_usable, health_follows_store) = (self.usable, self.follows);
         if !store_usable.is_empty() {
-            if !health_follows_store {
+            let degrades = store_usable
+                .iter()
+                .any(|(_, _, role)| *role == HealthRole::Degrades);
+            if degrades {
+                tracing::info!(
+                    "FAILURE_POLICY=local_share: health stays SERVING while Redis is down, since \
+                     every call is still decided with this replica's share; \
+                     sluice_serving_degraded and /healthcheck's body say so"
+                );
+            } else if !health_follows_store {
                 tracing::info!(
                     "health follows Redis only until it first answers, as upstream; set \
                      REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true to turn it NOT_SERVING whenever a \

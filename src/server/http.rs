@@ -151,7 +151,10 @@ pub(crate) async fn run(
 }
 
 async fn healthcheck(State(state): State<AppState>) -> Response {
-    if state.health.is_serving() {
+    if state.health.is_serving() && state.health.is_degraded() {
+        let body = format!("OK\n{}\n", super::health::DEGRADED_DETAIL);
+        (StatusCode::OK, body).into_response()
+    } else if state.health.is_serving() {
         (StatusCode::OK, "OK").into_response()
     } else {
         (StatusCode::INTERNAL_SERVER_ERROR, "NOT SERVING").into_response()

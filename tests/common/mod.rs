@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod chart;
 pub mod container;
 pub mod envoy;
 pub mod envoy_gateway;
@@ -12,6 +13,7 @@ pub mod load;
 pub mod otlp;
 pub mod proxy;
 pub mod raw_h2;
+pub mod readiness;
 pub mod sentinel;
 pub mod sentinel_tls;
 pub mod untimed;

@@ -81,6 +81,9 @@ pub struct Metrics {
     pub degraded_decisions: IntCounterVec,
     /// The replica count `local_share` divides each limit by (configured or learnt).
     pub degraded_replicas: IntGauge,
+    /// `sluice_serving_degraded`: 1 while this replica is ready but decides with its share
+    /// because an RLS store's breaker is open (`FAILURE_POLICY=local_share`).
+    pub serving_degraded: IntGauge,
     /// `sluice_circuit_breaker_open`: 1 while a store's circuit breaker is open, by store.
     pub breaker_open: IntGaugeVec,
     /// `sluice_memory_store_entries`: live counters in the memory store.
@@ -223,6 +226,7 @@ impl Metrics {
             failed_open: stores.failed_open,
             degraded_decisions: stores.degraded_decisions,
             degraded_replicas: stores.degraded_replicas,
+            serving_degraded: stores.serving_degraded,
             breaker_open: stores.breaker_open,
             memory_entries: stores.memory_entries,
             memory_evictions: stores.memory_evictions,

@@ -14,6 +14,7 @@ pub(super) struct StoreMetrics {
     pub(super) failed_open: IntCounter,
     pub(super) degraded_decisions: IntCounterVec,
     pub(super) degraded_replicas: IntGauge,
+    pub(super) serving_degraded: IntGauge,
     pub(super) breaker_open: IntGaugeVec,
     pub(super) memory_entries: IntGauge,
     pub(super) memory_evictions: IntCounter,
@@ -54,6 +55,13 @@ impl StoreMetrics {
                 "sluice_degraded_replicas",
                 "The replica count FAILURE_POLICY=local_share divides each limit by while the \
                  store is down (DEGRADED_REPLICAS, or learnt from Redis)",
+            ),
+            serving_degraded: gauge(
+                r,
+                "sluice_serving_degraded",
+                "1 while this replica stays ready (SERVING) but decides with its share of each \
+                 limit because a circuit breaker of the RLS path's Redis is open \
+                 (FAILURE_POLICY=local_share)",
             ),
             breaker_open: gauge_vec(
                 r,

@@ -77,6 +77,22 @@ Replica count: replicaCount when set, else 1 for memory and 2 for redis.
 {{- end }}
 
 {{/*
+DEGRADED_REPLICAS with failurePolicy local_share on Redis: localShare.replicas when set (0:
+learnt), else the Deployment's replica count, or "" (not set: learnt from Redis) when an
+autoscaler moves that count.
+*/}}
+{{- define "sluice.degradedReplicas" -}}
+{{- $set := (.Values.localShare | default dict).replicas }}
+{{- if and (eq (toString .Values.failurePolicy) "local_share") (eq (include "sluice.backend" .) "redis") }}
+{{- if not (or (kindIs "invalid" $set) (eq (toString $set) "")) }}
+{{- int64 $set }}
+{{- else if not .Values.autoscaling.enabled }}
+{{- include "sluice.replicas" . }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 Whether more than one pod can run at once (several replicas or autoscaling): "true" or "".
 */}}
 {{- define "sluice.multiplePods" -}}
@@ -136,8 +152,14 @@ Checks that fail the render with a clear message instead of producing a broken r
 {{- include "sluice.validateRedis" (dict "name" "redis.perSecond" "values" .Values.redis.perSecond) }}
 {{- end }}
 {{- end }}
-{{- if not (has (toString .Values.failurePolicy) (list "fail_closed" "fail_open")) }}
-{{- fail (printf "failurePolicy must be fail_closed or fail_open, not %q" (toString .Values.failurePolicy)) }}
+{{- if not (has (toString .Values.failurePolicy) (list "fail_closed" "fail_open" "local_share")) }}
+{{- fail (printf "failurePolicy must be local_share, fail_closed or fail_open, not %q" (toString .Values.failurePolicy)) }}
+{{- end }}
+{{- $shareReplicas := (.Values.localShare | default dict).replicas }}
+{{- if not (or (kindIs "invalid" $shareReplicas) (eq (toString $shareReplicas) "")) }}
+{{- if not (regexMatch "^[0-9]+$" (toString $shareReplicas)) }}
+{{- fail (printf "localShare.replicas must be empty (the Deployment's count), 0 (learnt from Redis) or a replica count, not %q" (toString $shareReplicas)) }}
+{{- end }}
 {{- end }}
 {{- $rate := float64 .Values.tracing.samplingRate }}
 {{- if or (lt $rate 0.0) (gt $rate 1.0) }}
