@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::AbortOnDrop;
+use crate::server::admin::{self, Admin};
 use crate::server::budget::{RequestBudget, RequestLimits};
 use crate::server::connections::{ConnectionLimit, LimitedListener};
 use crate::server::named::NamedApiService;
@@ -120,6 +121,9 @@ pub(super) struct Served<H> {
     /// The gRPC health service, served beside RLS.
     pub(super) health_service: H,
     pub(super) memory_store: Option<Arc<MemoryStore>>,
+    /// The admin API, when `ADMIN_API_TOKEN` is set: over gRPC beside RLS, over HTTP on the
+    /// debug listener.
+    pub(super) admin: Option<Admin>,
 }
 
 /// Binds the other listeners and starts serving on every one: the native API (on its own port,
@@ -150,6 +154,7 @@ where
         health,
         health_service,
         memory_store,
+        admin,
     } = served;
     let ListenerOptions {
         caps,
@@ -160,17 +165,32 @@ where
     let (shared_api, limiter_api) =
         serve_limiter_api(settings, named, grpc_options, metrics, stop)?;
     let limiter_api_addr = limiter_api.as_ref().map(|(addr, _)| *addr);
+    let beside = rls::Beside {
+        limiter_api: shared_api,
+        admin: admin.clone().map(admin::grpc_service),
+    };
     let grpc = rls::serve(
         main.grpc,
         grpc_options,
         limiter.clone(),
         metrics.clone(),
-        shared_api,
+        beside,
         health_service,
         stop.stopped(),
     )?;
     let _stop_statsd = start_statsd(settings, metrics, stop);
-    let (debug_addr, debug) = serve_debug(settings, caps, http1.clone(), &limiter, metrics, stop)?;
+    let debug_http1 = Http1Options {
+        peer_extension: true,
+        ..http1.clone()
+    };
+    let (debug_addr, debug) = serve_debug(
+        settings,
+        caps,
+        debug_http1,
+        (&limiter, admin),
+        metrics,
+        stop,
+    )?;
     let observability = http::Observability {
         metrics: metrics.clone(),
         memory_store,
@@ -285,6 +305,7 @@ fn listener_options(settings: &Settings, pressure: &Pressure) -> (Caps, Http1Opt
         header_timeout: (!settings.http_read_header_timeout.is_zero())
             .then_some(settings.http_read_header_timeout),
         budget: pressure.budget.clone(),
+        peer_extension: false,
     };
     let grpc_options = GrpcOptions {
         max_connection_age: settings.grpc_max_connection_age,
@@ -363,7 +384,7 @@ fn serve_debug(
     settings: &Settings,
     caps: Caps,
     http1: Http1Options,
-    limiter: &Arc<RateLimiter>,
+    (limiter, admin): (&Arc<RateLimiter>, Option<Admin>),
     metrics: &Arc<Metrics>,
     stop: &StopSignal,
 ) -> Result<
@@ -389,6 +410,7 @@ fn serve_debug(
         Closed::new("debug", metrics),
         limiter.clone(),
         metrics.clone(),
+        admin,
         stop.stopped(),
     );
     Ok((debug_addr, debug))

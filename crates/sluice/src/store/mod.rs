@@ -525,6 +525,17 @@ pub trait CounterStore: Store {
     fn check<'a>(&'a self, checks: &'a [&'a Check]) -> StoreFuture<'a> {
         self.check_with(Call::detached(), checks, Charging::Each)
     }
+
+    /// Removes the counters named `keys` (the admin API's reset), returning how many existed.
+    /// A counter removed is as if never charged: the next check starts it afresh, for every
+    /// algorithm (each keeps its whole state under its one key). The default refuses, so a test
+    /// double of the decision path need not implement it; every store and layer does.
+    fn reset<'a>(&'a self, call: Call<'a>, keys: &'a [&'a str]) -> StoreFuture<'a, u64> {
+        let _ = (call, keys);
+        Box::pin(std::future::ready(Err(StoreError::Setup(
+            "this store cannot reset counters".into(),
+        ))))
+    }
 }
 
 /// What the named limiters (`named`) need of a store: limiter configs, acquisitions and the
@@ -593,6 +604,10 @@ impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
         charging: Charging,
     ) -> StoreFuture<'a> {
         (**self).check_with(call, checks, charging)
+    }
+
+    fn reset<'a>(&'a self, call: Call<'a>, keys: &'a [&'a str]) -> StoreFuture<'a, u64> {
+        (**self).reset(call, keys)
     }
 }
 

@@ -40,6 +40,8 @@ pub enum Op {
     Acquire,
     /// [`LimiterStore::registry`].
     Registry,
+    /// [`CounterStore::reset`].
+    Reset,
 }
 
 impl Op {
@@ -52,6 +54,7 @@ impl Op {
             Op::DeleteLimiter => "delete_limiter",
             Op::Acquire => "acquire",
             Op::Registry => "registry",
+            Op::Reset => "reset",
         }
     }
 }
@@ -81,6 +84,16 @@ pub trait Layer: Send + Sync + Debug {
         self.around(Op::Check, call, move |call| {
             store.check_with(call, checks, charging)
         })
+    }
+
+    /// [`CounterStore::reset`] through this layer.
+    fn reset<'a, S: CounterStore + ?Sized>(
+        &'a self,
+        store: &'a S,
+        call: Call<'a>,
+        keys: &'a [&'a str],
+    ) -> StoreFuture<'a, u64> {
+        self.around(Op::Reset, call, move |call| store.reset(call, keys))
     }
 
     /// [`LimiterStore::set_limiter`] through this layer.
@@ -187,6 +200,10 @@ impl<L: Layer, S: CounterStore> CounterStore for Layered<L, S> {
         charging: Charging,
     ) -> StoreFuture<'a> {
         self.layer.check_with(&self.store, call, checks, charging)
+    }
+
+    fn reset<'a>(&'a self, call: Call<'a>, keys: &'a [&'a str]) -> StoreFuture<'a, u64> {
+        self.layer.reset(&self.store, call, keys)
     }
 }
 

@@ -331,6 +331,23 @@ impl CounterStore for MemoryStore {
         };
         Box::pin(std::future::ready(Ok(outcomes)))
     }
+
+    fn reset<'a>(&'a self, _: Call<'a>, keys: &'a [&'a str]) -> StoreFuture<'a, u64> {
+        let now = self.inner.clock.now_micros();
+        let removed = keys
+            .iter()
+            .filter(|key| {
+                let id = self.inner.key_id(key);
+                let mut shard = self
+                    .inner
+                    .table
+                    .lock_with_room(self.inner.table.shard_index(id), &[]);
+                // An expired entry the sweep has not reached yet is no counter.
+                shard.remove(&id).is_some_and(|e| e.expires_at > now)
+            })
+            .count();
+        Box::pin(std::future::ready(Ok(removed as u64)))
+    }
 }
 
 impl LimiterStore for MemoryStore {

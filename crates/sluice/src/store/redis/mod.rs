@@ -637,6 +637,23 @@ impl CounterStore for RedisStore {
     ) -> StoreFuture<'a> {
         self.bounded(call, self.run(checks, charging))
     }
+
+    /// One `DEL` per key, each sent to the master of its slot (a counter's whole state is its
+    /// one key, for every algorithm); they go concurrently through the batcher.
+    fn reset<'a>(&'a self, call: Call<'a>, keys: &'a [&'a str]) -> StoreFuture<'a, u64> {
+        self.bounded(call, async move {
+            let deletes = keys.iter().map(|key| {
+                let mut cmd = redis::cmd("DEL");
+                cmd.arg(*key);
+                self.route(slot::slot(key.as_bytes()), cmd)
+            });
+            let mut removed = 0;
+            for reply in futures::future::try_join_all(deletes).await? {
+                removed += parse::<u64>(reply)?;
+            }
+            Ok(removed)
+        })
+    }
 }
 
 impl LimiterStore for RedisStore {
