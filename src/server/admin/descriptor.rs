@@ -9,6 +9,8 @@
 
 use std::fmt::Write as _;
 
+use super::Entries;
+
 /// Why a descriptor's text was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum DescriptorError {
@@ -25,7 +27,7 @@ pub(crate) enum DescriptorError {
 }
 
 /// The entries of `text`, in order, each `(key, value)` with its escapes resolved.
-pub(crate) fn parse(text: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>, DescriptorError> {
+pub(crate) fn parse(text: &str) -> Result<Entries, DescriptorError> {
     if text.is_empty() {
         return Err(DescriptorError::Empty);
     }

@@ -19,7 +19,7 @@ use axum::routing::get;
 use serde_json::{Value, json};
 
 use super::super::serving::PeerIp;
-use super::{Admin, Caller, Operation, Refused, descriptor};
+use super::{Admin, Caller, Entries, Operation, Refused, descriptor};
 use sluice::rls::{AdminError, CounterReport};
 
 /// The admin routes, to be merged into the debug listener's router.
@@ -71,7 +71,7 @@ async fn answer(
 }
 
 /// The `descriptor` parameter of a query, percent-decoded and parsed.
-fn descriptor_param(query: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>, String> {
+fn descriptor_param(query: &str) -> Result<Entries, String> {
     let mut found = None;
     for pair in query.split('&') {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));

@@ -22,6 +22,9 @@ use super::token;
 use sluice::metrics::{AdminMetrics, Metrics};
 use sluice::rls::{AdminError, CounterReport, RateLimiter, value_hash};
 
+/// A descriptor's entries, `(key, value)` in order, as the transports read them.
+pub(crate) type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// What both transports share: the limiter, the expected token, the metrics.
 #[derive(Clone)]
 pub(crate) struct Admin {
@@ -91,7 +94,7 @@ impl Admin {
         operation: Operation,
         caller: Caller<'_>,
         domain: &str,
-        entries: Result<Vec<(Vec<u8>, Vec<u8>)>, String>,
+        entries: Result<Entries, String>,
     ) -> Result<Vec<CounterReport>, Refused> {
         let result = self.run_checked(operation, &caller, domain, entries).await;
         let outcome = match &result {
@@ -110,7 +113,7 @@ impl Admin {
         operation: Operation,
         caller: &Caller<'_>,
         domain: &str,
-        entries: Result<Vec<(Vec<u8>, Vec<u8>)>, String>,
+        entries: Result<Entries, String>,
     ) -> Result<Vec<CounterReport>, Refused> {
         if !self.expected.admits(caller.authorization) {
             return Err(Refused::Unauthenticated);
