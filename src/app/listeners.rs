@@ -156,37 +156,27 @@ where
         memory_store,
         admin,
     } = served;
-    let ListenerOptions {
-        caps,
-        http1,
-        grpc: grpc_options,
-    } = options;
-    let caps = *caps;
+    let (caps, http1, grpc_options) = (options.caps, &options.http1, &options.grpc);
     let (shared_api, limiter_api) =
         serve_limiter_api(settings, named, grpc_options, metrics, stop)?;
     let limiter_api_addr = limiter_api.as_ref().map(|(addr, _)| *addr);
-    let beside = rls::Beside {
-        limiter_api: shared_api,
-        admin: admin.clone().map(admin::grpc_service),
-    };
     let grpc = rls::serve(
         main.grpc,
         grpc_options,
         limiter.clone(),
         metrics.clone(),
-        beside,
+        rls::Beside {
+            limiter_api: shared_api,
+            admin: admin.clone().map(admin::grpc_service),
+        },
         health_service,
         stop.stopped(),
     )?;
     let _stop_statsd = start_statsd(settings, metrics, stop);
-    let debug_http1 = Http1Options {
-        peer_extension: true,
-        ..http1.clone()
-    };
     let (debug_addr, debug) = serve_debug(
         settings,
         caps,
-        debug_http1,
+        http1.clone(),
         (&limiter, admin),
         metrics,
         stop,
@@ -197,18 +187,12 @@ where
     };
     let prometheus =
         serve_prometheus(settings, caps, http1.clone(), &observability, metrics, stop)?;
-    let http_listener = LimitedListener {
-        listener: main.http,
-        limit: ConnectionLimit::new(caps, "http", metrics),
-    };
-    let http = http::serve(
-        http_listener,
-        http1.clone(),
-        Closed::new("http", metrics),
-        limiter.clone(),
-        health,
-        observability,
-        stop.stopped(),
+    let http = serve_http(
+        main.http,
+        (caps, http1.clone()),
+        (limiter.clone(), health, observability),
+        metrics,
+        stop,
     );
     let prometheus = serve_if_any(prometheus);
     let limiter_api = serve_if_any(limiter_api.map(|(_, serving)| serving));
@@ -223,6 +207,29 @@ where
         _remove_socket: main.remove_socket,
         _stop_statsd,
     })
+}
+
+/// Serves `/healthcheck`, `/json` and `/metrics` on the HTTP listener.
+fn serve_http(
+    listener: TcpListener,
+    (caps, http1): (Caps, Http1Options),
+    (limiter, health, observability): (Arc<RateLimiter>, Health, http::Observability),
+    metrics: &Arc<Metrics>,
+    stop: &StopSignal,
+) -> impl Future<Output = Result<(), ServeError>> + use<> {
+    let http_listener = LimitedListener {
+        listener,
+        limit: ConnectionLimit::new(caps, "http", metrics),
+    };
+    http::serve(
+        http_listener,
+        http1,
+        Closed::new("http", metrics),
+        limiter,
+        health,
+        observability,
+        stop.stopped(),
+    )
 }
 
 /// A listener's serving that may be off: done at once when it is.
@@ -394,6 +401,11 @@ fn serve_debug(
     ),
     ServeError,
 > {
+    // The admin API logs who reset a counter: the debug listener's requests carry the peer.
+    let http1 = Http1Options {
+        peer_extension: true,
+        ..http1
+    };
     let debug_listener = bind(settings.stats.debug_addr)?;
     let debug_addr = debug_listener
         .local_addr()
