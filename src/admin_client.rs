@@ -15,8 +15,8 @@ use crate::server::admin::descriptor::percent_encode;
 /// What to ask the admin API.
 #[derive(Debug, Clone)]
 pub(crate) struct CountersCall {
-    /// `GET` (read) or `DELETE` (reset).
-    pub(crate) reset: bool,
+    /// Read, reset, or give back hits.
+    pub(crate) action: Action,
     /// The debug listener's URL, `http://host:port`.
     pub(crate) addr: String,
     pub(crate) domain: String,
@@ -25,6 +25,17 @@ pub(crate) struct CountersCall {
     pub(crate) token: String,
     /// How long the whole exchange may take.
     pub(crate) timeout: Duration,
+}
+
+/// What `sluice counters` asks for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Action {
+    /// `GET /counters/{domain}`.
+    Get,
+    /// `DELETE /counters/{domain}`.
+    Reset,
+    /// `POST /counters/{domain}/refund` with this many hits.
+    Refund(u64),
 }
 
 /// Why the call got no answer, or what the server refused.
@@ -80,13 +91,18 @@ async fn exchange(call: &CountersCall) -> Result<String, CountersError> {
         .await
         .map_err(http_error)?;
     tokio::spawn(connection);
+    let (method, suffix, hits) = match call.action {
+        Action::Get => ("GET", "", String::new()),
+        Action::Reset => ("DELETE", "", String::new()),
+        Action::Refund(hits) => ("POST", "/refund", format!("&hits={hits}")),
+    };
     let path = format!(
-        "/counters/{}?descriptor={}",
+        "/counters/{}{suffix}?descriptor={}{hits}",
         percent_encode(&call.domain),
         percent_encode(&call.descriptor)
     );
     let request = http::Request::builder()
-        .method(if call.reset { "DELETE" } else { "GET" })
+        .method(method)
         .uri(path)
         .header(http::header::HOST, authority.as_str())
         .header(

@@ -1,4 +1,4 @@
-//! The command line: `sluice serve`, `sluice check-config` and `sluice counters get|reset` (the
+//! The command line: `sluice serve`, `sluice check-config` and `sluice counters get|reset|refund` (the
 //! admin API's client, `admin_client.rs`). The edge of the program, so errors
 //! are `anyhow` here and exit codes are decided here. With no subcommand the binary serves, as
 //! upstream's `/bin/ratelimit` does (Envoy Gateway runs it with no arguments).
@@ -47,6 +47,15 @@ enum CountersAction {
     Get(CountersArgs),
     /// Reset those counters; prints them as they were just before.
     Reset(CountersArgs),
+    /// Give back up to --hits hits to each of those counters (fixed_window, token_bucket, gcra,
+    /// leaky_bucket); prints them as they are after.
+    Refund {
+        #[command(flatten)]
+        args: CountersArgs,
+        /// The hits to give back, at least 1.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        hits: u64,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -148,12 +157,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn counters(action: CountersAction) -> anyhow::Result<ExitCode> {
-    let (reset, args) = match action {
-        CountersAction::Get(args) => (false, args),
-        CountersAction::Reset(args) => (true, args),
+    use crate::admin_client::Action;
+    let (action, args) = match action {
+        CountersAction::Get(args) => (Action::Get, args),
+        CountersAction::Reset(args) => (Action::Reset, args),
+        CountersAction::Refund { args, hits } => (Action::Refund(hits), args),
     };
     let call = crate::admin_client::CountersCall {
-        reset,
+        action,
         addr: args.addr,
         domain: args.domain,
         descriptor: args.descriptor,

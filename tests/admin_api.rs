@@ -44,6 +44,7 @@ async fn a_used_up_limit_is_read_and_reset_on_both_stores() {
             assert_eq!(other[0]["remaining"], 3, "{store:?}");
             assert_eq!(other[0]["used"], 0, "{store:?}");
             admin::every_algorithm_reads_and_resets(&mut client, sluice.debug, "a1").await;
+            admin::refunds_give_hits_back(&mut client, sluice.debug, "r1").await;
             assert_eq!(sluice.metric("sluice_admin_counters_reset_total"), 8.0, "{store:?}");
             assert_eq!(
                 sluice.metric("sluice_admin_calls_total{api=\"http\",operation=\"get\",outcome=\"unauthenticated\"}"),
@@ -61,7 +62,7 @@ async fn a_reset_is_logged_with_who_asked_and_never_the_token() {
     let mut client = sluice.client().await;
     assert!(admitted(&mut client, "user", "u9").await);
     counters(sluice.debug, "DELETE", "user", "u9");
-    let line = wait_for_line(&sluice, |l| l["@message"] == "admin API reset counters");
+    let line = wait_for_line(&sluice, |l| l["@message"] == "admin API changed counters");
     assert_eq!(line["peer"], "127.0.0.1", "{line}");
     // printf %s admin-token-0123456789 | sha256sum | cut -c1-8
     assert_eq!(line["token"], fingerprint(TOKEN), "{line}");
@@ -166,6 +167,7 @@ async fn the_grpc_admin_service_reads_and_resets_with_the_token_in_metadata() {
                 key: "user".into(),
                 value: "g1".into(),
             }],
+            hits: 0,
         });
         if let Some(token) = token {
             request
@@ -206,7 +208,7 @@ async fn the_grpc_admin_service_reads_and_resets_with_the_token_in_metadata() {
         admin_client.get_counters(unknown).await.unwrap_err().code(),
         tonic::Code::NotFound
     );
-    let line = wait_for_line(&sluice, |l| l["@message"] == "admin API reset counters");
+    let line = wait_for_line(&sluice, |l| l["@message"] == "admin API changed counters");
     assert_eq!(line["peer"], "127.0.0.1", "{line}");
 }
 
@@ -227,6 +229,7 @@ async fn the_admin_api_is_off_without_a_token() {
     let mut request = tonic::Request::new(CountersRequest {
         domain: "ops".into(),
         entries: vec![],
+        hits: 0,
     });
     request
         .metadata_mut()

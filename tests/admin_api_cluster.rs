@@ -26,4 +26,7 @@ async fn a_used_up_limit_is_read_and_reset_on_a_cluster() {
     }
     admin::every_algorithm_reads_and_resets(&mut client, sluice.debug, "a1").await;
     admin::every_algorithm_reads_and_resets(&mut client, sluice.debug, "a2").await;
+    for value in ["r1", "r2"] {
+        admin::refunds_give_hits_back(&mut client, sluice.debug, value).await;
+    }
 }

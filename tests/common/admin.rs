@@ -190,3 +190,60 @@ pub async fn done_when(
     let after = counters(debug, "GET", "user", user);
     assert_eq!(after[0]["remaining"], 2, "{after:?}");
 }
+
+/// `POST /counters/ops/refund?descriptor=<key>=<value>&hits=<hits>` with the token, answered
+/// 200: the JSON's `counters`.
+pub fn refund(debug: SocketAddr, key: &str, value: &str, hits: u64) -> Vec<Value> {
+    let path = format!("/counters/ops/refund?descriptor={key}={value}&hits={hits}");
+    let (status, body) = call(debug, "POST", &path, Some(TOKEN));
+    assert_eq!(status, 200, "{path}: {body}");
+    let json: Value = serde_json::from_str(&body).unwrap();
+    json["counters"].as_array().unwrap().clone()
+}
+
+/// A refund gives back what it says and no more: the fixed window's count down (never below
+/// 0), a bucket's tokens back (never past full); the other algorithms are refused with
+/// nothing changed.
+pub async fn refunds_give_hits_back(
+    client: &mut RateLimitServiceClient<Channel>,
+    debug: SocketAddr,
+    value: &str,
+) {
+    // The fixed window: 3 admitted, the 4th refused and counted; 2 back leaves 2 counted.
+    assert_eq!(use_up(client, "algo_fixed_window", value).await, 3);
+    let after = refund(debug, "algo_fixed_window", value, 2);
+    assert_eq!(
+        (after[0]["used"].clone(), after[0]["remaining"].clone()),
+        (2.into(), 1.into())
+    );
+    assert!(admitted(client, "algo_fixed_window", value).await);
+    assert!(!admitted(client, "algo_fixed_window", value).await);
+    let emptied = refund(debug, "algo_fixed_window", value, 100);
+    assert_eq!(emptied[0]["used"], 0, "never below an empty window");
+    assert_eq!(emptied[0]["remaining"], 3);
+    for bucket in ["token_bucket", "gcra", "leaky_bucket"] {
+        let key = format!("algo_{bucket}");
+        assert_eq!(use_up(client, &key, value).await, 3, "{bucket}");
+        let after = refund(debug, &key, value, 1);
+        assert_eq!(after[0]["remaining"], 1, "{bucket}: {after:?}");
+        assert!(admitted(client, &key, value).await, "{bucket}");
+        assert!(!admitted(client, &key, value).await, "{bucket}");
+        let full = refund(debug, &key, value, 100);
+        assert_eq!(
+            full[0]["remaining"], 3,
+            "{bucket}: never past a full bucket"
+        );
+    }
+    for other in ["sliding_window_log", "sliding_window_counter", "warm_up"] {
+        let key = format!("algo_{other}");
+        use_up(client, &key, value).await;
+        let path = format!("/counters/ops/refund?descriptor={key}={value}&hits=1");
+        let (status, body) = call(debug, "POST", &path, Some(TOKEN));
+        assert_eq!(status, 400, "{other}: {body}");
+        assert!(body.contains(other), "{body}");
+        assert!(
+            !admitted(client, &key, value).await,
+            "{other}: nothing was given back"
+        );
+    }
+}

@@ -41,7 +41,11 @@ impl AdminGrpc {
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let CountersRequest { domain, entries } = request.into_inner();
+        let CountersRequest {
+            domain,
+            entries,
+            hits: _,
+        } = request.into_inner();
         let entries = entries
             .into_iter()
             .map(|e| (e.key.into_bytes(), e.value.into_bytes()))
@@ -79,7 +83,9 @@ fn status(refused: Refused) -> Status {
             Status::unauthenticated("the admin API needs a valid bearer token (ADMIN_API_TOKEN)")
         }
         Refused::BadRequest(m) => Status::invalid_argument(m),
-        Refused::Admin(e @ AdminError::BadDescriptor(_)) => Status::invalid_argument(e.to_string()),
+        Refused::Admin(e @ (AdminError::BadDescriptor(_) | AdminError::NotRefundable(_))) => {
+            Status::invalid_argument(e.to_string())
+        }
         Refused::Admin(e @ AdminError::UnknownDomain(_)) => Status::not_found(e.to_string()),
         Refused::Admin(e) => Status::unavailable(e.to_string()),
     }
@@ -99,5 +105,18 @@ impl admin_server::Admin for AdminGrpc {
         request: Request<CountersRequest>,
     ) -> Result<Response<CountersResponse>, Status> {
         self.run(Operation::Reset, request).await
+    }
+
+    async fn refund_counters(
+        &self,
+        request: Request<CountersRequest>,
+    ) -> Result<Response<CountersResponse>, Status> {
+        let hits = request.get_ref().hits;
+        if hits == 0 {
+            return Err(Status::invalid_argument(
+                "RefundCounters needs hits, at least 1",
+            ));
+        }
+        self.run(Operation::Refund(hits), request).await
     }
 }

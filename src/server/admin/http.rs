@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `GET /counters/{domain}?descriptor=k=v,...` | 200, `{"domain": …, "counters": [{name, algorithm, limit, unit, window_seconds, used, remaining, reset_ms, shadow_mode}, …]}` |
 //! | `DELETE /counters/{domain}?descriptor=...` | 200, the same, as the counters were just before the reset |
+//! | `POST /counters/{domain}/refund?descriptor=...&hits=N` | 200, the same, as the counters are after up to N hits were given back to each; 400 for an algorithm that cannot (`sluice::store::refundable`) |
 //! | no or another bearer token | 401 with `WWW-Authenticate: Bearer` |
 //! | a descriptor that does not parse (`descriptor.rs`) | 400 |
 //! | a domain the configuration does not have | 404 |
@@ -15,7 +16,7 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 use super::super::serving::PeerIp;
@@ -26,6 +27,7 @@ use sluice::rls::{AdminError, CounterReport};
 pub(crate) fn routes(admin: Admin) -> Router {
     Router::new()
         .route("/counters/{domain}", get(read).delete(reset))
+        .route("/counters/{domain}/refund", post(refund))
         .with_state(admin)
 }
 
@@ -47,6 +49,34 @@ async fn reset(
     peer: Option<axum::Extension<PeerIp>>,
 ) -> Response {
     answer(&admin, Operation::Reset, &domain, &uri, &headers, peer).await
+}
+
+async fn refund(
+    State(admin): State<Admin>,
+    Path(domain): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    peer: Option<axum::Extension<PeerIp>>,
+) -> Response {
+    let query = uri.query().unwrap_or("");
+    let hits = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("hits="))
+        .and_then(|n| n.parse::<u64>().ok())
+        .filter(|&n| n > 0);
+    let Some(hits) = hits else {
+        let message = "refund needs hits=N, a whole number of hits to give back, at least 1";
+        return refusal(Refused::BadRequest(message.into()));
+    };
+    answer(
+        &admin,
+        Operation::Refund(hits),
+        &domain,
+        &uri,
+        &headers,
+        peer,
+    )
+    .await
 }
 
 async fn answer(
@@ -117,7 +147,7 @@ fn refusal(refused: Refused) -> Response {
             "the admin API needs a valid bearer token (ADMIN_API_TOKEN)".to_string(),
         ),
         Refused::BadRequest(m) => (StatusCode::BAD_REQUEST, m.clone()),
-        Refused::Admin(e @ AdminError::BadDescriptor(_)) => {
+        Refused::Admin(e @ (AdminError::BadDescriptor(_) | AdminError::NotRefundable(_))) => {
             (StatusCode::BAD_REQUEST, e.to_string())
         }
         Refused::Admin(e @ AdminError::UnknownDomain(_)) => (StatusCode::NOT_FOUND, e.to_string()),

@@ -5,7 +5,7 @@
 //! go through [`Admin`], so they answer, log and count alike. The reading and resetting itself is
 //! the library's (`sluice::rls::RateLimiter::peek_counters`, `reset_counters`).
 //!
-//! Every reset is logged at WARN with who asked (the peer's address and the token's
+//! Every reset and refund is logged at WARN with who asked (the peer's address and the token's
 //! fingerprint, never the token) and counted (`sluice_admin_counters_reset_total`).
 
 pub(crate) mod descriptor;
@@ -38,6 +38,8 @@ pub(crate) struct Admin {
 pub(crate) enum Operation {
     Get,
     Reset,
+    /// Give back up to this many hits.
+    Refund(u64),
 }
 
 impl Operation {
@@ -45,6 +47,7 @@ impl Operation {
         match self {
             Operation::Get => "get",
             Operation::Reset => "reset",
+            Operation::Refund(_) => "refund",
         }
     }
 }
@@ -68,7 +71,10 @@ impl Refused {
     fn label(&self) -> &'static str {
         match self {
             Refused::Unauthenticated => "unauthenticated",
-            Refused::BadRequest(_) | Refused::Admin(AdminError::BadDescriptor(_)) => "bad_request",
+            Refused::BadRequest(_)
+            | Refused::Admin(AdminError::BadDescriptor(_) | AdminError::NotRefundable(_)) => {
+                "bad_request"
+            }
             Refused::Admin(AdminError::UnknownDomain(_)) => "not_found",
             Refused::Admin(AdminError::NoConfig | AdminError::Store(_)) => "unavailable",
         }
@@ -122,10 +128,13 @@ impl Admin {
         let reports = match operation {
             Operation::Get => self.limiter.peek_counters(domain, &entries).await,
             Operation::Reset => self.limiter.reset_counters(domain, &entries).await,
+            Operation::Refund(hits) => self.limiter.refund_counters(domain, &entries, hits).await,
         }
         .map_err(Refused::Admin)?;
-        if operation == Operation::Reset {
-            self.metrics.counters_reset.inc_by(reports.len() as u64);
+        if operation != Operation::Get {
+            if operation == Operation::Reset {
+                self.metrics.counters_reset.inc_by(reports.len() as u64);
+            }
             let limits: Vec<&str> = reports.iter().map(|r| r.name.as_str()).collect();
             tracing::warn!(
                 peer = %caller.peer.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
@@ -134,7 +143,8 @@ impl Admin {
                 descriptor = %hashed(&entries),
                 counters = reports.len(),
                 limits = ?limits,
-                "admin API reset counters"
+                operation = operation.name(),
+                "admin API changed counters"
             );
         }
         Ok(reports)

@@ -46,6 +46,12 @@ pub enum AdminError {
     /// The descriptor names nothing to look up (no entries, or more than a request may carry).
     #[error("{0}")]
     BadDescriptor(String),
+    /// A refund of a limit whose algorithm cannot give hits back
+    /// ([`crate::store::refundable`]); nothing was given back.
+    #[error(
+        "{0} cannot give hits back (only fixed_window, token_bucket, gcra and leaky_bucket can); nothing was refunded"
+    )]
+    NotRefundable(&'static str),
     /// The store could not answer.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -99,6 +105,65 @@ impl RateLimiter {
         {
             store.reset(marks.call(None), &second).await?;
         }
+        Ok(reports(self, &plan, &outcomes))
+    }
+
+    /// Gives back up to `hits` hits to each counter `entries` is counted under (a request
+    /// charged at its start for more than it turned out to use), never past an empty window or a
+    /// full bucket, and answers the counters as they are after it. Refused as a whole, nothing
+    /// given back, when one of them cannot ([`crate::store::refundable`]).
+    pub async fn refund_counters(
+        &self,
+        domain: &str,
+        entries: &[(Vec<u8>, Vec<u8>)],
+        hits: u64,
+    ) -> Result<Vec<CounterReport>, AdminError> {
+        let request = self.admin_request(domain, entries)?;
+        let active = self.active.load();
+        let (name, found) = admin_domain(active.as_deref(), domain)?;
+        let mut plan = self.plan(name, found, &request);
+        if let Some(check) = plan
+            .checks
+            .iter()
+            .find(|c| !crate::store::refundable(&c.rule))
+        {
+            let algorithm = plan.slots[0]
+                .counted()
+                .iter()
+                .find(|c| plan.checks[c.check].key == check.key)
+                .and_then(|c| match c.limit.quota {
+                    Quota::PerUnit { algorithm, .. } => Some(algorithm.name()),
+                    Quota::Unlimited => None,
+                })
+                .unwrap_or("this algorithm");
+            return Err(AdminError::NotRefundable(algorithm));
+        }
+        for check in &mut plan.checks {
+            check.hits = hits;
+        }
+        let marks = Marks::new();
+        let (mut main, mut second) = (Vec::new(), Vec::new());
+        for (check, &per_second) in plan.checks.iter().zip(&plan.per_second) {
+            match (&self.per_second, per_second) {
+                (Some(_), true) => second.push(check),
+                _ => main.push(check),
+            }
+            if let Some(cache) = &self.over_limit_cache {
+                cache.forget(&check.key);
+            }
+        }
+        if !main.is_empty() {
+            self.store.refund(marks.call(None), &main).await?;
+        }
+        if let Some(store) = &self.per_second
+            && !second.is_empty()
+        {
+            store.refund(marks.call(None), &second).await?;
+        }
+        for check in &mut plan.checks {
+            check.hits = 0;
+        }
+        let outcomes = self.peek(&plan).await?;
         Ok(reports(self, &plan, &outcomes))
     }
 

@@ -536,6 +536,25 @@ pub trait CounterStore: Store {
             "this store cannot reset counters".into(),
         ))))
     }
+
+    /// Gives back up to `check.hits` hits to each check's counter (the admin API's refund),
+    /// never past empty or a full bucket, returning the hits given back per check. Only the
+    /// fixed window (its count goes down) and [`Rule::Gcra`] (its arrival time moves back one
+    /// interval per hit) can; any other rule is refused before a store is asked
+    /// ([`refundable`]). The default refuses, as [`CounterStore::reset`]'s does.
+    fn refund<'a>(&'a self, call: Call<'a>, checks: &'a [&'a Check]) -> StoreFuture<'a, Vec<u64>> {
+        let _ = (call, checks);
+        Box::pin(std::future::ready(Err(StoreError::Setup(
+            "this store cannot refund counters".into(),
+        ))))
+    }
+}
+
+/// Whether a refund can give hits back under `rule`: a fixed window's count and a bucket's
+/// arrival time say how many hits they hold; a log of hits, two weighted windows and a warm-up's
+/// spacing do not say which hits to take back.
+pub fn refundable(rule: &Rule) -> bool {
+    matches!(rule, Rule::FixedWindow { .. } | Rule::Gcra { .. })
 }
 
 /// What the named limiters (`named`) need of a store: limiter configs, acquisitions and the
@@ -608,6 +627,10 @@ impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
 
     fn reset<'a>(&'a self, call: Call<'a>, keys: &'a [&'a str]) -> StoreFuture<'a, u64> {
         (**self).reset(call, keys)
+    }
+
+    fn refund<'a>(&'a self, call: Call<'a>, checks: &'a [&'a Check]) -> StoreFuture<'a, Vec<u64>> {
+        (**self).refund(call, checks)
     }
 }
 

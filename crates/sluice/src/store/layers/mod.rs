@@ -42,6 +42,8 @@ pub enum Op {
     Registry,
     /// [`CounterStore::reset`].
     Reset,
+    /// [`CounterStore::refund`].
+    Refund,
 }
 
 impl Op {
@@ -55,6 +57,7 @@ impl Op {
             Op::Acquire => "acquire",
             Op::Registry => "registry",
             Op::Reset => "reset",
+            Op::Refund => "refund",
         }
     }
 }
@@ -94,6 +97,16 @@ pub trait Layer: Send + Sync + Debug {
         keys: &'a [&'a str],
     ) -> StoreFuture<'a, u64> {
         self.around(Op::Reset, call, move |call| store.reset(call, keys))
+    }
+
+    /// [`CounterStore::refund`] through this layer.
+    fn refund<'a, S: CounterStore + ?Sized>(
+        &'a self,
+        store: &'a S,
+        call: Call<'a>,
+        checks: &'a [&'a Check],
+    ) -> StoreFuture<'a, Vec<u64>> {
+        self.around(Op::Refund, call, move |call| store.refund(call, checks))
     }
 
     /// [`LimiterStore::set_limiter`] through this layer.
@@ -204,6 +217,10 @@ impl<L: Layer, S: CounterStore> CounterStore for Layered<L, S> {
 
     fn reset<'a>(&'a self, call: Call<'a>, keys: &'a [&'a str]) -> StoreFuture<'a, u64> {
         self.layer.reset(&self.store, call, keys)
+    }
+
+    fn refund<'a>(&'a self, call: Call<'a>, checks: &'a [&'a Check]) -> StoreFuture<'a, Vec<u64>> {
+        self.layer.refund(&self.store, call, checks)
     }
 }
 

@@ -118,6 +118,40 @@ impl MemoryStore {
         self.inner.sweep_expired();
     }
 
+    /// Gives back up to `check.hits` to its counter under its shard's lock, returning how many
+    /// (twin of `lua/refund.lua`): a fixed window's count goes down, at least to 0; a bucket's
+    /// arrival time moves back an interval per hit, at most to now, where the bucket is full
+    /// and the entry goes. Other rules give nothing back (`super::refundable`).
+    fn refund_one(&self, check: &Check, now: u64) -> u64 {
+        let id = self.inner.key_id(&check.key);
+        let mut shard = self
+            .inner
+            .table
+            .lock_with_room(self.inner.table.shard_index(id), &[]);
+        let Some(entry) = shard.get_mut(&id).filter(|e| e.expires_at > now) else {
+            return 0;
+        };
+        match (&mut entry.state, &check.rule) {
+            (State::Count(count), Rule::FixedWindow { .. }) => {
+                let back = (*count).min(check.hits);
+                *count -= back;
+                back
+            }
+            (State::Tat(tat), &Rule::Gcra { interval, .. }) if *tat > now => {
+                let back = check.hits.min((*tat - now).div_ceil(interval.max(1)));
+                let new_tat = tat.saturating_sub(back.saturating_mul(interval));
+                if new_tat <= now {
+                    shard.remove(&id);
+                } else {
+                    *tat = new_tat;
+                    entry.expires_at = new_tat;
+                }
+                back
+            }
+            _ => 0,
+        }
+    }
+
     /// Decides one check atomically under its shard's lock. `take` selects the named limiters'
     /// fixed window, which counts hits only when they fit; the RLS one counts refused hits too,
     /// as upstream does. (The other algorithms never count refused hits.)
@@ -347,6 +381,12 @@ impl CounterStore for MemoryStore {
             })
             .count();
         Box::pin(std::future::ready(Ok(removed as u64)))
+    }
+
+    fn refund<'a>(&'a self, _: Call<'a>, checks: &'a [&'a Check]) -> StoreFuture<'a, Vec<u64>> {
+        let now = self.inner.clock.now_micros();
+        let given = checks.iter().map(|c| self.refund_one(c, now)).collect();
+        Box::pin(std::future::ready(Ok(given)))
     }
 }
 

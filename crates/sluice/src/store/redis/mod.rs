@@ -69,8 +69,8 @@ use self::script::{
 use self::wire::Heard;
 use super::{
     Acquisition, Call, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
-    LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
-    needs_trial,
+    LimiterStore, Outcome, RegistryOp, RegistryReply, Rule, SetMode, Store, StoreError,
+    StoreFuture, needs_trial,
 };
 
 /// Counters and named limiters in Redis (a single server, a Sentinel master or a Cluster),
@@ -652,6 +652,28 @@ impl CounterStore for RedisStore {
                 removed += parse::<u64>(reply)?;
             }
             Ok(removed)
+        })
+    }
+
+    /// One call of `lua/refund.lua` per check, each to the master of its key's slot.
+    fn refund<'a>(&'a self, call: Call<'a>, checks: &'a [&'a Check]) -> StoreFuture<'a, Vec<u64>> {
+        self.bounded(call, async move {
+            let refunds = checks.iter().map(|check| {
+                let (kind, interval) = match check.rule {
+                    Rule::Gcra { interval, .. } => ("tat", interval),
+                    _ => ("count", 0),
+                };
+                let slot = slot::slot(check.key.as_bytes());
+                self.eval::<u64>(slot, &script::REFUND, (6, 64), move |cmd, pinned| {
+                    cmd.arg(1)
+                        .arg(&check.key)
+                        .arg(pinned.map_or(String::new(), |t| t.to_string()))
+                        .arg(kind)
+                        .arg(check.hits)
+                        .arg(interval);
+                })
+            });
+            futures::future::try_join_all(refunds).await
         })
     }
 }

@@ -235,6 +235,10 @@ pub(super) static LIMITER: LazyLock<LuaScript> =
 pub(super) static REGISTRY: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::assemble(include_str!("../../../lua/registry.lua")));
 
+/// A refund of the admin API (`lua/refund.lua`).
+pub(super) static REFUND: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::assemble(include_str!("../../../lua/refund.lua")));
+
 /// Every script, for loading at start-up.
 pub(super) fn all() -> Vec<&'static LuaScript> {
     let mut all = vec![
@@ -244,6 +248,7 @@ pub(super) fn all() -> Vec<&'static LuaScript> {
         &*FIXED_WINDOW_LEAN_ACROSS_SLOTS,
         &*LIMITER,
         &*REGISTRY,
+        &*REFUND,
     ];
     for each in EACH.iter() {
         all.push(&each.declared);
