@@ -202,6 +202,18 @@ async fn the_grpc_admin_service_reads_and_resets_with_the_token_in_metadata() {
         .into_inner();
     assert_eq!(reset.counters[0].remaining, 0);
     assert!(admitted(&mut client, "user", "g1").await);
+    // A refund of 1 after the call above: the counter is back to 0 used.
+    let mut refund = request(Some(TOKEN));
+    refund.get_mut().hits = 1;
+    let refunded = admin_client
+        .refund_counters(refund)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(refunded.counters[0].used, 0);
+    assert_eq!(refunded.counters[0].remaining, 3);
+    let no_hits = admin_client.refund_counters(request(Some(TOKEN))).await;
+    assert_eq!(no_hits.unwrap_err().code(), tonic::Code::InvalidArgument);
     let mut unknown = request(Some(TOKEN));
     unknown.get_mut().domain = "nowhere".into();
     assert_eq!(
@@ -259,6 +271,17 @@ async fn the_command_line_reads_and_resets() {
         String::from_utf8_lossy(&refused.stderr).contains("401"),
         "{refused:?}"
     );
+    assert!(!admitted(&mut client, "user", "c1").await);
+    let refund = cli(
+        &sluice,
+        &[&["refund", "--hits", "3"][..], &args].concat(),
+        TOKEN,
+    );
+    assert!(refund.status.success(), "{refund:?}");
+    let json: Value = serde_json::from_slice(&refund.stdout).unwrap();
+    // 3 admitted and 2 refused were counted (a fixed window counts refused hits); 3 given back.
+    assert_eq!(json["counters"][0]["used"], 2, "{json}");
+    assert!(admitted(&mut client, "user", "c1").await);
     assert!(!admitted(&mut client, "user", "c1").await);
     let reset = cli(&sluice, &[&["reset"][..], &args].concat(), TOKEN);
     assert!(reset.status.success(), "{reset:?}");
