@@ -33,7 +33,7 @@ impl AdminMetrics {
             calls: counter_vec(
                 r,
                 "sluice_admin_calls_total",
-                "Admin API calls (ADMIN_API_TOKEN), by api (http, grpc), operation (get, reset) \
+                "Admin API calls (ADMIN_API_TOKEN), by api (http, grpc), operation (get, reset, refund) \
                  and outcome",
                 &["api", "operation", "outcome"],
             ),

@@ -642,36 +642,20 @@ impl CounterStore for RedisStore {
     /// one key, for every algorithm); they go concurrently through the batcher.
     fn reset<'a>(&'a self, call: Call<'a>, keys: &'a [&'a str]) -> StoreFuture<'a, u64> {
         self.bounded(call, async move {
-            let deletes = keys.iter().map(|key| {
-                let mut cmd = redis::cmd("DEL");
-                cmd.arg(*key);
-                self.route(slot::slot(key.as_bytes()), cmd)
+            let deletes = keys.iter().map(|key| async move {
+                let cmd = redis::cmd("DEL").arg(*key).clone();
+                parse::<u64>(self.route(slot::slot(key.as_bytes()), cmd).await?)
             });
-            let mut removed = 0;
-            for reply in futures::future::try_join_all(deletes).await? {
-                removed += parse::<u64>(reply)?;
-            }
-            Ok(removed)
+            Ok(futures::future::try_join_all(deletes).await?.iter().sum())
         })
     }
 
     /// One call of `lua/refund.lua` per check, each to the master of its key's slot.
     fn refund<'a>(&'a self, call: Call<'a>, checks: &'a [&'a Check]) -> StoreFuture<'a, Vec<u64>> {
         self.bounded(call, async move {
-            let refunds = checks.iter().map(|check| {
-                let (kind, interval) = match check.rule {
-                    Rule::Gcra { interval, .. } => ("tat", interval),
-                    _ => ("count", 0),
-                };
-                let slot = slot::slot(check.key.as_bytes());
-                self.eval::<u64>(slot, &script::REFUND, (6, 64), move |cmd, pinned| {
-                    cmd.arg(1)
-                        .arg(&check.key)
-                        .arg(pinned.map_or(String::new(), |t| t.to_string()))
-                        .arg(kind)
-                        .arg(check.hits)
-                        .arg(interval);
-                })
+            let refunds = checks.iter().map(|check| async move {
+                let cmd = script::refund(check, self.pinned_now());
+                parse::<u64>(self.route(slot::slot(check.key.as_bytes()), cmd).await?)
             });
             futures::future::try_join_all(refunds).await
         })
