@@ -69,8 +69,8 @@ use self::script::{
 use self::wire::Heard;
 use super::{
     Acquisition, Call, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
-    LimiterStore, Outcome, RegistryOp, RegistryReply, Rule, SetMode, Store, StoreError,
-    StoreFuture, needs_trial,
+    LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
+    needs_trial,
 };
 
 /// Counters and named limiters in Redis (a single server, a Sentinel master or a Cluster),
