@@ -480,6 +480,61 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_refund_gives_back_at_most_what_is_held_and_a_reset_all() {
+        let clock = Arc::new(ManualClock::new(120_500_000));
+        let store = store(&clock, 100);
+        for _ in 0..3 {
+            one(&store, fixed("w", 1, 2, 120)).await;
+        }
+        let back = |check: Check| {
+            let store = &store;
+            async move { store.refund(Call::detached(), &[&check]).await.unwrap()[0] }
+        };
+        // Three counted (one refused), two given back, then at most the one left.
+        assert_eq!(back(fixed("w", 2, 2, 120)).await, 2);
+        assert_eq!(one(&store, fixed("w", 0, 2, 120)).await.used, 1);
+        assert_eq!(back(fixed("w", 5, 2, 120)).await, 1);
+        assert_eq!(one(&store, fixed("w", 0, 2, 120)).await.remaining, 2);
+        // A bucket of 3 with a second per token: two taken, five asked back, two given.
+        let bucket = |hits| Check {
+            key: "b".into(),
+            hits,
+            rule: Rule::Gcra {
+                interval: 1_000_000,
+                burst: 3,
+            },
+            record_refused: false,
+            group: None,
+        };
+        one(&store, bucket(2)).await;
+        assert_eq!(one(&store, bucket(0)).await.remaining, 1);
+        assert_eq!(back(bucket(5)).await, 2);
+        assert_eq!(one(&store, bucket(0)).await.remaining, 3);
+        // Other rules give nothing back.
+        let log = Check {
+            key: "l".into(),
+            hits: 1,
+            rule: Rule::SlidingWindowLog {
+                limit: 3,
+                window: 60_000_000,
+            },
+            record_refused: false,
+            group: None,
+        };
+        one(&store, log.clone()).await;
+        assert_eq!(back(log).await, 0);
+        // A reset removes what exists, and only that.
+        assert_eq!(
+            store
+                .reset(Call::detached(), &["w", "l", "none"])
+                .await
+                .unwrap(),
+            2
+        );
+        assert_eq!(one(&store, fixed("w", 0, 2, 120)).await.used, 0);
+    }
+
+    #[tokio::test]
     async fn counts_within_a_window_and_reports_reset() {
         let clock = Arc::new(ManualClock::new(120_500_000)); // 120.5 s: window [120, 180)
         let store = store(&clock, 100);
