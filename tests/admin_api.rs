@@ -390,3 +390,32 @@ fn fingerprint(token: &str) -> String {
         .unwrap();
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
+
+#[tokio::test]
+async fn per_second_limits_are_read_and_reset_in_their_own_redis() {
+    // A second-unit limit goes to the per-second Redis (REDIS_PERSECOND); its window is an
+    // hour long (unit_multiplier), so the test never races a window's end.
+    let dir = config_dir(
+        "domain: ops\ndescriptors:\n  - key: fast\n    rate_limit: {name: fast, unit: second, unit_multiplier: 3600, requests_per_unit: 3}\n",
+    );
+    let (main, second) = (RedisServer::start(), RedisServer::start());
+    let second_url = format!("127.0.0.1:{}", second.port);
+    let sluice = start(
+        StoreKind::Redis,
+        Some(&main),
+        &dir,
+        &[
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+            ("REDIS_PERSECOND_URL", &second_url),
+        ],
+    );
+    let mut client = sluice.client().await;
+    assert_eq!(admin::use_up(&mut client, "fast", "f1").await, 3);
+    assert_eq!((main.dbsize(), second.dbsize()), (0, 1));
+    let read = counters(sluice.debug, "GET", "fast", "f1");
+    assert_eq!(read[0]["remaining"], 0, "{read:?}");
+    counters(sluice.debug, "DELETE", "fast", "f1");
+    assert_eq!(second.dbsize(), 0, "the reset went to the per-second Redis");
+    assert!(admitted(&mut client, "fast", "f1").await);
+}
