@@ -411,6 +411,12 @@ async fn per_second_limits_are_read_and_reset_in_their_own_redis() {
         ],
     );
     let mut client = sluice.client().await;
+    // Reading writes nothing, not even an empty counter.
+    assert_eq!(
+        counters(sluice.debug, "GET", "fast", "f1")[0]["remaining"],
+        3
+    );
+    assert_eq!((main.dbsize(), second.dbsize()), (0, 0));
     assert_eq!(admin::use_up(&mut client, "fast", "f1").await, 3);
     assert_eq!((main.dbsize(), second.dbsize()), (0, 1));
     let read = counters(sluice.debug, "GET", "fast", "f1");
