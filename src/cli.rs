@@ -1,4 +1,5 @@
-//! The command line: `sluice serve` and `sluice check-config`. The edge of the program, so errors
+//! The command line: `sluice serve`, `sluice check-config` and `sluice counters get|reset|refund` (the
+//! admin API's client, `admin_client.rs`). The edge of the program, so errors
 //! are `anyhow` here and exit codes are decided here. With no subcommand the binary serves, as
 //! upstream's `/bin/ratelimit` does (Envoy Gateway runs it with no arguments).
 
@@ -32,6 +33,49 @@ enum Command {
         /// Config directory: every file in it is loaded (default: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY).
         dir: Option<PathBuf>,
     },
+    /// Read or reset the counters of a descriptor through a running Sluice's admin API (its
+    /// debug port, with ADMIN_API_TOKEN). Prints the server's JSON; exits 1 when refused.
+    Counters {
+        #[command(subcommand)]
+        action: CountersAction,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum CountersAction {
+    /// Show every limit the descriptor is counted under, with what is used and remaining.
+    Get(CountersArgs),
+    /// Reset those counters; prints them as they were just before.
+    Reset(CountersArgs),
+    /// Give back up to --hits hits to each of those counters (fixed_window, token_bucket, gcra,
+    /// leaky_bucket); prints them as they are after.
+    Refund {
+        #[command(flatten)]
+        args: CountersArgs,
+        /// The hits to give back, at least 1.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        hits: u64,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct CountersArgs {
+    /// The debug listener's URL (DEBUG_HOST:DEBUG_PORT).
+    #[arg(long, default_value = "http://127.0.0.1:6070")]
+    addr: String,
+    /// The domain, as the configuration names it.
+    #[arg(long)]
+    domain: String,
+    /// The descriptor: key=value[,key2=value2...]; write a ',' '=' or '\' inside a key or
+    /// value as \, \= or \\.
+    #[arg(long)]
+    descriptor: String,
+    /// The admin API's bearer token.
+    #[arg(long, env = "ADMIN_API_TOKEN", hide_env_values = true)]
+    token: String,
+    /// How long to wait for the answer, in seconds.
+    #[arg(long, default_value_t = 10)]
+    timeout_secs: u64,
 }
 
 #[derive(clap::Args, Debug, Default)]
@@ -56,6 +100,7 @@ pub fn main() -> ExitCode {
         None => serve(ServeArgs::default()),
         Some(Command::Serve(args)) => serve(args),
         Some(Command::CheckConfig { dir }) => check_config(dir),
+        Some(Command::Counters { action }) => counters(action),
     };
     match result {
         Ok(code) => code,
@@ -108,6 +153,30 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         settings,
         crate::server::shutdown_signal(),
     ))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn counters(action: CountersAction) -> anyhow::Result<ExitCode> {
+    use crate::admin_client::Action;
+    let (action, args) = match action {
+        CountersAction::Get(args) => (Action::Get, args),
+        CountersAction::Reset(args) => (Action::Reset, args),
+        CountersAction::Refund { args, hits } => (Action::Refund(hits), args),
+    };
+    let call = crate::admin_client::CountersCall {
+        action,
+        addr: args.addr,
+        domain: args.domain,
+        descriptor: args.descriptor,
+        token: args.token,
+        timeout: std::time::Duration::from_secs(args.timeout_secs),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let body = runtime.block_on(crate::admin_client::run(&call))?;
+    println!("{body}");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -4,7 +4,8 @@
 //! the named limiters); this crate serves them. [`server`] adapts gRPC and HTTP to the library's
 //! decision paths; [`xds`] is the config source that follows an xDS control plane instead of
 //! files; [`telemetry`] sets up logs and traces. [`settings`] turns the environment into typed
-//! options, [`app`] wires everything from them, and [`cli`] is the command line. Modules import
+//! options, [`app`] wires everything from them, and [`cli`] is the command line (with
+//! `admin_client`, the admin API's client behind `sluice counters`). Modules import
 //! each other in one direction (ARCHITECTURE.md, `tests/module_graph.rs`).
 
 // The public surface is what the binary and tests use; an unwrap outside tests is a panic a
@@ -12,6 +13,7 @@
 #![warn(unreachable_pub, clippy::unwrap_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod admin_client;
 pub mod app;
 pub mod cli;
 pub mod server;

@@ -36,6 +36,7 @@ const PROTOS: &[&str] = &[
     "envoy/service/discovery/v3/ads.proto",
     "ratelimit/config/ratelimit/v3/rls_conf.proto",
     "sluice/v1/limiter.proto",
+    "sluice/v1/admin.proto",
 ];
 
 /// The codec of the generated servers (the clients keep `tonic_prost::ProstCodec`).

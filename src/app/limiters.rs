@@ -1,10 +1,12 @@
 //! Building the limiters on the opened stores: the RLS [`RateLimiter`] (with the per-second
 //! store, when there is one) and, when `LIMITER_API_ENABLED`, the native API's named limiters
-//! with the task that sweeps idle ones.
+//! with the task that sweeps idle ones; the admin API on the RLS limiter, when
+//! `ADMIN_API_TOKEN` is set.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::server::admin::Admin;
 use crate::server::named::{self, NamedApiService};
 use crate::settings::Settings;
 use sluice::clock::SystemClock;
@@ -62,5 +64,18 @@ pub(super) fn rls_limiter(
     if let Some(store) = per_second_store {
         limiter = limiter.with_per_second_store(store);
     }
+    if let Some(log) = settings.operators.decision_log {
+        limiter = limiter.with_decision_log(log);
+    }
     Arc::new(limiter)
+}
+
+/// The admin API on `limiter`, when `ADMIN_API_TOKEN` is set.
+pub(super) fn admin(
+    settings: &Settings,
+    limiter: &Arc<RateLimiter>,
+    metrics: &Metrics,
+) -> Option<Admin> {
+    let token = settings.operators.admin_token.as_deref()?;
+    Some(Admin::new(limiter.clone(), token, metrics))
 }

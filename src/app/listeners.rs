@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::AbortOnDrop;
+use crate::server::admin::{self, Admin};
 use crate::server::budget::{RequestBudget, RequestLimits};
 use crate::server::connections::{ConnectionLimit, LimitedListener};
 use crate::server::named::NamedApiService;
@@ -120,6 +121,9 @@ pub(super) struct Served<H> {
     /// The gRPC health service, served beside RLS.
     pub(super) health_service: H,
     pub(super) memory_store: Option<Arc<MemoryStore>>,
+    /// The admin API, when `ADMIN_API_TOKEN` is set: over gRPC beside RLS, over HTTP on the
+    /// debug listener.
+    pub(super) admin: Option<Admin>,
 }
 
 /// Binds the other listeners and starts serving on every one: the native API (on its own port,
@@ -150,13 +154,9 @@ where
         health,
         health_service,
         memory_store,
+        admin,
     } = served;
-    let ListenerOptions {
-        caps,
-        http1,
-        grpc: grpc_options,
-    } = options;
-    let caps = *caps;
+    let (caps, http1, grpc_options) = (options.caps, &options.http1, &options.grpc);
     let (shared_api, limiter_api) =
         serve_limiter_api(settings, named, grpc_options, metrics, stop)?;
     let limiter_api_addr = limiter_api.as_ref().map(|(addr, _)| *addr);
@@ -165,30 +165,34 @@ where
         grpc_options,
         limiter.clone(),
         metrics.clone(),
-        shared_api,
+        rls::Beside {
+            limiter_api: shared_api,
+            admin: admin.clone().map(admin::grpc_service),
+        },
         health_service,
         stop.stopped(),
     )?;
     let _stop_statsd = start_statsd(settings, metrics, stop);
-    let (debug_addr, debug) = serve_debug(settings, caps, http1.clone(), &limiter, metrics, stop)?;
+    let (debug_addr, debug) = serve_debug(
+        settings,
+        caps,
+        http1.clone(),
+        (&limiter, admin),
+        metrics,
+        stop,
+    )?;
     let observability = http::Observability {
         metrics: metrics.clone(),
         memory_store,
     };
     let prometheus =
         serve_prometheus(settings, caps, http1.clone(), &observability, metrics, stop)?;
-    let http_listener = LimitedListener {
-        listener: main.http,
-        limit: ConnectionLimit::new(caps, "http", metrics),
-    };
-    let http = http::serve(
-        http_listener,
-        http1.clone(),
-        Closed::new("http", metrics),
-        limiter.clone(),
-        health,
-        observability,
-        stop.stopped(),
+    let http = serve_http(
+        main.http,
+        (caps, http1.clone()),
+        (limiter.clone(), health, observability),
+        metrics,
+        stop,
     );
     let prometheus = serve_if_any(prometheus);
     let limiter_api = serve_if_any(limiter_api.map(|(_, serving)| serving));
@@ -203,6 +207,29 @@ where
         _remove_socket: main.remove_socket,
         _stop_statsd,
     })
+}
+
+/// Serves `/healthcheck`, `/json` and `/metrics` on the HTTP listener.
+fn serve_http(
+    listener: TcpListener,
+    (caps, http1): (Caps, Http1Options),
+    (limiter, health, observability): (Arc<RateLimiter>, Health, http::Observability),
+    metrics: &Arc<Metrics>,
+    stop: &StopSignal,
+) -> impl Future<Output = Result<(), ServeError>> + use<> {
+    let http_listener = LimitedListener {
+        listener,
+        limit: ConnectionLimit::new(caps, "http", metrics),
+    };
+    http::serve(
+        http_listener,
+        http1,
+        Closed::new("http", metrics),
+        limiter,
+        health,
+        observability,
+        stop.stopped(),
+    )
 }
 
 /// A listener's serving that may be off: done at once when it is.
@@ -285,6 +312,7 @@ fn listener_options(settings: &Settings, pressure: &Pressure) -> (Caps, Http1Opt
         header_timeout: (!settings.http_read_header_timeout.is_zero())
             .then_some(settings.http_read_header_timeout),
         budget: pressure.budget.clone(),
+        peer_extension: false,
     };
     let grpc_options = GrpcOptions {
         max_connection_age: settings.grpc_max_connection_age,
@@ -363,7 +391,7 @@ fn serve_debug(
     settings: &Settings,
     caps: Caps,
     http1: Http1Options,
-    limiter: &Arc<RateLimiter>,
+    (limiter, admin): (&Arc<RateLimiter>, Option<Admin>),
     metrics: &Arc<Metrics>,
     stop: &StopSignal,
 ) -> Result<
@@ -373,6 +401,11 @@ fn serve_debug(
     ),
     ServeError,
 > {
+    // The admin API logs who reset a counter: the debug listener's requests carry the peer.
+    let http1 = Http1Options {
+        peer_extension: true,
+        ..http1
+    };
     let debug_listener = bind(settings.stats.debug_addr)?;
     let debug_addr = debug_listener
         .local_addr()
@@ -389,6 +422,7 @@ fn serve_debug(
         Closed::new("debug", metrics),
         limiter.clone(),
         metrics.clone(),
+        admin,
         stop.stopped(),
     );
     Ok((debug_addr, debug))

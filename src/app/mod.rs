@@ -71,6 +71,7 @@ pub async fn serve(
     store_health.follow(&health, &metrics);
     let stop = StopSignal::new();
     let served = Served {
+        admin: limiters::admin(&settings, &limiter, &metrics),
         limiter,
         named,
         health: health.clone(),

@@ -1,7 +1,8 @@
 //! Upstream's debug listener (`DEBUG_HOST:DEBUG_PORT`, `0.0.0.0:6070` by default): `/` lists the
 //! endpoints, `/rlconfig` dumps the loaded limits in upstream's line format (what
 //! `egctl x config ratelimit` reads), `/stats` lists upstream's stats as `name: value` lines.
-//! Upstream's `/debug/pprof/` (Go profiling) has no counterpart.
+//! Upstream's `/debug/pprof/` (Go profiling) has no counterpart. With `ADMIN_API_TOKEN` set, the
+//! admin API's `/counters/{domain}` is served here too (`admin/http.rs`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use super::ServeError;
+use super::admin::{self, Admin};
 use super::connections::LimitedListener;
 use super::serving::{Closed, Http1Options};
 use sluice::config::UpstreamDumpLine;
@@ -28,10 +30,17 @@ const ENDPOINTS: &[(&str, &str)] = &[
     ("/stats", "print out stats"),
 ];
 
+/// The admin API's line in `/` when it is on.
+const ADMIN_ENDPOINT: (&str, &str) = (
+    "/counters/{domain}?descriptor=k=v,...",
+    "GET reads, DELETE resets a descriptor's counters (bearer token: ADMIN_API_TOKEN)",
+);
+
 #[derive(Clone)]
 struct DebugState {
     limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
+    admin: bool,
 }
 
 /// Serves the debug endpoints on `listener` until `stopped`.
@@ -41,13 +50,21 @@ pub(crate) fn serve(
     closed: Closed,
     limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
+    admin: Option<Admin>,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> impl Future<Output = Result<(), ServeError>> {
-    let app = Router::new()
+    let mut app = Router::new()
         .route("/", get(index))
         .route("/rlconfig", get(rlconfig))
         .route("/stats", get(stats))
-        .with_state(DebugState { limiter, metrics });
+        .with_state(DebugState {
+            limiter,
+            metrics,
+            admin: admin.is_some(),
+        });
+    if let Some(admin) = admin {
+        app = app.merge(admin::http_routes(admin));
+    }
     super::http::run(listener, options, closed, app, stopped)
 }
 
@@ -55,10 +72,12 @@ fn text(body: String) -> Response {
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], body).into_response()
 }
 
-async fn index() -> Response {
+async fn index(State(state): State<DebugState>) -> Response {
+    let admin = state.admin.then_some(&ADMIN_ENDPOINT);
     text(
-        ENDPOINTS
-            .iter()
+        admin
+            .into_iter()
+            .chain(ENDPOINTS)
             .map(|(path, help)| format!("{path}: {help}\n"))
             .collect(),
     )

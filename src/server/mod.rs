@@ -3,6 +3,7 @@
 //! timeouts and connection age, live config reload, and the health status. Each takes the options it
 //! needs; `app` builds them from the settings, wires them to the limiters and runs them.
 
+pub(crate) mod admin;
 pub(crate) mod budget;
 pub(crate) mod connections;
 pub(crate) mod deadline_floor;
@@ -17,6 +18,7 @@ pub(crate) mod rls;
 mod routes;
 pub(crate) mod serving;
 pub mod tls;
+mod token;
 mod trace_parent;
 
 use std::net::SocketAddr;

@@ -25,7 +25,7 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
-use super::deadline_floor;
+use super::{deadline_floor, token};
 use sluice::clock::{Clock, SystemClock};
 use sluice::metrics::Metrics;
 use sluice::named::{Acquired, NamedError, NamedLimiters};
@@ -72,48 +72,27 @@ pub(crate) fn service(
     InterceptedService::new(server, BearerToken::new(token))
 }
 
-/// Checks `authorization: Bearer <token>`. The comparison runs over SHA-256 digests in constant
-/// time, so neither the token's bytes nor its length can be learnt from response times.
+/// Checks `authorization: Bearer <token>` (`token.rs`, shared with the admin API).
 #[derive(Clone)]
 pub(crate) struct BearerToken {
-    expected: Option<[u8; 32]>,
+    expected: token::Expected,
 }
 
 impl BearerToken {
     fn new(token: Option<&str>) -> Self {
         Self {
-            expected: token.map(digest),
+            expected: token::Expected::new(token),
         }
     }
 }
 
-fn digest(text: &str) -> [u8; 32] {
-    let d = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
-    let mut out = [0; 32];
-    out.copy_from_slice(d.as_ref());
-    out
-}
-
 impl Interceptor for BearerToken {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(expected) = &self.expected else {
-            return Ok(request);
-        };
-        let presented = request
+        let authorization = request
             .metadata()
             .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer_credentials)
-            .map(digest);
-        let matches = presented.is_some_and(|p| {
-            // Every byte is compared whatever the first difference, so the time does not depend
-            // on where it is.
-            p.iter()
-                .zip(expected)
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
-        });
-        if matches {
+            .and_then(|v| v.to_str().ok());
+        if self.expected.admits(authorization) {
             Ok(request)
         } else {
             Err(Status::unauthenticated(
@@ -121,15 +100,6 @@ impl Interceptor for BearerToken {
             ))
         }
     }
-}
-
-/// The token of an `authorization` value that uses the `Bearer` scheme. RFC 7235 (section 2.1)
-/// makes the scheme case-insensitive and puts one or more spaces before the credentials, so
-/// `bearer <token>` and `BEARER  <token>` name the same token as `Bearer <token>`.
-fn bearer_credentials(value: &str) -> Option<&str> {
-    let (scheme, rest) = value.split_once(' ')?;
-    let token = rest.trim_start_matches(' ');
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 impl NamedApi {

@@ -25,6 +25,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use super::admin::AdminGrpcService;
 use super::connections::{self, ConnectionLimit};
 use super::deadline_floor;
 use super::named::NamedApiService;
@@ -104,14 +105,23 @@ pub(crate) fn to_status(error: RlsError) -> Status {
     }
 }
 
-/// Serves RLS, health, reflection and, when it shares the port, the native API on `listener`.
+/// The services served beside RLS on the gRPC port, each only when it is on.
+pub(crate) struct Beside {
+    /// The native API, unless it has a port of its own.
+    pub(crate) limiter_api: Option<NamedApiService>,
+    /// The admin API (`ADMIN_API_TOKEN`).
+    pub(crate) admin: Option<AdminGrpcService>,
+}
+
+/// Serves RLS, health, reflection and, when they are on, the native API (when it shares the
+/// port) and the admin API on `listener`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve<H>(
     listener: GrpcListener,
     options: &GrpcOptions,
     limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
-    limiter_api: Option<NamedApiService>,
+    beside: Beside,
     health: H,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<impl Future<Output = Result<(), ServeError>>, ServeError>
@@ -149,9 +159,13 @@ where
         metrics.clone(),
     );
     let mut routes = tonic::service::Routes::new(health).add_service(reflection);
+    let Beside { limiter_api, admin } = beside;
     let shares_the_port = limiter_api.is_some();
     if let Some(api) = limiter_api {
         routes = routes.add_service(api);
+    }
+    if let Some(admin) = admin {
+        routes = routes.add_service(admin);
     }
     // Envoy's calls skip the router (`routes.rs`), so the router does not hold the RLS.
     let mut routes = GrpcRoutes::new(rls, routes)

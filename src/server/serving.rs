@@ -64,7 +64,19 @@ pub(crate) struct Http1Options {
     pub header_timeout: Option<Duration>,
     /// The request budgets its bodies are read under (`/json`), shared with every listener.
     pub budget: Arc<RequestBudget>,
+    /// Put the peer's address in each request's extensions ([`PeerIp`]): only the debug
+    /// listener, whose admin API logs who reset a counter; elsewhere it would cost an
+    /// allocation per request.
+    pub peer_extension: bool,
 }
+
+/// The address of the peer a request came from (HTTP on the debug listener, gRPC calls to the
+/// admin API), for the admin API's log of resets.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PeerIp(pub Option<std::net::IpAddr>);
+
+/// The path prefix of the admin API's gRPC calls, the only gRPC calls given a [`PeerIp`].
+const ADMIN_PREFIX: &str = "/sluice.v1.Admin/";
 
 /// What a gRPC (HTTP/2) listener enforces.
 #[derive(Debug, Clone, Copy)]
@@ -180,14 +192,19 @@ pub(crate) async fn serve_http1<IO>(
         let app = app.clone();
         let builder = builder.clone();
         let closed = closed.clone();
-        let budget = options.budget.connection(io.peer());
+        let peer = io.peer();
+        let budget = options.budget.connection(peer);
+        let peer_extension = options.peer_extension;
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
                 let header_bytes = header_bytes(&request);
                 let arrived = Instant::now();
-                let request = request.map(|body| {
+                let mut request = request.map(|body| {
                     axum::body::Body::new(budget.body(body, arrived, header_bytes, BodyKind::Plain))
                 });
+                if peer_extension {
+                    request.extensions_mut().insert(PeerIp(peer));
+                }
                 // axum's router is always ready, so it can be called without `poll_ready`.
                 let mut app = app.clone();
                 app.call(request)
@@ -296,11 +313,12 @@ impl Http2Connection {
             closed,
         } = self;
         let calls = Arc::new(Calls::new());
-        let budget = budget.connection(io.peer());
+        let peer = io.peer();
+        let budget = budget.connection(peer);
         let service = {
             let calls = calls.clone();
             hyper::service::service_fn(move |request: http::Request<Incoming>| {
-                call(&calls, &budget, &routes, request)
+                call(&calls, (&budget, peer), &routes, request)
             })
         };
         let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
@@ -339,7 +357,7 @@ impl Http2Connection {
 /// end noted in `calls` for the idle timer.
 fn call(
     calls: &Arc<Calls>,
-    budget: &Arc<ConnectionBudget>,
+    (budget, peer): (&Arc<ConnectionBudget>, Option<std::net::IpAddr>),
     routes: &GrpcRoutes,
     request: http::Request<Incoming>,
 ) -> impl Future<Output = Result<http::Response<tonic::body::Body>, Infallible>> + Send + use<> {
@@ -360,6 +378,9 @@ fn call(
         request
             .extensions_mut()
             .insert(Deadline::of(arrived, timeout));
+    }
+    if request.uri().path().starts_with(ADMIN_PREFIX) {
+        request.extensions_mut().insert(PeerIp(peer));
     }
     // The handler's future is boxed (`routes::ResponseFuture`), so this one stays small: hyper
     // moves it into the call's task, a copy per move (docs/BENCHMARKS.md, "Issue #30, part 4").

@@ -8,7 +8,8 @@
 //! `listeners` (ports, TLS, connection caps and timeouts), `stores` (memory, Redis, the
 //! per-second Redis, the breaker), `rls` (the decision path's options), `stats` (statsd,
 //! DogStatsD, Prometheus, detailed metrics), `telemetry` (logs and traces), `native_api` (the
-//! named limiters' API) and `config_source` (files or xDS); `env` reads one variable, and
+//! named limiters' API), `operators` (the admin API's token, the decision log) and
+//! `config_source` (files or xDS); `env` reads one variable, and
 //! `upstream` is the table of every upstream variable. [`Settings::from_vars`] reads the areas
 //! one after the other.
 
@@ -27,6 +28,7 @@ mod config_source;
 mod env;
 mod listeners;
 mod native_api;
+mod operators;
 mod rls;
 mod stats;
 mod stores;
@@ -37,6 +39,7 @@ pub use config_source::{ConfigSource, ConfigSourceSettings};
 pub use env::{Env, SettingsError};
 pub use listeners::PendingRequestBytes;
 pub use native_api::LimiterApiSettings;
+pub use operators::OperatorSettings;
 pub use stats::{PrometheusListener, StatsSettings, StatsdSink};
 pub use stores::{Backend, DegradedOptions, redis_url};
 
@@ -111,6 +114,8 @@ pub struct Settings {
     pub prometheus: Option<PrometheusListener>,
     /// Upstream's stats: sinks, mapping, tags, and the debug listener.
     pub stats: StatsSettings,
+    /// The admin API's token and the over-limit decision log (`operators.rs`).
+    pub operators: OperatorSettings,
 }
 
 impl Settings {
@@ -142,6 +147,7 @@ impl Settings {
             breaker: stores::breaker(env)?,
             stats: stats::stats_settings(env)?,
             prometheus: stats::prometheus_listener(env)?,
+            operators: operators::operator_settings(env)?,
             // These cannot fail.
             config_dir: config_source::config_dir(env),
             notices: upstream::notices(|name| env.raw(name)),

@@ -13,6 +13,7 @@
 //! named after request values are capped (`MAX_DETAILED_METRIC_SERIES`, a `SeriesCap`), their
 //! long parts digested and control characters replaced, since a client chooses them.
 
+mod admin_metrics;
 mod mapper;
 mod pressure;
 mod stats;
@@ -35,6 +36,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+pub use self::admin_metrics::AdminMetrics;
 use self::store_metrics::StoreMetrics;
 use crate::config::{Algorithm, Limit, Quota};
 use crate::proto::DescriptorEntry;
@@ -115,6 +117,8 @@ pub struct Metrics {
     series_refused: IntCounter,
     /// statsd lines lost: a flush the server did not take, or one DogStatsD line that failed.
     pub statsd_lines_dropped: IntCounter,
+    /// The admin API's calls and resets, the decision log's lines.
+    pub admin: AdminMetrics,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -242,6 +246,7 @@ impl Metrics {
             detailed_series: SeriesCap::new(DEFAULT_DETAILED_SERIES),
             series_refused: inputs.series_refused,
             statsd_lines_dropped: inputs.statsd_lines_dropped,
+            admin: AdminMetrics::register(&r),
             registry: r,
         }
     }

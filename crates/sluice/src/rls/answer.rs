@@ -133,6 +133,18 @@ impl RateLimiter {
             return (response::no_limit(), response::Judged::NO_LIMIT, None);
         };
         let (limit, outcome) = (&*member.limit, &outcomes[member.check].0);
+        if !outcome.admitted
+            && let Some(log) = &self.decision_log
+        {
+            let decision = super::decision_log::OverLimit {
+                domain: plan.domain,
+                descriptor,
+                limit,
+                outcome,
+                shadow_mode: limit.shadow_mode || self.options.shadow_mode,
+            };
+            log.over_limit(self.clock.now_secs(), &decision);
+        }
         let judged = response::Judged {
             over: !outcome.admitted && !limit.shadow_mode,
             quota: limit.quota_mode || self.options.quota_mode,

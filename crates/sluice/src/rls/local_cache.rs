@@ -96,6 +96,12 @@ impl OverLimitCache {
         }
     }
 
+    /// Forgets `key` (the admin API reset its counter): the next request asks the store.
+    pub(super) fn forget(&self, key: &str) {
+        let id = self.id(key);
+        self.shard(id).entries.remove(&id);
+    }
+
     /// Its figures so far, every shard summed; `entries` is how many it holds now.
     pub(super) fn figures(&self) -> CacheFigures {
         let mut total = CacheFigures::default();

@@ -16,7 +16,9 @@
 //! cache and the per-second store (`store_call.rs`), the statuses, their tally and the overall
 //! code (`answer.rs`).
 
+mod admin;
 mod answer;
+mod decision_log;
 pub mod key;
 mod local_cache;
 mod plan;
@@ -28,11 +30,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwapOption;
 
+pub use admin::{AdminError, CounterReport};
+pub use decision_log::{DecisionLogOptions, LogValues, value_hash};
 use key::LongParts;
 pub use key::{KeyBuilder, PrefixError};
 pub use plan::Refusal;
 pub use response::{DEGRADED_HEADER, DEGRADED_METADATA, HeaderNames};
 
+use self::decision_log::DecisionLog;
 use self::local_cache::OverLimitCache;
 use crate::clock::Clock;
 use crate::config::{Algorithm as ConfigAlgorithm, RateLimitConfig};
@@ -150,6 +155,8 @@ pub struct RateLimiter {
     clock: Arc<dyn Clock>,
     options: RlsOptions,
     over_limit_cache: Option<Arc<OverLimitCache>>,
+    /// `DECISION_LOG=over_limit`: a line per descriptor judged over its limit.
+    decision_log: Option<DecisionLog>,
     /// Requests answered OK because the store failed and the policy is fail-open.
     failed_open: AtomicU64,
     fail_open_log: LogThrottle,
@@ -188,6 +195,7 @@ impl RateLimiter {
             clock,
             over_limit_cache: OverLimitCache::with_size(options.local_cache_bytes).map(Arc::new),
             options,
+            decision_log: None,
             failed_open: AtomicU64::new(0),
             fail_open_log: LogThrottle::default(),
             store_error_log: LogThrottle::default(),
@@ -207,7 +215,23 @@ impl RateLimiter {
             let cache = cache.clone();
             metrics.observe_local_cache(move || cache.figures());
         }
+        if let Some(log) = &mut self.decision_log {
+            let (written, dropped) = metrics.admin.decision_log_counters();
+            log.count_in(written, dropped);
+        }
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// Writes a line per descriptor judged over its limit (`DECISION_LOG=over_limit`), counted
+    /// in the metrics when there are some.
+    pub fn with_decision_log(mut self, options: DecisionLogOptions) -> Self {
+        let mut log = DecisionLog::new(options);
+        if let Some(metrics) = &self.metrics {
+            let (written, dropped) = metrics.admin.decision_log_counters();
+            log.count_in(written, dropped);
+        }
+        self.decision_log = Some(log);
         self
     }
 

@@ -115,7 +115,7 @@ impl RateLimiter {
     /// Asks the store(s): one call, or two concurrent ones when second-unit limits have their
     /// own store; outcomes come back in the order of `checks`. Each call applies `charging` to
     /// its own checks (the two stores cannot decide together).
-    async fn decide(
+    pub(super) async fn decide(
         &self,
         call: Call<'_>,
         checks: &[&Check],

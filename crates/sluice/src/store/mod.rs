@@ -525,6 +525,36 @@ pub trait CounterStore: Store {
     fn check<'a>(&'a self, checks: &'a [&'a Check]) -> StoreFuture<'a> {
         self.check_with(Call::detached(), checks, Charging::Each)
     }
+
+    /// Removes the counters named `keys` (the admin API's reset), returning how many existed.
+    /// A counter removed is as if never charged: the next check starts it afresh, for every
+    /// algorithm (each keeps its whole state under its one key). The default refuses, so a test
+    /// double of the decision path need not implement it; every store and layer does.
+    fn reset<'a>(&'a self, call: Call<'a>, keys: &'a [&'a str]) -> StoreFuture<'a, u64> {
+        let _ = (call, keys);
+        Box::pin(std::future::ready(Err(StoreError::Setup(
+            "this store cannot reset counters".into(),
+        ))))
+    }
+
+    /// Gives back up to `check.hits` hits to each check's counter (the admin API's refund),
+    /// never past empty or a full bucket, returning the hits given back per check. Only the
+    /// fixed window (its count goes down) and [`Rule::Gcra`] (its arrival time moves back one
+    /// interval per hit) can; any other rule is refused before a store is asked
+    /// ([`refundable`]). The default refuses, as [`CounterStore::reset`]'s does.
+    fn refund<'a>(&'a self, call: Call<'a>, checks: &'a [&'a Check]) -> StoreFuture<'a, Vec<u64>> {
+        let _ = (call, checks);
+        Box::pin(std::future::ready(Err(StoreError::Setup(
+            "this store cannot refund counters".into(),
+        ))))
+    }
+}
+
+/// Whether a refund can give hits back under `rule`: a fixed window's count and a bucket's
+/// arrival time say how many hits they hold; a log of hits, two weighted windows and a warm-up's
+/// spacing do not say which hits to take back.
+pub fn refundable(rule: &Rule) -> bool {
+    matches!(rule, Rule::FixedWindow { .. } | Rule::Gcra { .. })
 }
 
 /// What the named limiters (`named`) need of a store: limiter configs, acquisitions and the
@@ -593,6 +623,14 @@ impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
         charging: Charging,
     ) -> StoreFuture<'a> {
         (**self).check_with(call, checks, charging)
+    }
+
+    fn reset<'a>(&'a self, call: Call<'a>, keys: &'a [&'a str]) -> StoreFuture<'a, u64> {
+        (**self).reset(call, keys)
+    }
+
+    fn refund<'a>(&'a self, call: Call<'a>, checks: &'a [&'a Check]) -> StoreFuture<'a, Vec<u64>> {
+        (**self).refund(call, checks)
     }
 }
 

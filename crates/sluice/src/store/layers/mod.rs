@@ -40,6 +40,10 @@ pub enum Op {
     Acquire,
     /// [`LimiterStore::registry`].
     Registry,
+    /// [`CounterStore::reset`].
+    Reset,
+    /// [`CounterStore::refund`].
+    Refund,
 }
 
 impl Op {
@@ -52,6 +56,8 @@ impl Op {
             Op::DeleteLimiter => "delete_limiter",
             Op::Acquire => "acquire",
             Op::Registry => "registry",
+            Op::Reset => "reset",
+            Op::Refund => "refund",
         }
     }
 }
@@ -81,6 +87,26 @@ pub trait Layer: Send + Sync + Debug {
         self.around(Op::Check, call, move |call| {
             store.check_with(call, checks, charging)
         })
+    }
+
+    /// [`CounterStore::reset`] through this layer.
+    fn reset<'a, S: CounterStore + ?Sized>(
+        &'a self,
+        store: &'a S,
+        call: Call<'a>,
+        keys: &'a [&'a str],
+    ) -> StoreFuture<'a, u64> {
+        self.around(Op::Reset, call, move |call| store.reset(call, keys))
+    }
+
+    /// [`CounterStore::refund`] through this layer.
+    fn refund<'a, S: CounterStore + ?Sized>(
+        &'a self,
+        store: &'a S,
+        call: Call<'a>,
+        checks: &'a [&'a Check],
+    ) -> StoreFuture<'a, Vec<u64>> {
+        self.around(Op::Refund, call, move |call| store.refund(call, checks))
     }
 
     /// [`LimiterStore::set_limiter`] through this layer.
@@ -187,6 +213,14 @@ impl<L: Layer, S: CounterStore> CounterStore for Layered<L, S> {
         charging: Charging,
     ) -> StoreFuture<'a> {
         self.layer.check_with(&self.store, call, checks, charging)
+    }
+
+    fn reset<'a>(&'a self, call: Call<'a>, keys: &'a [&'a str]) -> StoreFuture<'a, u64> {
+        self.layer.reset(&self.store, call, keys)
+    }
+
+    fn refund<'a>(&'a self, call: Call<'a>, checks: &'a [&'a Check]) -> StoreFuture<'a, Vec<u64>> {
+        self.layer.refund(&self.store, call, checks)
     }
 }
 

@@ -118,6 +118,40 @@ impl MemoryStore {
         self.inner.sweep_expired();
     }
 
+    /// Gives back up to `check.hits` to its counter under its shard's lock, returning how many
+    /// (twin of `lua/refund.lua`): a fixed window's count goes down, at least to 0; a bucket's
+    /// arrival time moves back an interval per hit, at most to now, where the bucket is full
+    /// and the entry goes. Other rules give nothing back (`super::refundable`).
+    fn refund_one(&self, check: &Check, now: u64) -> u64 {
+        let id = self.inner.key_id(&check.key);
+        let mut shard = self
+            .inner
+            .table
+            .lock_with_room(self.inner.table.shard_index(id), &[]);
+        let Some(entry) = shard.get_mut(&id).filter(|e| e.expires_at > now) else {
+            return 0;
+        };
+        match (&mut entry.state, &check.rule) {
+            (State::Count(count), Rule::FixedWindow { .. }) => {
+                let back = (*count).min(check.hits);
+                *count -= back;
+                back
+            }
+            (State::Tat(tat), &Rule::Gcra { interval, .. }) if *tat > now => {
+                let back = check.hits.min((*tat - now).div_ceil(interval.max(1)));
+                let new_tat = tat.saturating_sub(back.saturating_mul(interval));
+                if new_tat <= now {
+                    shard.remove(&id);
+                } else {
+                    *tat = new_tat;
+                    entry.expires_at = new_tat;
+                }
+                back
+            }
+            _ => 0,
+        }
+    }
+
     /// Decides one check atomically under its shard's lock. `take` selects the named limiters'
     /// fixed window, which counts hits only when they fit; the RLS one counts refused hits too,
     /// as upstream does. (The other algorithms never count refused hits.)
@@ -331,6 +365,29 @@ impl CounterStore for MemoryStore {
         };
         Box::pin(std::future::ready(Ok(outcomes)))
     }
+
+    fn reset<'a>(&'a self, _: Call<'a>, keys: &'a [&'a str]) -> StoreFuture<'a, u64> {
+        let now = self.inner.clock.now_micros();
+        let removed = keys
+            .iter()
+            .filter(|key| {
+                let id = self.inner.key_id(key);
+                let mut shard = self
+                    .inner
+                    .table
+                    .lock_with_room(self.inner.table.shard_index(id), &[]);
+                // An expired entry the sweep has not reached yet is no counter.
+                shard.remove(&id).is_some_and(|e| e.expires_at > now)
+            })
+            .count();
+        Box::pin(std::future::ready(Ok(removed as u64)))
+    }
+
+    fn refund<'a>(&'a self, _: Call<'a>, checks: &'a [&'a Check]) -> StoreFuture<'a, Vec<u64>> {
+        let now = self.inner.clock.now_micros();
+        let given = checks.iter().map(|c| self.refund_one(c, now)).collect();
+        Box::pin(std::future::ready(Ok(given)))
+    }
 }
 
 impl LimiterStore for MemoryStore {
@@ -420,6 +477,61 @@ mod tests {
 
     pub(super) async fn one(store: &MemoryStore, check: Check) -> Outcome {
         store.check(&[&check]).await.unwrap()[0]
+    }
+
+    #[tokio::test]
+    async fn a_refund_gives_back_at_most_what_is_held_and_a_reset_all() {
+        let clock = Arc::new(ManualClock::new(120_500_000));
+        let store = store(&clock, 100);
+        for _ in 0..3 {
+            one(&store, fixed("w", 1, 2, 120)).await;
+        }
+        let back = |check: Check| {
+            let store = &store;
+            async move { store.refund(Call::detached(), &[&check]).await.unwrap()[0] }
+        };
+        // Three counted (one refused), two given back, then at most the one left.
+        assert_eq!(back(fixed("w", 2, 2, 120)).await, 2);
+        assert_eq!(one(&store, fixed("w", 0, 2, 120)).await.used, 1);
+        assert_eq!(back(fixed("w", 5, 2, 120)).await, 1);
+        assert_eq!(one(&store, fixed("w", 0, 2, 120)).await.remaining, 2);
+        // A bucket of 3 with a second per token: two taken, five asked back, two given.
+        let bucket = |hits| Check {
+            key: "b".into(),
+            hits,
+            rule: Rule::Gcra {
+                interval: 1_000_000,
+                burst: 3,
+            },
+            record_refused: false,
+            group: None,
+        };
+        one(&store, bucket(2)).await;
+        assert_eq!(one(&store, bucket(0)).await.remaining, 1);
+        assert_eq!(back(bucket(5)).await, 2);
+        assert_eq!(one(&store, bucket(0)).await.remaining, 3);
+        // Other rules give nothing back.
+        let log = Check {
+            key: "l".into(),
+            hits: 1,
+            rule: Rule::SlidingWindowLog {
+                limit: 3,
+                window: 60_000_000,
+            },
+            record_refused: false,
+            group: None,
+        };
+        one(&store, log.clone()).await;
+        assert_eq!(back(log).await, 0);
+        // A reset removes what exists, and only that.
+        assert_eq!(
+            store
+                .reset(Call::detached(), &["w", "l", "none"])
+                .await
+                .unwrap(),
+            2
+        );
+        assert_eq!(one(&store, fixed("w", 0, 2, 120)).await.used, 0);
     }
 
     #[tokio::test]

@@ -637,6 +637,29 @@ impl CounterStore for RedisStore {
     ) -> StoreFuture<'a> {
         self.bounded(call, self.run(checks, charging))
     }
+
+    /// One `DEL` per key, each sent to the master of its slot (a counter's whole state is its
+    /// one key, for every algorithm); they go concurrently through the batcher.
+    fn reset<'a>(&'a self, call: Call<'a>, keys: &'a [&'a str]) -> StoreFuture<'a, u64> {
+        self.bounded(call, async move {
+            let deletes = keys.iter().map(|key| async move {
+                let cmd = redis::cmd("DEL").arg(*key).clone();
+                parse::<u64>(self.route(slot::slot(key.as_bytes()), cmd).await?)
+            });
+            Ok(futures::future::try_join_all(deletes).await?.iter().sum())
+        })
+    }
+
+    /// One call of `lua/refund.lua` per check, each to the master of its key's slot.
+    fn refund<'a>(&'a self, call: Call<'a>, checks: &'a [&'a Check]) -> StoreFuture<'a, Vec<u64>> {
+        self.bounded(call, async move {
+            let refunds = checks.iter().map(|check| async move {
+                let cmd = script::refund(check, self.pinned_now());
+                parse::<u64>(self.route(slot::slot(check.key.as_bytes()), cmd).await?)
+            });
+            futures::future::try_join_all(refunds).await
+        })
+    }
 }
 
 impl LimiterStore for RedisStore {

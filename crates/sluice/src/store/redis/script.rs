@@ -235,6 +235,27 @@ pub(super) static LIMITER: LazyLock<LuaScript> =
 pub(super) static REGISTRY: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::assemble(include_str!("../../../lua/registry.lua")));
 
+/// A refund of the admin API (`lua/refund.lua`).
+pub(super) static REFUND: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::assemble(include_str!("../../../lua/refund.lua")));
+
+/// The call of [`REFUND`] giving back up to `check.hits` to its counter: the fixed window's
+/// count, or a bucket's arrival time one interval per hit.
+pub(super) fn refund(check: &Check, pinned_now_micros: Option<u64>) -> redis::Cmd {
+    let (kind, interval) = match check.rule {
+        Rule::Gcra { interval, .. } => ("tat", interval),
+        _ => ("count", 0),
+    };
+    let mut cmd = evalsha(&REFUND, (6, check.key.len() + 64));
+    cmd.arg(1)
+        .arg(&check.key)
+        .arg(pinned_now_micros.map_or(String::new(), |t| t.to_string()))
+        .arg(kind)
+        .arg(check.hits)
+        .arg(interval);
+    cmd
+}
+
 /// Every script, for loading at start-up.
 pub(super) fn all() -> Vec<&'static LuaScript> {
     let mut all = vec![
@@ -244,6 +265,7 @@ pub(super) fn all() -> Vec<&'static LuaScript> {
         &*FIXED_WINDOW_LEAN_ACROSS_SLOTS,
         &*LIMITER,
         &*REGISTRY,
+        &*REFUND,
     ];
     for each in EACH.iter() {
         all.push(&each.declared);
