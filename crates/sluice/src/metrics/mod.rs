@@ -103,6 +103,8 @@ pub struct Metrics {
     pub pressure: PressureMetrics,
     descriptors_refused: IntCounterVec,
     long_parts: IntCounterVec,
+    /// Concurrency releases, by whether they found the leases they gave back.
+    releases: IntCounterVec,
     /// Calls answered `DEADLINE_EXCEEDED` because their caller's deadline was shorter than the
     /// store could meet, by gRPC service and stage (`GRPC_MIN_TIMEOUT`, `store::deadline`).
     pub calls_deadline_too_short: IntCounterVec,
@@ -234,6 +236,7 @@ impl Metrics {
             pressure,
             descriptors_refused: inputs.descriptors_refused,
             long_parts: inputs.long_parts,
+            releases: inputs.releases,
             calls_deadline_too_short: inputs.calls_deadline_too_short,
             detailed_series: SeriesCap::new(DEFAULT_DETAILED_SERIES),
             series_refused: inputs.series_refused,
@@ -245,6 +248,13 @@ impl Metrics {
     /// A descriptor refused without being judged (`reason` is a fixed label, never request text).
     pub fn record_refused_descriptor(&self, reason: &'static str) {
         self.descriptors_refused.with_label_values(&[reason]).inc();
+    }
+
+    /// A concurrency release (`sluice_release`): whether it found every lease it gave back
+    /// (`returned`) or fewer (`nothing_held`: a release with no lease held, or a short one).
+    pub fn record_release(&self, found_all: bool) {
+        let result = if found_all { "returned" } else { "nothing_held" };
+        self.releases.with_label_values(&[result]).inc();
     }
 
     /// A domain, key or value over its input limit (`part`).
@@ -619,6 +629,7 @@ impl ConnectionMetrics {
 struct InputMetrics {
     descriptors_refused: IntCounterVec,
     long_parts: IntCounterVec,
+    releases: IntCounterVec,
     calls_deadline_too_short: IntCounterVec,
     series_refused: IntCounter,
     statsd_lines_dropped: IntCounter,
@@ -640,6 +651,14 @@ impl InputMetrics {
                 "Domains, keys and values longer than their input limit, judged under a digest \
                  of their text",
                 &["part"],
+            ),
+            releases: counter_vec(
+                r,
+                "sluice_concurrency_releases_total",
+                "Releases of concurrency leases (a descriptor whose last entry is \
+                 sluice_release), by result: returned (every lease given back was held) or \
+                 nothing_held (fewer leases were held than it gave back); always answered OK",
+                &["result"],
             ),
             calls_deadline_too_short: counter_vec(
                 r,

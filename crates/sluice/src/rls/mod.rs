@@ -253,7 +253,7 @@ impl RateLimiter {
         let plan = self.plan(name, domain, request);
         let marks = Marks::new();
         let asked = self.ask_store(marks.call(deadline), &plan).await;
-        let outcomes = match asked {
+        let mut outcomes = match asked {
             Ok(outcomes) => outcomes,
             Err(e @ StoreError::CallerDeadline(_)) => return Err(RlsError::CallerDeadline(e)),
             Err(e) if self.options.failure_policy == FailurePolicy::FailOpen => {
@@ -266,6 +266,7 @@ impl RateLimiter {
                 return Err(e.into());
             }
         };
+        self.settle_releases(&plan, &mut outcomes);
         let answers = self.answer(request, counters, &plan, &outcomes);
         let mut reply = self.finish(request, answers);
         if marks.degraded() {
@@ -346,6 +347,11 @@ pub fn rule_for(algorithm: ConfigAlgorithm, limit: u64, window: u64) -> Rule {
             window,
             warmup: warmup.as_micros() as u64,
             cold_factor,
+        },
+        ConfigAlgorithm::Concurrency => Rule::Concurrency {
+            limit,
+            lease: window,
+            release: false,
         },
     }
 }

@@ -158,6 +158,7 @@ fn limits_of(
                     line: l.line.or(spec.line),
                 }),
                 member,
+                calendar: l.calendar,
             }
         })
         .collect()

@@ -28,6 +28,7 @@ impl FileChecker<'_> {
             "cold_factor",
             "record_refused_hits",
             "unit_multiplier",
+            "calendar",
         ];
         let fields = self.mapping(node, "rate_limit", FIELDS)?;
         let record_refused_hits = fields
@@ -53,6 +54,7 @@ impl FileChecker<'_> {
 
         let quota = self.quota(node, &fields, unlimited, unit_text, requests_per_unit)?;
 
+        let calendar = self.calendar(&fields, &quota)?;
         let replaces = self.replaces(&fields, &name)?;
         // The fixed window always records refused hits (upstream's INCRBY); saying so is a
         // mistake, not a no-op.
@@ -78,6 +80,7 @@ impl FileChecker<'_> {
             quota,
             replaces,
             record_refused_hits,
+            calendar,
         })
     }
 
@@ -270,6 +273,7 @@ impl FileChecker<'_> {
             "gcra" => Algorithm::Gcra { burst: burst_value },
             "leaky_bucket" => Algorithm::LeakyBucket { burst: burst_value },
             "warm_up" => self.warm_up(fields, line)?,
+            "concurrency" => Algorithm::Concurrency,
             other => {
                 self.error(
                     at("algorithm"),
@@ -357,10 +361,13 @@ impl FileChecker<'_> {
         // Parameters that belong to another algorithm are mistakes, not silent no-ops.
         let takes_burst = algorithm.burst().is_some();
         let takes_warmup = matches!(algorithm, Algorithm::WarmUp { .. });
+        // A refused acquisition holds no lease: there is nothing to record.
+        let records = algorithm != Algorithm::Concurrency;
         for (key, allowed) in [
             ("burst", takes_burst),
             ("warmup_period", takes_warmup),
             ("cold_factor", takes_warmup),
+            ("record_refused_hits", records),
         ] {
             if !allowed && fields.contains_key(key) {
                 self.error(

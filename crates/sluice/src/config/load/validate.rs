@@ -45,6 +45,7 @@ pub(super) const EXTENSION_KEYS: &[&str] = &[
     "cold_factor",
     "record_refused_hits",
     "unit_multiplier",
+    "calendar",
 ];
 
 /// Validates every document, each named by its source, and gathers the descriptors of each
@@ -128,6 +129,7 @@ pub(super) struct LimitSpec {
     pub(super) quota: Quota,
     pub(super) replaces: Vec<String>,
     pub(super) record_refused_hits: bool,
+    pub(super) calendar: Option<Arc<crate::config::Calendar>>,
 }
 
 /// Validates one file's YAML tree, recording errors and warnings against its path.
