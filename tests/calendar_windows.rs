@@ -157,18 +157,40 @@ async fn months_from_an_anchor_day_and_weeks_from_their_first_day() {
         let store = store_for(&kind, redis.as_ref(), &clock).await;
         let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      \
             - {unit: month, requests_per_unit: 5, calendar: {time_zone: Europe/Berlin, \
-            anchor_day: 25}}\n      - {unit: week, requests_per_unit: 5, calendar: \
+            anchor_day: 25}}\n      - {unit: week, requests_per_unit: 3, calendar: \
             {time_zone: Asia/Kolkata, week_start: sunday}}\n";
         let limiter = limiter(store, &clock, yaml);
         let first = ask(&limiter).await;
         assert_eq!(first.overall_code, Code::Ok as i32, "{first:?}");
-        // The week (Sunday 2026-10-25 00:00 IST = 2026-10-24T18:30Z) ends first; the month
-        // ends a few hours later, at 2026-10-24T22:00Z (midnight CEST on the 25th).
+        // Both admit; the status is the tighter limit's: the week from Sunday in Kolkata, which
+        // ends at 2026-10-25 00:00 IST (18:30Z), hours before Berlin's month from the 25th.
         assert_eq!(
             reset_secs(&first) as u64,
             (at("2026-10-24T18:30:00Z") - at("2026-10-20T10:00:00Z")) / 1_000_000,
             "{kind:?}: {first:?}"
         );
+        // Two more fill the week (Sunday 2026-10-25 00:00 IST, 2026-10-24T18:30Z), which then
+        // refuses and says when it ends.
+        for _ in 0..2 {
+            assert_eq!(ask(&limiter).await.overall_code, Code::Ok as i32);
+        }
+        let over = ask(&limiter).await;
+        assert_eq!(over.overall_code, Code::OverLimit as i32, "{over:?}");
+        assert_eq!(
+            reset_secs(&over) as u64,
+            (at("2026-10-24T18:30:00Z") - at("2026-10-20T10:00:00Z")) / 1_000_000,
+            "{kind:?}: {over:?}"
+        );
+        // Sunday in Kolkata: a new week; the Berlin month (three taken) admits two more, then
+        // refuses until its own end three hours later.
+        clock.set_micros(at("2026-10-24T19:00:00Z"));
+        for _ in 0..2 {
+            let ok = ask(&limiter).await;
+            assert_eq!(ok.overall_code, Code::Ok as i32, "{kind:?}: {ok:?}");
+        }
+        let month_over = ask(&limiter).await;
+        assert_eq!(month_over.overall_code, Code::OverLimit as i32, "{month_over:?}");
+        assert_eq!(reset_secs(&month_over), 3 * 3600);
         if let Some(server) = &redis {
             let keys = redis_keys(server);
             assert!(
