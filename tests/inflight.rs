@@ -1,0 +1,244 @@
+//! `algorithm: concurrency` (issue #44): leases held at once, given back by a release (the
+//! same descriptor with a last entry `sluice_release`). Over `/json` on both stores; 64
+//! concurrent callers across two Sluice replicas on one Redis, which never hold more than the
+//! limit and leave no lease behind; and, on a pinned clock, leases that expire after their unit
+//! on both stores.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use sluice::clock::ManualClock;
+use sluice::config::{LoadOptions, load_sources};
+use sluice::proto::Code;
+use sluice::rls::{KeyBuilder, RateLimiter, RlsOptions};
+use sluice::store::redis::Target;
+use sluice::store::{CounterStore, MemoryStore, MemoryStoreOptions, RedisOptions, RedisStore};
+
+const INFLIGHT: &str = "domain: d\ndescriptors:\n  - key: inflight\n    rate_limit:\n      \
+    unit: minute\n      requests_per_unit: 5\n      algorithm: concurrency\n";
+
+fn json_body(release: bool) -> String {
+    let release = if release {
+        r#",{"key":"sluice_release","value":"1"}"#
+    } else {
+        ""
+    };
+    format!(r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"inflight","value":"u"}}{release}]}}]}}"#)
+}
+
+/// Five acquisitions are OK, the sixth refused; a release is OK and the next acquisition is
+/// admitted; a release with no lease held is OK too, and counted.
+#[test]
+fn json_acquisitions_and_releases_on_both_stores() {
+    let config = config_dir(INFLIGHT);
+    let redis = RedisServer::start();
+    for server in [None, Some(&redis)] {
+        let sluice = Sluice::start(config.path(), server, &[]);
+        let acquire = || sluice.http("POST", "/json", &json_body(false)).0;
+        let release = || sluice.http("POST", "/json", &json_body(true)).0;
+        let first: Vec<u16> = (0..6).map(|_| acquire()).collect();
+        assert_eq!(first, [200, 200, 200, 200, 200, 429], "redis: {}", server.is_some());
+        assert_eq!(release(), 200);
+        assert_eq!(acquire(), 200);
+        assert_eq!(acquire(), 429);
+        // Give all five back, then one more than is held.
+        for _ in 0..5 {
+            assert_eq!(release(), 200);
+        }
+        assert_eq!(
+            sluice.metric("sluice_concurrency_releases_total{result=\"nothing_held\"}"),
+            0.0
+        );
+        assert_eq!(release(), 200);
+        assert_eq!(
+            sluice.metric("sluice_concurrency_releases_total{result=\"nothing_held\"}"),
+            1.0
+        );
+        assert_eq!(
+            sluice.metric("sluice_concurrency_releases_total{result=\"returned\"}"),
+            6.0
+        );
+        // The release took nothing for later: five fit again, not six.
+        let again: Vec<u16> = (0..6).map(|_| acquire()).collect();
+        assert_eq!(again, [200, 200, 200, 200, 200, 429]);
+        for _ in 0..5 {
+            assert_eq!(release(), 200);
+        }
+    }
+    // Nothing left behind on Redis once every lease was given back.
+    assert_eq!(redis.cli(&["--raw", "KEYS", "*"]).unwrap_or_default().trim(), "");
+}
+
+/// A release of a descriptor whose limit is not a concurrency limit counts nothing: it is
+/// matched as the descriptor it is (here: no limit).
+#[test]
+fn a_release_entry_on_another_algorithm_is_no_release() {
+    let yaml = "domain: d\ndescriptors:\n  - key: inflight\n    rate_limit: {unit: minute, \
+                requests_per_unit: 1}\n";
+    let config = config_dir(yaml);
+    let sluice = Sluice::start(config.path(), None, &[]);
+    assert_eq!(sluice.http("POST", "/json", &json_body(true)).0, 200);
+    assert_eq!(sluice.http("POST", "/json", &json_body(false)).0, 200);
+    assert_eq!(sluice.http("POST", "/json", &json_body(false)).0, 429);
+    assert_eq!(
+        sluice.metric("sluice_concurrency_releases_total{result=\"returned\"}"),
+        0.0
+    );
+}
+
+/// 64 callers over two replicas on one Redis, each taking a lease, holding it a moment and
+/// giving it back, over and over: the leases held (counted by the callers between grant and
+/// release, so never more than Redis holds) never pass the limit, every caller gets through,
+/// and no lease is left once they are done. Then 64 acquisitions at once admit exactly the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_callers_on_two_replicas_hold_at_most_the_limit() {
+    const LIMIT: u64 = 8;
+    let yaml = format!(
+        "domain: d\ndescriptors:\n  - key: inflight\n    rate_limit: {{unit: minute, \
+         requests_per_unit: {LIMIT}, algorithm: concurrency}}\n"
+    );
+    let config = config_dir(&yaml);
+    let redis = RedisServer::start();
+    let replicas = [
+        Sluice::start(config.path(), Some(&redis), &[]),
+        Sluice::start(config.path(), Some(&redis), &[]),
+    ];
+    let held = Arc::new(AtomicU64::new(0));
+    let most = Arc::new(AtomicU64::new(0));
+    let granted = Arc::new(AtomicUsize::new(0));
+    let mut callers = Vec::new();
+    for i in 0..64 {
+        let mut client = replicas[i % 2].client().await;
+        let (held, most, granted) = (held.clone(), most.clone(), granted.clone());
+        callers.push(tokio::spawn(async move {
+            let mut mine = 0;
+            while mine < 5 {
+                let take = ask(&mut client, request("d", vec![descriptor(&[("inflight", "u")])]));
+                if take.await.overall_code != Code::Ok as i32 {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                let now = held.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                held.fetch_sub(1, Ordering::SeqCst);
+                let give = descriptor(&[("inflight", "u"), ("sluice_release", "1")]);
+                let answer = ask(&mut client, request("d", vec![give])).await;
+                assert_eq!(answer.overall_code, Code::Ok as i32);
+                mine += 1;
+                granted.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    assert_eq!(granted.load(Ordering::SeqCst), 64 * 5);
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= LIMIT, "{most} leases held at once, limit {LIMIT}");
+    assert!(most > 1, "the callers never overlapped ({most})");
+    assert_eq!(redis.cli(&["--raw", "KEYS", "*"]).unwrap_or_default().trim(), "");
+    for replica in &replicas {
+        assert_eq!(
+            replica.metric("sluice_concurrency_releases_total{result=\"nothing_held\"}"),
+            0.0
+        );
+    }
+
+    // 64 acquisitions at once: exactly LIMIT admitted.
+    let mut asks = Vec::new();
+    for i in 0..64 {
+        let mut client = replicas[i % 2].client().await;
+        asks.push(tokio::spawn(async move {
+            ask(&mut client, request("d", vec![descriptor(&[("inflight", "u")])]))
+                .await
+                .overall_code
+                == Code::Ok as i32
+        }));
+    }
+    let mut admitted = 0;
+    for a in asks {
+        admitted += u64::from(a.await.unwrap());
+    }
+    assert_eq!(admitted, LIMIT);
+}
+
+async fn store_for(
+    kind: &StoreKind,
+    redis: Option<&RedisServer>,
+    clock: &Arc<ManualClock>,
+) -> Arc<dyn CounterStore> {
+    match kind {
+        StoreKind::Memory => Arc::new(MemoryStore::new(
+            MemoryStoreOptions::default(),
+            clock.clone(),
+        )),
+        StoreKind::Redis => {
+            let store = RedisStore::new(RedisOptions {
+                target: Target::Single(redis.expect("a server").url()),
+                auth: None,
+                auth_file: None,
+                sentinel_auth: None,
+                tls: Default::default(),
+                pool_size: 2,
+                timeout: Duration::from_secs(30),
+                expiration_jitter_max: Duration::ZERO,
+                pinned_clock: Some(clock.clone()),
+            })
+            .expect("the store starts");
+            store
+                .wait_until_ready(&sluice::store::redis::StartupRetry::within(Some(
+                    Duration::from_secs(30),
+                )))
+                .await
+                .expect("redis is ready");
+            Arc::new(store)
+        }
+    }
+}
+
+/// Leases never given back (a crashed Envoy) expire one unit after they were taken, not before,
+/// on both stores; a refusal says when the soonest will.
+#[tokio::test(flavor = "multi_thread")]
+async fn leases_never_given_back_expire_after_their_unit() {
+    for_each_store(|kind, redis| async move {
+        let t0 = 1_800_000_000_000_000;
+        let clock = Arc::new(ManualClock::new(t0));
+        let store = store_for(&kind, redis.as_ref(), &clock).await;
+        let limiter = RateLimiter::new(
+            store,
+            KeyBuilder::default(),
+            clock.clone(),
+            RlsOptions::default(),
+        );
+        let config = load_sources(
+            vec![(PathBuf::from("inflight.yaml"), INFLIGHT.to_string())],
+            &LoadOptions::default(),
+        )
+        .unwrap();
+        limiter.set_config(Arc::new(config));
+        let req = request("d", vec![descriptor(&[("inflight", "u")])]);
+        for _ in 0..5 {
+            let ok = limiter.should_rate_limit(&req, None).await.unwrap();
+            assert_eq!(ok.overall_code, Code::Ok as i32, "{kind:?}: {ok:?}");
+        }
+        clock.advance_micros(10_000_000);
+        let over = limiter.should_rate_limit(&req, None).await.unwrap();
+        assert_eq!(over.overall_code, Code::OverLimit as i32);
+        assert_eq!(over.statuses[0].duration_until_reset.unwrap().seconds, 50);
+        // A minute less a microsecond after they were taken: still held.
+        clock.set_micros(t0 + 59_999_999);
+        let held = limiter.should_rate_limit(&req, None).await.unwrap();
+        assert_eq!(held.overall_code, Code::OverLimit as i32, "{kind:?}");
+        clock.set_micros(t0 + 60_000_000);
+        let free = limiter.should_rate_limit(&req, None).await.unwrap();
+        assert_eq!(free.overall_code, Code::Ok as i32, "{kind:?}: {free:?}");
+        assert_eq!(free.statuses[0].limit_remaining, 4);
+    })
+    .await;
+}
