@@ -189,12 +189,17 @@ async fn months_from_an_anchor_day_and_weeks_from_their_first_day() {
             assert_eq!(ok.overall_code, Code::Ok as i32, "{kind:?}: {ok:?}");
         }
         let month_over = ask(&limiter).await;
-        assert_eq!(month_over.overall_code, Code::OverLimit as i32, "{month_over:?}");
+        assert_eq!(
+            month_over.overall_code,
+            Code::OverLimit as i32,
+            "{month_over:?}"
+        );
         assert_eq!(reset_secs(&month_over), 3 * 3600);
         if let Some(server) = &redis {
             let keys = redis_keys(server);
             assert!(
-                keys.iter().any(|k| k.ends_with("_2026-09-25@Europe/Berlin"))
+                keys.iter()
+                    .any(|k| k.ends_with("_2026-09-25@Europe/Berlin"))
                     && keys
                         .iter()
                         .any(|k| k.ends_with("_week-2026-10-18@Asia/Kolkata")),
@@ -211,7 +216,9 @@ fn seconds_to_next(zone: &str, unit: &str) -> i64 {
     let now = jiff::Zoned::now().with_time_zone(jiff::tz::TimeZone::get(zone).unwrap());
     let today = now.date();
     let next = match unit {
-        "month" => today.first_of_month().checked_add(jiff::Span::new().months(1)),
+        "month" => today
+            .first_of_month()
+            .checked_add(jiff::Span::new().months(1)),
         _ => today.checked_add(jiff::Span::new().days(1)),
     }
     .unwrap();
@@ -283,9 +290,8 @@ fn load_error(yaml: &str) -> String {
 
 #[test]
 fn bad_calendars_are_refused_with_file_and_line() {
-    let limit = |fields: &str| {
-        format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n{fields}")
-    };
+    let limit =
+        |fields: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n{fields}");
     for (fields, expected) in [
         (
             "      unit: day\n      requests_per_unit: 1\n      calendar:\n        time_zone: Europe/Berln\n",

@@ -28,7 +28,9 @@ fn json_body(release: bool) -> String {
     } else {
         ""
     };
-    format!(r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"inflight","value":"u"}}{release}]}}]}}"#)
+    format!(
+        r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"inflight","value":"u"}}{release}]}}]}}"#
+    )
 }
 
 /// Five acquisitions are OK, the sixth refused; a release is OK and the next acquisition is
@@ -42,7 +44,12 @@ fn json_acquisitions_and_releases_on_both_stores() {
         let acquire = || sluice.http("POST", "/json", &json_body(false)).0;
         let release = || sluice.http("POST", "/json", &json_body(true)).0;
         let first: Vec<u16> = (0..6).map(|_| acquire()).collect();
-        assert_eq!(first, [200, 200, 200, 200, 200, 429], "redis: {}", server.is_some());
+        assert_eq!(
+            first,
+            [200, 200, 200, 200, 200, 429],
+            "redis: {}",
+            server.is_some()
+        );
         assert_eq!(release(), 200);
         assert_eq!(acquire(), 200);
         assert_eq!(acquire(), 429);
@@ -71,7 +78,13 @@ fn json_acquisitions_and_releases_on_both_stores() {
         }
     }
     // Nothing left behind on Redis once every lease was given back.
-    assert_eq!(redis.cli(&["--raw", "KEYS", "*"]).unwrap_or_default().trim(), "");
+    assert_eq!(
+        redis
+            .cli(&["--raw", "KEYS", "*"])
+            .unwrap_or_default()
+            .trim(),
+        ""
+    );
 }
 
 /// A release of a descriptor whose limit is not a concurrency limit counts nothing: it is
@@ -118,7 +131,10 @@ async fn sixty_four_callers_on_two_replicas_hold_at_most_the_limit() {
         callers.push(tokio::spawn(async move {
             let mut mine = 0;
             while mine < 5 {
-                let take = ask(&mut client, request("d", vec![descriptor(&[("inflight", "u")])]));
+                let take = ask(
+                    &mut client,
+                    request("d", vec![descriptor(&[("inflight", "u")])]),
+                );
                 if take.await.overall_code != Code::Ok as i32 {
                     tokio::time::sleep(Duration::from_millis(2)).await;
                     continue;
@@ -142,7 +158,13 @@ async fn sixty_four_callers_on_two_replicas_hold_at_most_the_limit() {
     let most = most.load(Ordering::SeqCst);
     assert!(most <= LIMIT, "{most} leases held at once, limit {LIMIT}");
     assert!(most > 1, "the callers never overlapped ({most})");
-    assert_eq!(redis.cli(&["--raw", "KEYS", "*"]).unwrap_or_default().trim(), "");
+    assert_eq!(
+        redis
+            .cli(&["--raw", "KEYS", "*"])
+            .unwrap_or_default()
+            .trim(),
+        ""
+    );
     for replica in &replicas {
         assert_eq!(
             replica.metric("sluice_concurrency_releases_total{result=\"nothing_held\"}"),
@@ -155,9 +177,12 @@ async fn sixty_four_callers_on_two_replicas_hold_at_most_the_limit() {
     for i in 0..64 {
         let mut client = replicas[i % 2].client().await;
         asks.push(tokio::spawn(async move {
-            ask(&mut client, request("d", vec![descriptor(&[("inflight", "u")])]))
-                .await
-                .overall_code
+            ask(
+                &mut client,
+                request("d", vec![descriptor(&[("inflight", "u")])]),
+            )
+            .await
+            .overall_code
                 == Code::Ok as i32
         }));
     }

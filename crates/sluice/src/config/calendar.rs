@@ -103,8 +103,8 @@ impl Calendar {
     }
 
     fn compute(&self, unit: Unit, now_secs: u64) -> Period {
-        let now = Timestamp::from_second(now_secs.min(i64::MAX as u64) as i64)
-            .unwrap_or(Timestamp::MAX);
+        let now =
+            Timestamp::from_second(now_secs.min(i64::MAX as u64) as i64).unwrap_or(Timestamp::MAX);
         let today = now.to_zoned(self.zone.clone()).date();
         let (start, end, label) = match unit {
             Unit::Week => {
@@ -112,7 +112,11 @@ impl Calendar {
                     - self.week_start.to_monday_zero_offset())
                 .rem_euclid(7);
                 let start = today.saturating_sub(i64::from(back).days());
-                (start, start.saturating_add(7.days()), format!("week-{start}"))
+                (
+                    start,
+                    start.saturating_add(7.days()),
+                    format!("week-{start}"),
+                )
             }
             Unit::Month => {
                 let this = today.with().day(self.anchor_day).build().unwrap_or(today);
@@ -130,7 +134,11 @@ impl Calendar {
             }
             Unit::Year => {
                 let start = today.first_of_year();
-                (start, start.saturating_add(1.year()), start.year().to_string())
+                (
+                    start,
+                    start.saturating_add(1.year()),
+                    start.year().to_string(),
+                )
             }
             _ => (today, today.saturating_add(1.day()), today.to_string()),
         };

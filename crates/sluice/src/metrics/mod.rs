@@ -253,7 +253,11 @@ impl Metrics {
     /// A concurrency release (`sluice_release`): whether it found every lease it gave back
     /// (`returned`) or fewer (`nothing_held`: a release with no lease held, or a short one).
     pub fn record_release(&self, found_all: bool) {
-        let result = if found_all { "returned" } else { "nothing_held" };
+        let result = if found_all {
+            "returned"
+        } else {
+            "nothing_held"
+        };
         self.releases.with_label_values(&[result]).inc();
     }
 

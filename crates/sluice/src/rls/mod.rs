@@ -39,7 +39,7 @@ use crate::config::{Algorithm as ConfigAlgorithm, RateLimitConfig};
 use crate::metrics::{ConfigCounters, Metrics};
 use crate::proto::{RateLimitRequest, RateLimitResponse};
 use crate::store::deadline::Deadline;
-use crate::store::{CounterStore, Marks, Rule, StoreError};
+use crate::store::{CounterStore, Marks, Outcome, Rule, StoreError};
 use crate::util::{self, LogThrottle};
 
 /// Remaining count reported for `unlimited` descriptors, as upstream does.
@@ -267,8 +267,12 @@ impl RateLimiter {
             }
         };
         self.settle_releases(&plan, &mut outcomes);
+        let took_lease = took_lease(&plan, &outcomes);
         let answers = self.answer(request, counters, &plan, &outcomes);
         let mut reply = self.finish(request, answers);
+        if took_lease {
+            response::mark_lease(&mut reply);
+        }
         if marks.degraded() {
             response::mark_degraded(&mut reply);
         }
@@ -354,6 +358,19 @@ pub fn rule_for(algorithm: ConfigAlgorithm, limit: u64, window: u64) -> Rule {
             release: false,
         },
     }
+}
+
+/// Whether the request took a concurrency lease (an acquisition admitted with hits), so that
+/// Envoy's release at stream end, conditioned on the mark, gives back only what was taken.
+fn took_lease(plan: &plan::RequestPlan<'_>, outcomes: &[(Outcome, bool)]) -> bool {
+    plan.checks
+        .iter()
+        .zip(outcomes)
+        .any(|(check, (outcome, _))| {
+            matches!(check.rule, Rule::Concurrency { release: false, .. })
+                && check.hits > 0
+                && outcome.admitted
+        })
 }
 
 fn invalid(message: String) -> RlsError {

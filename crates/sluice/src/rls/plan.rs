@@ -311,7 +311,13 @@ fn concurrency_only(limits: &[Limit]) -> Cow<'_, [Limit]> {
     if limits.iter().all(is_concurrency) {
         Cow::Borrowed(limits)
     } else {
-        Cow::Owned(limits.iter().filter(|l| is_concurrency(l)).cloned().collect())
+        Cow::Owned(
+            limits
+                .iter()
+                .filter(|l| is_concurrency(l))
+                .cloned()
+                .collect(),
+        )
     }
 }
 

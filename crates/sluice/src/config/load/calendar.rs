@@ -26,7 +26,10 @@ impl FileChecker<'_> {
         const FIELDS: &[&str] = &["time_zone", "anchor_day", "week_start"];
         let block = self.mapping(node, "calendar", FIELDS)?;
         let Some(zone_node) = block.get("time_zone") else {
-            self.error(node.line, "calendar needs time_zone (for example Europe/Berlin)");
+            self.error(
+                node.line,
+                "calendar needs time_zone (for example Europe/Berlin)",
+            );
             return None;
         };
         let zone = self.string(zone_node, "time_zone")?;
@@ -51,11 +54,17 @@ impl FileChecker<'_> {
             return None;
         };
         if block.contains_key("anchor_day") && *unit != Unit::Month {
-            self.error(unit_line("anchor_day"), "anchor_day applies to unit month only");
+            self.error(
+                unit_line("anchor_day"),
+                "anchor_day applies to unit month only",
+            );
             return None;
         }
         if block.contains_key("week_start") && *unit != Unit::Week {
-            self.error(unit_line("week_start"), "week_start applies to unit week only");
+            self.error(
+                unit_line("week_start"),
+                "week_start applies to unit week only",
+            );
             return None;
         }
         match Calendar::new(&zone, anchor_day, &week_start) {
