@@ -89,6 +89,35 @@ fn at(text: &str) -> u64 {
     text.parse::<jiff::Timestamp>().unwrap().as_microsecond() as u64
 }
 
+/// A cost charged when a response ends (`apply_on_stream_done`, a descriptor's `hits_addend`)
+/// counts in the calendar month like any fixed-window charge, on both stores.
+#[tokio::test(flavor = "multi_thread")]
+async fn costs_charged_at_stream_end_count_in_the_calendar_period() {
+    for_each_store(|kind, redis| async move {
+        let clock = Arc::new(ManualClock::new(at("2026-11-30T23:00:00Z")));
+        let store = store_for(&kind, redis.as_ref(), &clock).await;
+        let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: month, \
+            requests_per_unit: 1000, calendar: {time_zone: America/New_York}}\n";
+        let limiter = limiter(store, &clock, yaml);
+        let charge = |hits: u64| {
+            let mut d = descriptor(&[("k", "a")]);
+            d.hits_addend = Some(hits);
+            request("d", vec![d])
+        };
+        let spent = limiter.should_rate_limit(&charge(700), None).await.unwrap();
+        assert_eq!(spent.statuses[0].limit_remaining, 300, "{kind:?}");
+        // 18:00 in New York on 30 November: the month ends in six hours.
+        assert_eq!(reset_secs(&spent), 6 * 3600);
+        let over = limiter.should_rate_limit(&charge(400), None).await.unwrap();
+        assert_eq!(over.overall_code, Code::OverLimit as i32);
+        // December in New York (05:00Z): a new month, a new counter.
+        clock.set_micros(at("2026-12-01T05:00:00Z"));
+        let fresh = limiter.should_rate_limit(&charge(400), None).await.unwrap();
+        assert_eq!(fresh.statuses[0].limit_remaining, 600, "{kind:?}: {fresh:?}");
+    })
+    .await;
+}
+
 fn redis_keys(server: &RedisServer) -> Vec<String> {
     let mut keys: Vec<String> = server
         .cli(&["--raw", "KEYS", "*"])
