@@ -113,7 +113,10 @@ async fn costs_charged_at_stream_end_count_in_the_calendar_period() {
         // December in New York (05:00Z): a new month, a new counter.
         clock.set_micros(at("2026-12-01T05:00:00Z"));
         let fresh = limiter.should_rate_limit(&charge(400), None).await.unwrap();
-        assert_eq!(fresh.statuses[0].limit_remaining, 600, "{kind:?}: {fresh:?}");
+        assert_eq!(
+            fresh.statuses[0].limit_remaining, 600,
+            "{kind:?}: {fresh:?}"
+        );
     })
     .await;
 }

@@ -103,7 +103,6 @@ pub struct Metrics {
     pub pressure: PressureMetrics,
     descriptors_refused: IntCounterVec,
     long_parts: IntCounterVec,
-    /// Concurrency releases, by whether they found the leases they gave back.
     releases: IntCounterVec,
     /// Calls answered `DEADLINE_EXCEEDED` because their caller's deadline was shorter than the
     /// store could meet, by gRPC service and stage (`GRPC_MIN_TIMEOUT`, `store::deadline`).
@@ -250,14 +249,9 @@ impl Metrics {
         self.descriptors_refused.with_label_values(&[reason]).inc();
     }
 
-    /// A concurrency release (`sluice_release`): whether it found every lease it gave back
-    /// (`returned`) or fewer (`nothing_held`: a release with no lease held, or a short one).
+    /// A concurrency release: it found every lease it gave back, or fewer (`nothing_held`).
     pub fn record_release(&self, found_all: bool) {
-        let result = if found_all {
-            "returned"
-        } else {
-            "nothing_held"
-        };
+        let result = ["nothing_held", "returned"][usize::from(found_all)];
         self.releases.with_label_values(&[result]).inc();
     }
 
@@ -659,9 +653,8 @@ impl InputMetrics {
             releases: counter_vec(
                 r,
                 "sluice_concurrency_releases_total",
-                "Releases of concurrency leases (a descriptor whose last entry is \
-                 sluice_release), by result: returned (every lease given back was held) or \
-                 nothing_held (fewer leases were held than it gave back); always answered OK",
+                "Concurrency releases (always OK): returned, or nothing_held when fewer \
+                 leases were held than given back",
                 &["result"],
             ),
             calls_deadline_too_short: counter_vec(

@@ -107,32 +107,21 @@ impl RateLimiter {
                     return None;
                 };
                 let window_secs = limit.quota.window_secs().unwrap_or(unit.window_secs());
-                // A release (matched only to concurrency limits) counts on its descriptor
-                // without the `sluice_release` entry.
-                let release = release_of(descriptor).filter(|_| is_concurrency(&limit));
-                let (key, mut rule) = self.counter(
+                let (key, rule) = self.counter(
                     name,
-                    release.unwrap_or(&descriptor.entries),
+                    descriptor,
                     &limit,
                     (requests_per_unit, window_secs, algorithm),
                     now_secs,
                 );
-                if let Rule::Concurrency { release: r, .. } = &mut rule {
-                    *r = release.is_some();
-                }
-                // A calendar period's length is its own (a 23-hour day, a 31-day month).
-                let window_secs = match rule {
-                    Rule::FixedWindow { window_secs, .. } => window_secs,
-                    _ => window_secs,
-                };
+                let window_secs = period_secs(&rule, window_secs);
                 per_second.push(second);
                 checks.push(Check {
                     key,
                     hits: hits(request, descriptor),
-                    rule,
                     record_refused: records_refused(&limit, algorithm),
-                    // A release is never part of a list's all-or-nothing decision.
-                    group: group.filter(|_| release.is_none()),
+                    group: group.filter(|_| !is_release(&rule)),
+                    rule,
                 });
                 let rate = response::Rate {
                     requests_per_unit,
@@ -155,20 +144,26 @@ impl RateLimiter {
         }
     }
 
-    /// The key and the counting rule of one descriptor under `limit`.
+    /// The key and the counting rule of one descriptor under `limit`. A release (matched only
+    /// to concurrency limits) counts on its descriptor without the `sluice_release` entry.
     fn counter(
         &self,
         domain: &str,
-        entries: &[DescriptorEntry],
+        descriptor: &RateLimitDescriptor,
         limit: &Limit,
         (requests_per_unit, window_secs, algorithm): (u32, u64, ConfigAlgorithm),
         now_secs: u64,
     ) -> (String, Rule) {
+        let release = release_of(descriptor).filter(|_| is_concurrency(limit));
+        let entries = release.unwrap_or(&descriptor.entries);
         let mut rule = rule_for(
             algorithm,
             u64::from(requests_per_unit),
             window_secs * 1_000_000,
         );
+        if let Rule::Concurrency { release: r, .. } = &mut rule {
+            *r = release.is_some();
+        }
         if let (
             Rule::FixedWindow {
                 window_start,
@@ -318,6 +313,20 @@ fn concurrency_only(limits: &[Limit]) -> Cow<'_, [Limit]> {
                 .cloned()
                 .collect(),
         )
+    }
+}
+
+/// Whether a check gives leases back: never part of a list's all-or-nothing decision.
+fn is_release(rule: &Rule) -> bool {
+    matches!(rule, Rule::Concurrency { release: true, .. })
+}
+
+/// A window's length in seconds as the rule counts it: a calendar period's is its own (a
+/// 23-hour day, a 31-day month), any other the configured `nominal`.
+fn period_secs(rule: &Rule, nominal: u64) -> u64 {
+    match rule {
+        Rule::FixedWindow { window_secs, .. } => *window_secs,
+        _ => nominal,
     }
 }
 

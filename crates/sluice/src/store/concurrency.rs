@@ -17,7 +17,6 @@
 use std::collections::VecDeque;
 
 use super::Outcome;
-use super::algorithms::{State, Step};
 
 /// Leases by expiry: (expiry in microseconds, leases), soonest first, expiries distinct.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -101,17 +100,18 @@ fn ms_until(at: u64, now: u64) -> u64 {
 /// Takes (or with `release` gives back) `hits` leases of at most `limit` held at once, each
 /// living `lease` microseconds. A zero-hit acquisition looks: admitted when one more lease
 /// would fit, and takes nothing. Twin of `concurrency` in `lua/concurrency.lua`.
+///
+/// Returns the outcome and the leases to keep with how long (`None`: keep the state as it was,
+/// or none when emptied); the memory store wraps them as its state (`memory/state.rs`), so this
+/// module needs nothing of `algorithms.rs`, which names its state.
 pub(crate) fn concurrency(
-    state: Option<State>,
+    state: Option<Box<Leases>>,
     hits: u64,
     limit: u64,
     (lease, release): (u64, bool),
     now: u64,
-) -> Step {
-    let mut leases = match state {
-        Some(State::Leases(leases)) => leases,
-        _ => Box::default(),
-    };
+) -> (Outcome, Option<(Box<Leases>, u64)>) {
+    let mut leases = state.unwrap_or_default();
     leases.drop_expired(now);
     let (admitted, changed) = if release {
         (leases.give_back(hits) == hits, hits > 0)
@@ -138,15 +138,9 @@ pub(crate) fn concurrency(
         reset_ms,
         used: held,
     };
-    let keep = match leases.last_expiry() {
-        Some(last) => Some((State::Leases(leases), last - now)),
-        // Emptied by this call: an empty state is no state (the memory store removes it).
-        None => None,
-    };
-    Step {
-        outcome,
-        keep: keep.filter(|_| changed || held > 0),
-    }
+    // Emptied by this call: an empty state is no state (the memory store removes it).
+    let keep = leases.last_expiry().map(|last| (leases, last - now));
+    (outcome, keep.filter(|_| changed || held > 0))
 }
 
 #[cfg(test)]
@@ -155,10 +149,10 @@ mod tests {
 
     const LEASE: u64 = 64_000_000;
 
-    fn run(state: &mut Option<State>, hits: u64, release: bool, now: u64) -> Outcome {
-        let step = concurrency(state.take(), hits, 5, (LEASE, release), now);
-        *state = step.keep.map(|(s, _)| s);
-        step.outcome
+    fn run(state: &mut Option<Box<Leases>>, hits: u64, release: bool, now: u64) -> Outcome {
+        let (outcome, keep) = concurrency(state.take(), hits, 5, (LEASE, release), now);
+        *state = keep.map(|(s, _)| s);
+        outcome
     }
 
     #[test]
@@ -209,7 +203,7 @@ mod tests {
             run(&mut state, 1, true, now + 1);
             run(&mut state, 1, false, now + 2);
         }
-        let Some(State::Leases(leases)) = &state else {
+        let Some(leases) = &state else {
             panic!("a state is held");
         };
         assert!(leases.by_expiry.len() <= 65, "{}", leases.by_expiry.len());

@@ -60,7 +60,18 @@ pub(super) fn run_rule(
             limit,
             lease,
             release,
-        } => concurrency::concurrency(found, hits, limit, (lease, release), now),
+        } => {
+            let found = match found {
+                Some(State::Leases(leases)) => Some(leases),
+                _ => None,
+            };
+            let (outcome, keep) =
+                concurrency::concurrency(found, hits, limit, (lease, release), now);
+            algorithms::Step {
+                outcome,
+                keep: keep.map(|(leases, ttl)| (State::Leases(leases), ttl)),
+            }
+        }
     }
 }
 
