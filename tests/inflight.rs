@@ -267,3 +267,76 @@ async fn leases_never_given_back_expire_after_their_unit() {
     })
     .await;
 }
+
+/// The memory store and the Redis script answer a long random sequence of acquisitions,
+/// releases, zero-cost looks and time steps alike (admitted, remaining, reset, used), on a
+/// pinned clock: `store/concurrency.rs` and `lua/concurrency.lua` are one algorithm.
+#[tokio::test(flavor = "multi_thread")]
+async fn both_stores_answer_a_random_sequence_alike() {
+    use sluice::store::{Check, Rule};
+    let redis = RedisServer::start();
+    let t0 = 1_800_000_000_000_000u64;
+    let clock = Arc::new(ManualClock::new(t0));
+    let memory = store_for(&StoreKind::Memory, None, &clock).await;
+    let on_redis = store_for(&StoreKind::Redis, Some(&redis), &clock).await;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for step in 0..3000 {
+        let (hits, release) = match next(10) {
+            0..=4 => (1 + next(3), false),
+            5..=7 => (1 + next(2), true),
+            8 => (0, false),
+            _ => (next(9), false),
+        };
+        let check = Check {
+            key: format!("{{k{}}}:concurrency", next(3)),
+            hits,
+            rule: Rule::Concurrency {
+                limit: 7,
+                lease: 2_000_000,
+                release,
+            },
+            record_refused: false,
+            group: None,
+        };
+        let a = memory.check(&[&check]).await.unwrap();
+        let b = on_redis.check(&[&check]).await.unwrap();
+        assert_eq!(a, b, "step {step}: {check:?}");
+        clock.advance_micros(next(400_000));
+    }
+}
+
+/// A release of a concurrency limit in a `rate_limits` list beside a fixed window (the full
+/// script, not the lean one, on Redis) gives back its lease and counts nothing on the window.
+#[test]
+fn a_list_with_a_concurrency_limit_releases_only_it() {
+    let yaml = "domain: d\ndescriptors:\n  - key: inflight\n    rate_limits:\n      - {unit: \
+                minute, requests_per_unit: 2, algorithm: concurrency}\n      - {unit: minute, \
+                requests_per_unit: 4}\n";
+    let config = config_dir(yaml);
+    let redis = RedisServer::start();
+    for server in [None, Some(&redis)] {
+        let sluice = Sluice::start(config.path(), server, &[]);
+        let acquire = || sluice.http("POST", "/json", &json_body(false)).0;
+        let release = || sluice.http("POST", "/json", &json_body(true)).0;
+        assert_eq!([acquire(), acquire(), acquire()], [200, 200, 429]);
+        assert_eq!(release(), 200);
+        assert_eq!(release(), 200);
+        // Two leases free again; the window counted only the two admitted requests (a list's
+        // refused request charges only the limits that refuse it), so it takes two more.
+        assert_eq!([acquire(), acquire()], [200, 200], "redis {}", server.is_some());
+        assert_eq!([release(), release()], [200, 200]);
+        // Leases free, the window full (4 of 4): refused by the window, and the releases
+        // counted nothing on it.
+        assert_eq!(acquire(), 429);
+        assert_eq!(
+            sluice.metric("sluice_concurrency_releases_total{result=\"returned\"}"),
+            4.0
+        );
+    }
+}
