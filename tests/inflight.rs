@@ -329,7 +329,12 @@ fn a_list_with_a_concurrency_limit_releases_only_it() {
         assert_eq!(release(), 200);
         // Two leases free again; the window counted only the two admitted requests (a list's
         // refused request charges only the limits that refuse it), so it takes two more.
-        assert_eq!([acquire(), acquire()], [200, 200], "redis {}", server.is_some());
+        assert_eq!(
+            [acquire(), acquire()],
+            [200, 200],
+            "redis {}",
+            server.is_some()
+        );
         assert_eq!([release(), release()], [200, 200]);
         // Leases free, the window full (4 of 4): refused by the window, and the releases
         // counted nothing on it.
