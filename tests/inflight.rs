@@ -345,3 +345,29 @@ fn a_list_with_a_concurrency_limit_releases_only_it() {
         );
     }
 }
+
+/// With `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, a request whose other descriptor goes over
+/// (a cost charged at stream end) still gives its lease back: a release is never only looked at.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_beside_a_charge_that_goes_over_still_gives_back() {
+    let yaml = "domain: d\ndescriptors:\n  - key: inflight\n    rate_limit: {unit: minute, \
+                requests_per_unit: 1, algorithm: concurrency}\n  - key: tokens\n    rate_limit: \
+                {unit: minute, requests_per_unit: 10}\n";
+    let config = config_dir(yaml);
+    let env = [("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")];
+    let sluice = Sluice::start(config.path(), None, &env);
+    let mut client = sluice.client().await;
+    let take = || request("d", vec![descriptor(&[("inflight", "u")])]);
+    assert_eq!(ask(&mut client, take()).await.overall_code, Code::Ok as i32);
+    let mut cost = descriptor(&[("tokens", "u")]);
+    cost.hits_addend = Some(50);
+    let give = descriptor(&[("inflight", "u"), ("sluice_release", "1")]);
+    let done = ask(&mut client, request("d", vec![give, cost])).await;
+    assert_eq!(done.statuses[0].code, Code::Ok as i32, "{done:?}");
+    let again = ask(&mut client, take()).await;
+    assert_eq!(
+        again.overall_code,
+        Code::Ok as i32,
+        "the lease was given back: {again:?}"
+    );
+}

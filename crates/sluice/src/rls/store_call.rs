@@ -58,7 +58,12 @@ impl RateLimiter {
         checks: &[&Check],
         per_second: &[bool],
     ) -> Result<Vec<(Outcome, bool)>, StoreError> {
-        let charging = if self.options.stop_increment_when_over {
+        // A release is charged whatever the request's other checks do: under StopWhenOver it
+        // could otherwise be only looked at, and the lease never given back.
+        let gives_back = checks
+            .iter()
+            .any(|c| matches!(c.rule, Rule::Concurrency { release: true, .. }));
+        let charging = if self.options.stop_increment_when_over && !gives_back {
             Charging::StopWhenOver
         } else {
             Charging::Each
