@@ -371,3 +371,61 @@ async fn a_release_beside_a_charge_that_goes_over_still_gives_back() {
         "the lease was given back: {again:?}"
     );
 }
+
+/// An answer carries the `sluice_release` mark (which Envoy's release reads) only when the
+/// request took a lease: not when refused, and not when a `rate_limits` list's other limit
+/// refused it (the list charged nothing, so its concurrency limit took no lease).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_lease_mark_is_set_only_when_a_lease_was_taken() {
+    let yaml = "domain: d\ndescriptors:\n  - key: inflight\n    rate_limits:\n      - {unit: \
+                minute, requests_per_unit: 2, algorithm: concurrency}\n      - {unit: minute, \
+                requests_per_unit: 1}\n";
+    let config = config_dir(yaml);
+    let sluice = Sluice::start(config.path(), None, &[]);
+    let mut client = sluice.client().await;
+    let marked = |r: &sluice::proto::RateLimitResponse| {
+        r.dynamic_metadata
+            .as_ref()
+            .is_some_and(|m| m.fields.contains_key("sluice_release"))
+    };
+    let take = || request("d", vec![descriptor(&[("inflight", "u")])]);
+    let first = ask(&mut client, take()).await;
+    assert_eq!(first.overall_code, Code::Ok as i32);
+    assert!(marked(&first), "{first:?}");
+    // The window (1 a minute) refuses the second; the concurrency limit alone would admit it.
+    let second = ask(&mut client, take()).await;
+    assert_eq!(second.overall_code, Code::OverLimit as i32);
+    assert!(!marked(&second), "{second:?}");
+}
+
+/// Under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` a request with another descriptor over its
+/// limit charges nothing else: its concurrency check took no lease, and its answer has no mark.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_lease_mark_when_stop_increment_charged_nothing() {
+    let yaml = "domain: d\ndescriptors:\n  - key: inflight\n    rate_limit: {unit: minute, \
+                requests_per_unit: 2, algorithm: concurrency}\n  - key: other\n    rate_limit: \
+                {unit: minute, requests_per_unit: 0}\n";
+    let config = config_dir(yaml);
+    let env = [("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")];
+    let sluice = Sluice::start(config.path(), None, &env);
+    let mut client = sluice.client().await;
+    let both = request(
+        "d",
+        vec![
+            descriptor(&[("inflight", "u")]),
+            descriptor(&[("other", "x")]),
+        ],
+    );
+    let answer = ask(&mut client, both).await;
+    assert_eq!(answer.overall_code, Code::OverLimit as i32);
+    let marked = answer
+        .dynamic_metadata
+        .as_ref()
+        .is_some_and(|m| m.fields.contains_key("sluice_release"));
+    assert!(!marked, "{answer:?}");
+    // And indeed nothing was taken: both leases are free.
+    let mut look = descriptor(&[("inflight", "u")]);
+    look.hits_addend = Some(0);
+    let free = ask(&mut client, request("d", vec![look])).await;
+    assert_eq!(free.statuses[0].limit_remaining, 2, "{free:?}");
+}
