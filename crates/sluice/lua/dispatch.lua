@@ -14,6 +14,8 @@ local function run_rule(key, now_us, algorithm, hits, a, b, c, d, record)
     return gcra(key, now_us, hits, record, a, b)
   elseif algorithm == 'warm_up' then
     return warm_up(key, now_us, hits, record, a, b, c, d)
+  elseif algorithm == 'concurrency' then
+    return concurrency(key, now_us, hits, record, a, b, c)
   end
   error('sluice: unknown algorithm ' .. tostring(algorithm))
 end

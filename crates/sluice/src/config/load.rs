@@ -7,6 +7,7 @@
 //! Every error names the file and, for a file's text, the line; loading goes on after an error
 //! so that one run reports every problem, and fails if there was any.
 
+mod calendar;
 mod compile;
 mod discover;
 mod rate_limit;

@@ -7,6 +7,7 @@
 //! key-only default; no backtracking; the limit applies only when the last entry lands on a node
 //! that has one.
 
+pub mod calendar;
 mod load;
 mod wildcard;
 mod xds;
@@ -17,6 +18,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use calendar::{Calendar, Period};
 pub use load::{LoadOptions, load_dir, load_sources};
 pub use wildcard::Wildcard;
 pub use xds::load_resources;
@@ -188,11 +190,15 @@ pub enum Algorithm {
         /// How many times slower than the stable rate a cold limiter spaces requests.
         cold_factor: f64,
     },
+    /// At most `requests_per_unit` leases held at once (requests in flight); a lease lives one
+    /// window unless given back earlier by a release (the descriptor with a last entry
+    /// `sluice_release`).
+    Concurrency,
 }
 
 impl Algorithm {
     /// Every algorithm's name as `algorithm:` takes it, for messages that list them.
-    pub const NAMES: [&'static str; 7] = [
+    pub const NAMES: [&'static str; 8] = [
         "fixed_window",
         "sliding_window_log",
         "sliding_window_counter",
@@ -200,6 +206,7 @@ impl Algorithm {
         "gcra",
         "leaky_bucket",
         "warm_up",
+        "concurrency",
     ];
 
     /// The algorithm's name as `algorithm:` spells it.
@@ -212,6 +219,7 @@ impl Algorithm {
             Algorithm::Gcra { .. } => "gcra",
             Algorithm::LeakyBucket { .. } => "leaky_bucket",
             Algorithm::WarmUp { .. } => "warm_up",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 
@@ -307,6 +315,10 @@ impl Algorithm {
         }
         let per_permit = window as f64 / limit.max(1) as f64;
         match self {
+            Algorithm::Concurrency if window < 1_000 => problem(
+                AlgorithmField::Rate,
+                "concurrency's leases live one window, which must be at least 1 ms".to_string(),
+            ),
             Algorithm::SlidingWindowLog if limit > MAX_LOG_LIMIT => problem(
                 AlgorithmField::Rate,
                 format!(
@@ -438,6 +450,9 @@ pub struct Limit {
     /// Its place among the limits of a `rate_limits` list; `None` for a descriptor's only limit
     /// (`rate_limit`, or an override).
     pub member: Option<Member>,
+    /// `calendar` (a Sluice extension, fixed windows of a day, week, month or year only): the
+    /// window is the calendar period in that zone, named in the key.
+    pub calendar: Option<Arc<Calendar>>,
 }
 
 /// A limit's place in its descriptor's `rate_limits` list (a Sluice extension): a request
@@ -493,6 +508,7 @@ impl Limit {
             path: String::new(),
             origin: None,
             member: None,
+            calendar: None,
         }
     }
 
@@ -546,6 +562,9 @@ impl fmt::Display for Limit {
         }
         if self.hide_from_headers {
             f.write_str(" hide_from_headers")?;
+        }
+        if let Some(calendar) = &self.calendar {
+            write!(f, " {calendar}")?;
         }
         for (_, pattern) in &self.shared_values {
             write!(f, " shared={pattern}")?;

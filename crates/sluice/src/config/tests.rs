@@ -538,7 +538,19 @@ fn algorithm_parameters_that_make_no_sense_are_refused() {
     let cases: &[(&str, &str)] = &[
         (
             "      unit: second\n      algorithm: sideways\n",
-            "limits.yaml:6: unknown algorithm 'sideways' (expected one of: fixed_window, sliding_window_log, sliding_window_counter, token_bucket, gcra, leaky_bucket, warm_up)",
+            "limits.yaml:6: unknown algorithm 'sideways' (expected one of: fixed_window, sliding_window_log, sliding_window_counter, token_bucket, gcra, leaky_bucket, warm_up, concurrency)",
+        ),
+        (
+            "      unit: minute\n      requests_per_unit: 5\n      algorithm: concurrency\n      record_refused_hits: true\n",
+            "limits.yaml:8: record_refused_hits does not apply to algorithm concurrency",
+        ),
+        (
+            "      unit: minute\n      requests_per_unit: 5\n      algorithm: concurrency\n      burst: 2\n",
+            "limits.yaml:8: burst does not apply to algorithm concurrency",
+        ),
+        (
+            "      unit: minute\n      requests_per_unit: 0\n      algorithm: concurrency\n",
+            "limits.yaml:6: requests_per_unit must be at least 1 for concurrency (use fixed_window with 0 to refuse everything)",
         ),
         (
             "      unit: second\n      requests_per_unit: 5\n      algorithm: token_bucket\n      burst: 0\n",

@@ -108,6 +108,7 @@ pub struct Metrics {
     pub pressure: PressureMetrics,
     descriptors_refused: IntCounterVec,
     long_parts: IntCounterVec,
+    releases: IntCounterVec,
     /// Calls answered `DEADLINE_EXCEEDED` because their caller's deadline was shorter than the
     /// store could meet, by gRPC service and stage (`GRPC_MIN_TIMEOUT`, `store::deadline`).
     pub calls_deadline_too_short: IntCounterVec,
@@ -242,6 +243,7 @@ impl Metrics {
             pressure,
             descriptors_refused: inputs.descriptors_refused,
             long_parts: inputs.long_parts,
+            releases: inputs.releases,
             calls_deadline_too_short: inputs.calls_deadline_too_short,
             detailed_series: SeriesCap::new(DEFAULT_DETAILED_SERIES),
             series_refused: inputs.series_refused,
@@ -254,6 +256,12 @@ impl Metrics {
     /// A descriptor refused without being judged (`reason` is a fixed label, never request text).
     pub fn record_refused_descriptor(&self, reason: &'static str) {
         self.descriptors_refused.with_label_values(&[reason]).inc();
+    }
+
+    /// A concurrency release: it found every lease it gave back, or fewer (`nothing_held`).
+    pub fn record_release(&self, found_all: bool) {
+        let result = ["nothing_held", "returned"][usize::from(found_all)];
+        self.releases.with_label_values(&[result]).inc();
     }
 
     /// A domain, key or value over its input limit (`part`).
@@ -628,6 +636,7 @@ impl ConnectionMetrics {
 struct InputMetrics {
     descriptors_refused: IntCounterVec,
     long_parts: IntCounterVec,
+    releases: IntCounterVec,
     calls_deadline_too_short: IntCounterVec,
     series_refused: IntCounter,
     statsd_lines_dropped: IntCounter,
@@ -649,6 +658,13 @@ impl InputMetrics {
                 "Domains, keys and values longer than their input limit, judged under a digest \
                  of their text",
                 &["part"],
+            ),
+            releases: counter_vec(
+                r,
+                "sluice_concurrency_releases_total",
+                "Concurrency releases (always OK): returned, or nothing_held when fewer \
+                 leases were held than given back",
+                &["result"],
             ),
             calls_deadline_too_short: counter_vec(
                 r,

@@ -151,13 +151,15 @@ impl KeyBuilder {
     }
 
     /// The key of the fixed-window counter of `entries` under `limit` for the window that starts
-    /// at `window_start` (unix seconds): upstream's format.
+    /// at `window_start` (unix seconds): upstream's format. A calendar window passes its
+    /// period's name instead (`2026-11@Europe/Berlin`, `config::Period::label`), so that
+    /// replicas agree on the counter by the config alone.
     pub fn fixed_window(
         &self,
         domain: &str,
         entries: &[DescriptorEntry],
         limit: &Limit,
-        window_start: u64,
+        window_start: impl std::fmt::Display,
     ) -> String {
         let mut key = self.start(domain, entries);
         if limit.member.is_some() {

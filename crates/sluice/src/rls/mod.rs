@@ -44,7 +44,7 @@ use crate::config::{Algorithm as ConfigAlgorithm, RateLimitConfig};
 use crate::metrics::{ConfigCounters, Metrics};
 use crate::proto::{RateLimitRequest, RateLimitResponse};
 use crate::store::deadline::Deadline;
-use crate::store::{CounterStore, Marks, Rule, StoreError};
+use crate::store::{CounterStore, Marks, Outcome, Rule, StoreError};
 use crate::util::{self, LogThrottle};
 
 /// Remaining count reported for `unlimited` descriptors, as upstream does.
@@ -277,7 +277,7 @@ impl RateLimiter {
         let plan = self.plan(name, domain, request);
         let marks = Marks::new();
         let asked = self.ask_store(marks.call(deadline), &plan).await;
-        let outcomes = match asked {
+        let mut outcomes = match asked {
             Ok(outcomes) => outcomes,
             Err(e @ StoreError::CallerDeadline(_)) => return Err(RlsError::CallerDeadline(e)),
             Err(e) if self.options.failure_policy == FailurePolicy::FailOpen => {
@@ -290,8 +290,13 @@ impl RateLimiter {
                 return Err(e.into());
             }
         };
+        self.settle_releases(&plan, &mut outcomes);
+        let took_lease = took_lease(&plan, &outcomes, self.options.stop_increment_when_over);
         let answers = self.answer(request, counters, &plan, &outcomes);
         let mut reply = self.finish(request, answers);
+        if took_lease {
+            response::mark_lease(&mut reply);
+        }
         if marks.degraded() {
             response::mark_degraded(&mut reply);
         }
@@ -371,7 +376,38 @@ pub fn rule_for(algorithm: ConfigAlgorithm, limit: u64, window: u64) -> Rule {
             warmup: warmup.as_micros() as u64,
             cold_factor,
         },
+        ConfigAlgorithm::Concurrency => Rule::Concurrency {
+            limit,
+            lease: window,
+            release: false,
+        },
     }
+}
+
+/// Whether the request took a concurrency lease (an acquisition admitted with hits), so that
+/// Envoy's release at stream end, conditioned on the mark, gives back only what was taken. A
+/// check of a `rate_limits` list took its lease only when the whole list admitted the request
+/// (all or nothing: a refused list charges none of its limits that would admit), and under
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` only when nothing of the request was refused (the
+/// admitting checks are then only looked at), unless it carries a release (charged in full).
+fn took_lease(plan: &plan::RequestPlan<'_>, outcomes: &[(Outcome, bool)], stop: bool) -> bool {
+    let checks = &plan.checks;
+    let admitted = |i: usize| outcomes[i].0.admitted;
+    let gives_back = checks
+        .iter()
+        .any(|c| matches!(c.rule, Rule::Concurrency { release: true, .. }));
+    if stop && !gives_back && (0..checks.len()).any(|i| !admitted(i)) {
+        return false;
+    }
+    let list_admitted = |group: Option<u32>| {
+        group.is_none_or(|g| (0..checks.len()).all(|i| checks[i].group != Some(g) || admitted(i)))
+    };
+    checks.iter().enumerate().any(|(i, check)| {
+        matches!(check.rule, Rule::Concurrency { release: false, .. })
+            && check.hits > 0
+            && admitted(i)
+            && list_admitted(check.group)
+    })
 }
 
 fn invalid(message: String) -> RlsError {

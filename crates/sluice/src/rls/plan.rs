@@ -9,7 +9,7 @@ use std::borrow::Cow;
 
 use super::{MAX_HITS, RateLimiter, response, rule_for};
 use crate::config::{Algorithm as ConfigAlgorithm, Domain, Limit, Quota, Unit};
-use crate::proto::{RateLimitDescriptor, RateLimitRequest};
+use crate::proto::{DescriptorEntry, RateLimitDescriptor, RateLimitRequest};
 use crate::store::{Check, Rule};
 
 /// What one request asks of the store: a slot per descriptor, in request order, and the checks
@@ -114,13 +114,14 @@ impl RateLimiter {
                     (requests_per_unit, window_secs, algorithm),
                     now_secs,
                 );
+                let window_secs = period_secs(&rule, window_secs);
                 per_second.push(second);
                 checks.push(Check {
                     key,
                     hits: hits(request, descriptor),
-                    rule,
                     record_refused: records_refused(&limit, algorithm),
-                    group,
+                    group: group.filter(|_| !is_release(&rule)),
+                    rule,
                 });
                 let rate = response::Rate {
                     requests_per_unit,
@@ -143,7 +144,8 @@ impl RateLimiter {
         }
     }
 
-    /// The key and the counting rule of one descriptor under `limit`.
+    /// The key and the counting rule of one descriptor under `limit`. A release (matched only
+    /// to concurrency limits) counts on its descriptor without the `sluice_release` entry.
     fn counter(
         &self,
         domain: &str,
@@ -152,12 +154,35 @@ impl RateLimiter {
         (requests_per_unit, window_secs, algorithm): (u32, u64, ConfigAlgorithm),
         now_secs: u64,
     ) -> (String, Rule) {
-        let entries = &descriptor.entries;
+        let release = release_of(descriptor).filter(|_| is_concurrency(limit));
+        let entries = release.unwrap_or(&descriptor.entries);
         let mut rule = rule_for(
             algorithm,
             u64::from(requests_per_unit),
             window_secs * 1_000_000,
         );
+        if let Rule::Concurrency { release: r, .. } = &mut rule {
+            *r = release.is_some();
+        }
+        if let (
+            Rule::FixedWindow {
+                window_start,
+                window_secs,
+                ..
+            },
+            Some(calendar),
+            Quota::PerUnit { unit, .. },
+        ) = (&mut rule, &limit.calendar, limit.quota)
+        {
+            // A calendar period, named in the key; its bounds are the zone's.
+            let period = calendar.period(unit, now_secs);
+            *window_start = period.start;
+            *window_secs = period.end - period.start;
+            let key = self
+                .keys
+                .fixed_window(domain, entries, limit, &*period.label);
+            return (key, rule);
+        }
         if let Rule::FixedWindow { window_start, .. } = &mut rule {
             // Upstream's keys name the window, picked on the service clock.
             *window_start = crate::store::window_start(now_secs, window_secs);
@@ -214,6 +239,12 @@ impl RateLimiter {
                 None => refused(Refusal::BadOverrideUnit),
             },
             None => {
+                if let Some(rest) = release_of(descriptor) {
+                    let limits = domain.find_all(rest);
+                    if limits.iter().any(is_concurrency) {
+                        return Ok(Some(concurrency_only(limits)));
+                    }
+                }
                 let limits = domain.find_all(&descriptor.entries);
                 Ok((!limits.is_empty()).then_some(Cow::Borrowed(limits)))
             }
@@ -244,6 +275,58 @@ impl Refusal {
             Refusal::TooManyEntries => "too_many_entries",
             Refusal::BadOverrideUnit => "bad_override_unit",
         }
+    }
+}
+
+/// The last entry's key that makes a descriptor a concurrency release (issue #44).
+pub(super) const RELEASE_KEY: &[u8] = b"sluice_release";
+
+/// The entries a release gives leases back to: all but the last, when the last entry's key is
+/// [`RELEASE_KEY`] (its value is any).
+pub(super) fn release_of(descriptor: &RateLimitDescriptor) -> Option<&[DescriptorEntry]> {
+    match descriptor.entries.split_last() {
+        Some((last, rest)) if &last.key[..] == RELEASE_KEY && !rest.is_empty() => Some(rest),
+        _ => None,
+    }
+}
+
+fn is_concurrency(limit: &Limit) -> bool {
+    matches!(
+        limit.quota,
+        Quota::PerUnit {
+            algorithm: ConfigAlgorithm::Concurrency,
+            ..
+        }
+    )
+}
+
+/// A release gives back to the concurrency limits of its descriptor and counts nothing on the
+/// others of its `rate_limits` list.
+fn concurrency_only(limits: &[Limit]) -> Cow<'_, [Limit]> {
+    if limits.iter().all(is_concurrency) {
+        Cow::Borrowed(limits)
+    } else {
+        Cow::Owned(
+            limits
+                .iter()
+                .filter(|l| is_concurrency(l))
+                .cloned()
+                .collect(),
+        )
+    }
+}
+
+/// Whether a check gives leases back: never part of a list's all-or-nothing decision.
+fn is_release(rule: &Rule) -> bool {
+    matches!(rule, Rule::Concurrency { release: true, .. })
+}
+
+/// A window's length in seconds as the rule counts it: a calendar period's is its own (a
+/// 23-hour day, a 31-day month), any other the configured `nominal`.
+fn period_secs(rule: &Rule, nominal: u64) -> u64 {
+    match rule {
+        Rule::FixedWindow { window_secs, .. } => *window_secs,
+        _ => nominal,
     }
 }
 

@@ -116,6 +116,24 @@ pub const DEGRADED_HEADER: &str = "x-sluice-degraded";
 /// The dynamic metadata field that says the same, with `RESPONSE_DYNAMIC_METADATA`.
 pub const DEGRADED_METADATA: &str = "sluice_degraded";
 
+/// The dynamic metadata field set (to "1") on an answer whose request took a concurrency lease.
+/// Envoy keeps the answer's metadata under `envoy.filters.http.ratelimit`, and the release at
+/// stream end reads it with a `metadata` action as its `sluice_release` entry: a request that
+/// took no lease (refused, or let through while Sluice could not be asked) sends no release.
+pub(super) const LEASE_METADATA: &str = "sluice_release";
+
+/// Adds [`LEASE_METADATA`] to `reply`'s dynamic metadata (made when there is none).
+pub(super) fn mark_lease(reply: &mut RateLimitResponse) {
+    let one = Value {
+        kind: Some(Kind::StringValue("1".into())),
+    };
+    reply
+        .dynamic_metadata
+        .get_or_insert_with(Default::default)
+        .fields
+        .insert(LEASE_METADATA.into(), one);
+}
+
 /// Marks `reply` as decided locally: [`DEGRADED_HEADER`], and [`DEGRADED_METADATA`] when the
 /// reply carries dynamic metadata.
 pub(super) fn mark_degraded(reply: &mut RateLimitResponse) {

@@ -32,6 +32,19 @@ impl RateLimiter {
             .await
     }
 
+    /// A concurrency release is always answered OK: it counts whether it found the leases it
+    /// gave back (`sluice_concurrency_releases_total`), then reads as admitted.
+    pub(super) fn settle_releases(&self, plan: &RequestPlan<'_>, outcomes: &mut [(Outcome, bool)]) {
+        for (check, (outcome, _)) in plan.checks.iter().zip(outcomes.iter_mut()) {
+            if let Rule::Concurrency { release: true, .. } = check.rule {
+                if let Some(m) = &self.metrics {
+                    m.record_release(outcome.admitted);
+                }
+                outcome.admitted = true;
+            }
+        }
+    }
+
     /// Answers the checks the over-limit cache knows are refused, asks the store(s) for the
     /// rest and remembers fixed windows the store refused. Each outcome says whether it came
     /// from the cache.
@@ -45,7 +58,12 @@ impl RateLimiter {
         checks: &[&Check],
         per_second: &[bool],
     ) -> Result<Vec<(Outcome, bool)>, StoreError> {
-        let charging = if self.options.stop_increment_when_over {
+        // A release is charged whatever the request's other checks do: under StopWhenOver it
+        // could otherwise be only looked at, and the lease never given back.
+        let gives_back = checks
+            .iter()
+            .any(|c| matches!(c.rule, Rule::Concurrency { release: true, .. }));
+        let charging = if self.options.stop_increment_when_over && !gives_back {
             Charging::StopWhenOver
         } else {
             Charging::Each

@@ -62,6 +62,8 @@ pub(crate) enum State {
         stored_millionths: u64,
         next_free: u64,
     },
+    /// Concurrency's leases by expiry (`store/concurrency.rs`); boxed like the log.
+    Leases(Box<super::concurrency::Leases>),
 }
 
 /// What an algorithm decided and what to keep.

@@ -14,6 +14,7 @@
 
 pub(crate) mod algorithms;
 mod call;
+pub(crate) mod concurrency;
 pub mod deadline;
 pub mod layers;
 pub mod memory;
@@ -80,6 +81,20 @@ pub enum Rule {
         warmup: u64,
         /// How many times slower a cold limiter spaces requests.
         cold_factor: f64,
+    },
+    /// Leases held at once (`algorithm: concurrency`): an acquisition of `hits` leases is
+    /// admitted while the leases held plus `hits` stay within `limit`; each lease lives `lease`
+    /// unless given back. With `release`, the check gives back up to `hits` leases (those that
+    /// would expire soonest) and is answered admitted when it found all of them held, refused
+    /// when it found fewer (the caller answers a release OK either way and counts the
+    /// shortfall).
+    Concurrency {
+        /// Leases held at once.
+        limit: u64,
+        /// How long a lease lives when never given back.
+        lease: u64,
+        /// Give back instead of take.
+        release: bool,
     },
 }
 

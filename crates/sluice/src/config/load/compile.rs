@@ -159,6 +159,7 @@ fn limits_of(
                     line: l.line.or(spec.line),
                 }),
                 member,
+                calendar: l.calendar,
             }
         })
         .collect()

@@ -29,6 +29,7 @@ impl FileChecker<'_> {
             "record_refused_hits",
             "unit_multiplier",
             "hide_from_headers",
+            "calendar",
         ];
         let fields = self.mapping(node, "rate_limit", FIELDS)?;
         let record_refused_hits = fields
@@ -58,6 +59,7 @@ impl FileChecker<'_> {
 
         let quota = self.quota(node, &fields, unlimited, unit_text, requests_per_unit)?;
 
+        let calendar = self.calendar(&fields, &quota)?;
         let replaces = self.replaces(&fields, &name)?;
         // The fixed window always records refused hits (upstream's INCRBY); saying so is a
         // mistake, not a no-op.
@@ -84,6 +86,7 @@ impl FileChecker<'_> {
             replaces,
             record_refused_hits,
             hide_from_headers,
+            calendar,
         })
     }
 
@@ -276,6 +279,7 @@ impl FileChecker<'_> {
             "gcra" => Algorithm::Gcra { burst: burst_value },
             "leaky_bucket" => Algorithm::LeakyBucket { burst: burst_value },
             "warm_up" => self.warm_up(fields, line)?,
+            "concurrency" => Algorithm::Concurrency,
             other => {
                 self.error(
                     at("algorithm"),
@@ -363,10 +367,13 @@ impl FileChecker<'_> {
         // Parameters that belong to another algorithm are mistakes, not silent no-ops.
         let takes_burst = algorithm.burst().is_some();
         let takes_warmup = matches!(algorithm, Algorithm::WarmUp { .. });
+        // A refused acquisition holds no lease: there is nothing to record.
+        let records = algorithm != Algorithm::Concurrency;
         for (key, allowed) in [
             ("burst", takes_burst),
             ("warmup_period", takes_warmup),
             ("cold_factor", takes_warmup),
+            ("record_refused_hits", records),
         ] {
             if !allowed && fields.contains_key(key) {
                 self.error(

@@ -46,6 +46,7 @@ pub(super) const EXTENSION_KEYS: &[&str] = &[
     "record_refused_hits",
     "unit_multiplier",
     "hide_from_headers",
+    "calendar",
 ];
 
 /// Validates every document, each named by its source, and gathers the descriptors of each
@@ -131,6 +132,7 @@ pub(super) struct LimitSpec {
     pub(super) record_refused_hits: bool,
     /// `hide_from_headers`: never the limit Sluice's own response headers describe.
     pub(super) hide_from_headers: bool,
+    pub(super) calendar: Option<Arc<crate::config::Calendar>>,
 }
 
 /// Validates one file's YAML tree, recording errors and warnings against its path.

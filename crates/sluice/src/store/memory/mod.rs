@@ -242,7 +242,7 @@ impl MemoryStore {
         }
         let mut moved_log = false;
         let found = shard.get_mut(&id).filter(|e| e.expires_at > now).map(|e| {
-            if matches!(e.state, State::Log(_)) && !dry_run {
+            if matches!(e.state, State::Log(_) | State::Leases(_)) && !dry_run {
                 moved_log = true;
                 std::mem::replace(&mut e.state, State::Count(0))
             } else {
@@ -254,7 +254,7 @@ impl MemoryStore {
             return step.outcome;
         }
         if step.keep.is_none() && moved_log {
-            // Only an empty log is not handed back, and an empty log is no state.
+            // Only an empty log (or set of leases) is not handed back, and is no state.
             shard.remove(&id);
         }
         if let Some((state, ttl)) = step.keep {

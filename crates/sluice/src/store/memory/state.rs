@@ -6,6 +6,7 @@
 
 use crate::store::Rule;
 use crate::store::algorithms::{self, State};
+use crate::store::concurrency;
 
 /// One key's state and when it ends.
 #[derive(Debug, Clone)]
@@ -55,6 +56,22 @@ pub(super) fn run_rule(
             cold_factor,
             now,
         ),
+        Rule::Concurrency {
+            limit,
+            lease,
+            release,
+        } => {
+            let found = match found {
+                Some(State::Leases(leases)) => Some(leases),
+                _ => None,
+            };
+            let (outcome, keep) =
+                concurrency::concurrency(found, hits, limit, (lease, release), now);
+            algorithms::Step {
+                outcome,
+                keep: keep.map(|(leases, ttl)| (State::Leases(leases), ttl)),
+            }
+        }
     }
 }
 
@@ -74,5 +91,6 @@ pub(super) fn hits_held(state: &State, now: u64) -> u64 {
         State::Tat(tat) => u64::from(*tat > now),
         // How far from cold it is depends on the rule's shape, which the state does not hold.
         State::WarmUp { .. } => 1,
+        State::Leases(leases) => leases.held(),
     }
 }

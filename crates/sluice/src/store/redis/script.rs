@@ -16,6 +16,7 @@ const LIBRARY: &[&str] = &[
     include_str!("../../../lua/sliding_window_counter.lua"),
     include_str!("../../../lua/gcra.lua"),
     include_str!("../../../lua/warm_up.lua"),
+    include_str!("../../../lua/concurrency.lua"),
     include_str!("../../../lua/dispatch.lua"),
 ];
 
@@ -288,7 +289,7 @@ pub(super) struct EachScript {
 /// The algorithms that [`EACH`] has a script for: the name, the file, and how many of
 /// [`stored_args`] the function takes (after key, now, hits and record, `lua/dispatch.lua`).
 /// The one place that says how many arguments each takes in the lean scripts.
-const EACH_ALGORITHMS: [(&str, &str, usize); 4] = [
+const EACH_ALGORITHMS: [(&str, &str, usize); 5] = [
     (
         "sliding_window_log",
         include_str!("../../../lua/sliding_window_log.lua"),
@@ -301,6 +302,11 @@ const EACH_ALGORITHMS: [(&str, &str, usize); 4] = [
     ),
     ("gcra", include_str!("../../../lua/gcra.lua"), 2),
     ("warm_up", include_str!("../../../lua/warm_up.lua"), 4),
+    (
+        "concurrency",
+        include_str!("../../../lua/concurrency.lua"),
+        3,
+    ),
 ];
 
 /// One lean decision script per algorithm other than the fixed window: `lua/common.lua`, the
@@ -610,6 +616,7 @@ pub(super) fn rule_name(rule: &Rule) -> &'static str {
         Rule::SlidingWindowCounter { .. } => "sliding_window_counter",
         Rule::Gcra { .. } => "gcra",
         Rule::WarmUp { .. } => "warm_up",
+        Rule::Concurrency { .. } => "concurrency",
     }
 }
 
@@ -652,6 +659,16 @@ pub(super) fn stored_args(rule: &Rule) -> [String; 4] {
             // `{}` prints the shortest text that reads back as the same f64, in Lua too.
             cold_factor.to_string(),
         ],
+        Rule::Concurrency {
+            limit,
+            lease,
+            release,
+        } => [
+            limit.to_string(),
+            lease.to_string(),
+            if release { "1" } else { "" }.to_string(),
+            String::new(),
+        ],
     }
 }
 
@@ -682,6 +699,11 @@ pub(super) fn parse_rule(name: &str, args: &[String; 4]) -> Result<Rule, StoreEr
             window: int(1)?,
             warmup: int(2)?,
             cold_factor: args[3].parse().map_err(|_| bad())?,
+        },
+        "concurrency" => Rule::Concurrency {
+            limit: int(0)?,
+            lease: int(1)?,
+            release: args[2] == "1",
         },
         _ => return Err(bad()),
     })

@@ -58,6 +58,16 @@ pub fn rule(rule: &Rule, replicas: u64) -> Rule {
             warmup: *warmup,
             cold_factor: *cold_factor,
         },
+        // Each replica may hold its share of the leases; a release gives back what it took.
+        Rule::Concurrency {
+            limit,
+            lease,
+            release,
+        } => Rule::Concurrency {
+            limit: count(*limit, n),
+            lease: *lease,
+            release: *release,
+        },
     }
 }
 
