@@ -15,12 +15,14 @@
 
 mod mapper;
 mod pressure;
+mod rlqs;
 mod stats;
 mod statsd;
 mod store_metrics;
 
 pub use mapper::{Mapper, MapperError};
 pub use pressure::PressureMetrics;
+pub use rlqs::RlqsMetrics;
 pub use stats::{Counter, Stat, StatStore};
 use stats::{Observe, SeriesCap};
 pub use statsd::{StatsdOptions, run as run_statsd};
@@ -101,6 +103,8 @@ pub struct Metrics {
     pub connections_closed: IntCounterVec,
     /// What callers make the process hold, and the overload manager's actions.
     pub pressure: PressureMetrics,
+    /// The quota service's (`crate::rlqs`).
+    pub rlqs: RlqsMetrics,
     descriptors_refused: IntCounterVec,
     long_parts: IntCounterVec,
     /// Calls answered `DEADLINE_EXCEEDED` because their caller's deadline was shorter than the
@@ -199,6 +203,7 @@ impl Metrics {
         let connections = ConnectionMetrics::register(&r);
         let inputs = InputMetrics::register(&r);
         let pressure = PressureMetrics::register(&r);
+        let rlqs = RlqsMetrics::register(&r);
         Self {
             near_limit_ratio,
             global_shadow_mode: stats.counter("ratelimit.service.global_shadow_mode"),
@@ -232,6 +237,7 @@ impl Metrics {
             connections_rejected: connections.connections_rejected,
             connections_closed: connections.connections_closed,
             pressure,
+            rlqs,
             descriptors_refused: inputs.descriptors_refused,
             long_parts: inputs.long_parts,
             calls_deadline_too_short: inputs.calls_deadline_too_short,
