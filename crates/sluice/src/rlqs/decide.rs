@@ -156,6 +156,7 @@ impl QuotaServer {
             .is_some_and(|gap| Duration::from_secs(window_secs) >= gap * 2);
         let fraction = share::fraction(demand);
         let new = share::token_bucket(requests_per_unit, window_secs, fraction);
+        tracing::debug!(?demand, fraction, spent = charged.spent, "RLQS share");
         let share = match &b.held {
             Some(held) if share::close_enough(held, &new) => held.clone(),
             _ => new,

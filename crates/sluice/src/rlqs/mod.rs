@@ -36,7 +36,8 @@ pub struct RlqsOptions {
     /// `no_assignment_behavior` for them) and counted.
     pub max_buckets_per_stream: usize,
     /// The length of a demand window in seconds: the shares follow the demand of the last
-    /// complete one. At least twice the longest `reporting_interval` of the Envoys.
+    /// complete one and the current one. At least twice the time between an Envoy's reports
+    /// (Envoy 1.40 reports every 5 s, whatever `reporting_interval` says).
     pub demand_window_secs: u64,
     /// A bucket not reported for this long is dropped from its stream and abandoned.
     pub idle_bucket: Duration,
@@ -47,7 +48,7 @@ impl Default for RlqsOptions {
         Self {
             max_streams: 1024,
             max_buckets_per_stream: 1000,
-            demand_window_secs: 3,
+            demand_window_secs: 10,
             idle_bucket: Duration::from_secs(300),
         }
     }

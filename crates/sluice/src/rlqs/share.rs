@@ -37,21 +37,19 @@ pub(crate) struct Demand {
 }
 
 /// The fraction of the limit one reporter gets: its demand over everyone's in the last complete
-/// window, where the shares of all reporters add up to exactly one (each counts the same
-/// reports). A reporter that sent nothing then (it is new) gets its part of the current window
-/// so far; with no demand anywhere, the whole limit.
+/// window, where every reporter counts the same reports, so the fractions add up to exactly one.
+/// A reporter that sent nothing then (it is new) gets its part of both windows so far. With no
+/// demand anywhere, the whole limit.
 pub(crate) fn fraction(d: Demand) -> f64 {
     if d.mine_before > 0 && d.all_before >= d.mine_before {
         return d.mine_before as f64 / d.all_before as f64;
     }
-    if d.mine_now > 0 && d.all_now >= d.mine_now {
-        return d.mine_now as f64 / d.all_now as f64;
+    let mine = d.mine_before.saturating_add(d.mine_now);
+    let all = d.all_before.saturating_add(d.all_now).max(mine);
+    if all == 0 {
+        return 1.0;
     }
-    if d.all_before == 0 && d.all_now == 0 {
-        1.0
-    } else {
-        0.0
-    }
+    mine as f64 / all as f64
 }
 
 /// The token bucket for `fraction` of a limit of `requests_per_unit` per `unit_secs`: fills
@@ -110,8 +108,8 @@ mod tests {
     }
 
     #[test]
-    fn a_new_reporter_gets_its_part_of_the_current_window() {
-        assert!((fraction(demand(0, 180, 1, 4)) - 0.25).abs() < 1e-9);
+    fn a_new_reporter_gets_its_part_of_both_windows() {
+        assert!((fraction(demand(0, 16, 1, 4)) - 0.05).abs() < 1e-9);
         assert_eq!(fraction(demand(0, 0, 0, 0)), 1.0);
         assert_eq!(fraction(demand(0, 10, 0, 10)), 0.0);
     }
