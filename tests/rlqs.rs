@@ -350,3 +350,69 @@ fn two_envoys_share_a_limit_across_two_replicas_on_redis() {
     let quiet = start_envoy(two.grpc, app.addr);
     three_times_the_limit_skewed(&busy, &quiet, "two replicas on redis");
 }
+
+/// Sluice stopped under load and started again on the same port: the Envoys keep the shares
+/// they hold (an assignment lives three reports, 15 s) while the stream is down, so tenant `a`
+/// stays limited; they open a new stream at their next report and get shares again. No request
+/// fails at any point.
+#[test]
+fn envoys_keep_their_shares_while_sluice_restarts() {
+    let config = config_dir(LIMITS);
+    let port = common::free_port().to_string();
+    let env = [("GRPC_PORT", port.as_str())];
+    let sluice = Sluice::start(config.path(), None, &env);
+    let app = Upstream::start();
+    let busy = start_envoy(sluice.grpc, app.addr);
+    let quiet = start_envoy(sluice.grpc, app.addr);
+    let loads = [
+        Load {
+            envoy: &busy,
+            tenant: "a",
+            rate: 45,
+        },
+        Load {
+            envoy: &quiet,
+            tenant: "a",
+            rate: 15,
+        },
+        Load {
+            envoy: &busy,
+            tenant: "free",
+            rate: 10,
+        },
+    ];
+    // Down from 12 s to 20 s of the load; up again after.
+    let (down_at, up_at, seconds) = (12, 20, 34);
+    let answers = std::thread::scope(|s| {
+        let load = s.spawn(|| run(&loads, Duration::from_secs(seconds)));
+        std::thread::sleep(Duration::from_secs(down_at));
+        drop(sluice);
+        std::thread::sleep(Duration::from_secs(up_at - down_at));
+        let again = Sluice::start(config.path(), None, &env);
+        let answers = load.join().unwrap();
+        drop(again);
+        answers
+    });
+    let t = tally(&answers, seconds as usize);
+    eprintln!(
+        "sluice restarted: tenant a admitted per second {:?}",
+        t.admitted
+    );
+    assert!(
+        t.errors.is_empty(),
+        "answers other than 200/429: {:?}",
+        t.errors
+    );
+    assert_eq!(t.free_refused, 0, "the tenant without a limit was refused");
+    let down = &t.admitted[down_at as usize..up_at as usize];
+    assert!(
+        down.iter().all(|&n| n <= 25) && down.iter().sum::<u32>() >= 16 * down.len() as u32,
+        "while Sluice was down: {down:?}"
+    );
+    let settled = &t.admitted[seconds as usize - 5..];
+    let total: u32 = settled.iter().sum();
+    assert!(
+        (80..=125).contains(&total),
+        "after the restart: {settled:?}"
+    );
+}
