@@ -5,10 +5,13 @@
 //! limited tenant's admissions together stay within 16-25 a second over 10 s once the shares
 //! are settled, the free tenant is never refused, and every answer is 200 or 429.
 //!
-//! Envoy 1.40 applies `blanket_rule` and `token_bucket` assignments and reads durations in whole
-//! seconds (checked in its `rate_limit_quota` source); these tests pin what they rely on:
-//! token buckets whose fill interval is whole seconds, `reporting_interval: 1s`,
-//! `no_assignment_behavior` and `expired_assignment_behavior` `ALLOW_ALL`.
+//! Envoy 1.40 applies `blanket_rule` and `token_bucket` assignments, reads durations in whole
+//! seconds and reports every 5 s whatever `reporting_interval` says (the bootstrap asks for 1 s;
+//! checked in its `rate_limit_quota` source and its debug log); these tests pin what they rely
+//! on: token buckets whose fill interval is whole seconds, five-second reports,
+//! `no_assignment_behavior` and `expired_assignment_behavior` `ALLOW_ALL`. `RLQS_DEBUG=1` prints
+//! both Envoys' logs (run them with `--component-log-level rate_limit_quota:debug` to see the
+//! reports and assignments) and their request counts.
 
 mod common;
 
