@@ -419,3 +419,65 @@ fn envoys_keep_their_shares_while_sluice_restarts() {
         "after the restart: {settled:?}"
     );
 }
+
+/// Redis killed under load, two replicas with `FAILURE_POLICY=local_share`: each replica keeps
+/// charging and assigning from what it sees (its own Envoy's demand), so the two Envoys together
+/// stay within the replicas × the limit (40/s) instead of falling back to allowing all (60/s);
+/// no request fails and the free tenant is never refused.
+#[test]
+fn redis_down_with_local_share_keeps_each_replica_assigning() {
+    let mut redis = RedisServer::start();
+    let config = config_dir(LIMITS);
+    let env = [
+        ("FAILURE_POLICY", "local_share"),
+        ("DEGRADED_REPLICAS", "2"),
+        ("REDIS_TIMEOUT", "500ms"),
+    ];
+    let one = Sluice::start(config.path(), Some(&redis), &env);
+    let two = Sluice::start(config.path(), Some(&redis), &env);
+    let app = Upstream::start();
+    let busy = start_envoy(one.grpc, app.addr);
+    let quiet = start_envoy(two.grpc, app.addr);
+    let loads = [
+        Load {
+            envoy: &busy,
+            tenant: "a",
+            rate: 45,
+        },
+        Load {
+            envoy: &quiet,
+            tenant: "a",
+            rate: 15,
+        },
+        Load {
+            envoy: &busy,
+            tenant: "free",
+            rate: 10,
+        },
+    ];
+    let (down_at, seconds) = (14, 32);
+    let answers = std::thread::scope(|s| {
+        let load = s.spawn(|| run(&loads, Duration::from_secs(seconds)));
+        std::thread::sleep(Duration::from_secs(down_at));
+        redis.kill();
+        load.join().unwrap()
+    });
+    let t = tally(&answers, seconds as usize);
+    eprintln!(
+        "redis down at {down_at} s: tenant a admitted per second {:?}",
+        t.admitted
+    );
+    assert!(
+        t.errors.is_empty(),
+        "answers other than 200/429: {:?}",
+        t.errors
+    );
+    assert_eq!(t.free_refused, 0, "the tenant without a limit was refused");
+    // From the first reports after the outage began (Envoy reports every 5 s) to the end.
+    let down = &t.admitted[down_at as usize + 6..];
+    assert!(
+        down.iter().all(|&n| (10..=45).contains(&n)),
+        "while Redis was down: {down:?}"
+    );
+    assert!(one.metric(r#"sluice_degraded_decisions_total{store="redis"}"#) > 0.0);
+}
