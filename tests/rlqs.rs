@@ -354,15 +354,19 @@ fn two_envoys_share_a_limit_across_two_replicas_on_redis() {
     three_times_the_limit_skewed(&busy, &quiet, "two replicas on redis");
 }
 
-/// Sluice stopped under load and started again on the same port: the Envoys keep the shares
-/// they hold (an assignment lives three reports, 15 s) while the stream is down, so tenant `a`
-/// stays limited; they open a new stream at their next report and get shares again. No request
-/// fails at any point.
+/// Sluice stopped under load (SIGTERM: its quota streams end at once rather than holding the
+/// shutdown for its grace period) and started again on the same port: the Envoys keep the
+/// shares they hold (an assignment lives three reports, 15 s) while the stream is down, so
+/// tenant `a` stays limited; they open a new stream at their next report and get shares again.
+/// No request fails at any point.
 #[test]
 fn envoys_keep_their_shares_while_sluice_restarts() {
     let config = config_dir(LIMITS);
     let port = common::free_port().to_string();
-    let env = [("GRPC_PORT", port.as_str())];
+    let env = [
+        ("GRPC_PORT", port.as_str()),
+        ("SHUTDOWN_GRACE_PERIOD", "60s"),
+    ];
     let sluice = Sluice::start(config.path(), None, &env);
     let app = Upstream::start();
     let busy = start_envoy(sluice.grpc, app.addr);
@@ -389,8 +393,13 @@ fn envoys_keep_their_shares_while_sluice_restarts() {
     let answers = std::thread::scope(|s| {
         let load = s.spawn(|| run(&loads, Duration::from_secs(seconds)));
         std::thread::sleep(Duration::from_secs(down_at));
-        drop(sluice);
-        std::thread::sleep(Duration::from_secs(up_at - down_at));
+        let stopping = Instant::now();
+        assert!(sluice.terminate().success());
+        // Far below the grace period: the streams did not hold the shutdown.
+        let stopped_in = stopping.elapsed();
+        assert!(stopped_in < Duration::from_secs(20), "{stopped_in:?}");
+        let rest = Duration::from_secs(up_at - down_at).saturating_sub(stopped_in);
+        std::thread::sleep(rest);
         let again = Sluice::start(config.path(), None, &env);
         let answers = load.join().unwrap();
         drop(again);

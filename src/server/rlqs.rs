@@ -13,7 +13,8 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use futures::Stream;
+use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::{Future, Stream};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -32,11 +33,36 @@ const QUEUED_RESPONSES: usize = 4;
 /// The quota service on a gRPC listener.
 pub(crate) struct QuotaService {
     server: Arc<QuotaServer>,
+    stop: Stop,
 }
 
-/// The service, with the gRPC port's message size bound.
-pub(crate) fn service(server: Arc<QuotaServer>) -> RateLimitQuotaServiceServer<QuotaService> {
-    RateLimitQuotaServiceServer::new(QuotaService { server })
+/// The listener's stop signal, which every stream waits on and the listener itself awaits.
+#[derive(Clone)]
+pub(crate) struct Stop(Shared<BoxFuture<'static, ()>>);
+
+impl Stop {
+    pub(crate) fn new(stopped: impl Future<Output = ()> + Send + 'static) -> Self {
+        Self(stopped.boxed().shared())
+    }
+}
+
+impl Future for Stop {
+    type Output = ();
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.0.poll_unpin(cx)
+    }
+}
+
+/// The service, with the gRPC port's message size bound; its streams end at `stop`.
+pub(crate) fn service(
+    server: Arc<QuotaServer>,
+    stop: Stop,
+) -> RateLimitQuotaServiceServer<QuotaService> {
+    RateLimitQuotaServiceServer::new(QuotaService { server, stop })
         .max_decoding_message_size(MAX_REQUEST_BYTES)
 }
 
@@ -55,7 +81,7 @@ impl RateLimitQuotaService for QuotaService {
             .open_stream()
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         let (tx, rx) = mpsc::channel(QUEUED_RESPONSES);
-        tokio::spawn(run(state, request.into_inner(), tx));
+        tokio::spawn(run(state, request.into_inner(), tx, self.stop.clone()));
         let responses = futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|item| (item, rx))
         });
@@ -63,11 +89,14 @@ impl RateLimitQuotaService for QuotaService {
     }
 }
 
-/// Serves one stream until Envoy ends it, it fails, or nobody reads the responses.
+/// Serves one stream until Envoy ends it, it fails, nobody reads the responses, or the
+/// listener stops (the stream then ends with OK, and Envoy opens a new one at its next report,
+/// on another replica).
 async fn run(
     mut state: QuotaStream,
     mut reports: Streaming<RateLimitQuotaUsageReports>,
     tx: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
+    mut stop: Stop,
 ) {
     loop {
         let push_at = state.next_push().map(tokio::time::Instant::from_std);
@@ -85,6 +114,7 @@ async fn run(
                 state.pushes_due(std::time::Instant::now())
             }
             () = tx.closed() => return,
+            () = &mut stop => return,
         };
         if let Some(response) = response
             && tx.send(Ok(response)).await.is_err()

@@ -175,9 +175,12 @@ where
     );
     let quota =
         QuotaServer::new(limiter_for_quota, RlqsOptions::default()).with_metrics(metrics.clone());
+    // Quota streams last as long as their Envoy: they end when the listener stops, so that a
+    // shutdown does not wait out its grace period for them.
+    let stopped = super::rlqs::Stop::new(stopped);
     let mut routes = tonic::service::Routes::new(health)
         .add_service(reflection)
-        .add_service(super::rlqs::service(Arc::new(quota)));
+        .add_service(super::rlqs::service(Arc::new(quota), stopped.clone()));
     let shares_the_port = limiter_api.is_some();
     if let Some(api) = limiter_api {
         routes = routes.add_service(api);
