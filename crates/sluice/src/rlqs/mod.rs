@@ -120,3 +120,6 @@ impl QuotaServer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
