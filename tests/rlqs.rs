@@ -430,9 +430,10 @@ fn envoys_keep_their_shares_while_sluice_restarts() {
 }
 
 /// Redis killed under load, two replicas with `FAILURE_POLICY=local_share`: each replica keeps
-/// charging and assigning from what it sees (its own Envoy's demand), so the two Envoys together
-/// stay within the replicas × the limit (40/s) instead of falling back to allowing all (60/s);
-/// no request fails and the free tenant is never refused.
+/// charging and assigning from what it sees (its own Envoy's demand), dividing each share by the
+/// replica count as the layer divides the limit, so the two Envoys together stay near the limit
+/// instead of falling back to allowing all (60/s); no request fails and the free tenant is never
+/// refused.
 #[test]
 fn redis_down_with_local_share_keeps_each_replica_assigning() {
     let mut redis = RedisServer::start();
@@ -485,7 +486,7 @@ fn redis_down_with_local_share_keeps_each_replica_assigning() {
     // From the first reports after the outage began (Envoy reports every 5 s) to the end.
     let down = &t.admitted[down_at as usize + 6..];
     assert!(
-        down.iter().all(|&n| (10..=45).contains(&n)),
+        down.iter().all(|&n| (10..=25).contains(&n)),
         "while Redis was down: {down:?}"
     );
     assert!(one.metric(r#"sluice_degraded_decisions_total{store="redis"}"#) > 0.0);

@@ -13,6 +13,7 @@ use crate::config::Limit;
 use crate::proto::envoy::service::rate_limit_quota::v3::BucketId;
 use crate::proto::envoy::r#type::v3::TokenBucket;
 use crate::proto::{Code, DescriptorEntry, RateLimitDescriptor, RateLimitRequest};
+use crate::rls::DEGRADED_HEADER;
 use crate::store::{Call, Charging, Check, Rule, window_start};
 
 /// What a bucket is told.
@@ -100,10 +101,12 @@ impl BucketState {
     }
 }
 
-/// A limit charged: whether its window's budget is spent, and when the window ends.
+/// A limit charged: whether its window's budget is spent, when the window ends, and whether
+/// the store decided it locally (`FAILURE_POLICY=local_share`).
 struct Charged {
     spent: bool,
     reset: Duration,
+    degraded: bool,
 }
 
 impl QuotaServer {
@@ -154,7 +157,7 @@ impl QuotaServer {
         let judged_by_window = b
             .gap
             .is_some_and(|gap| Duration::from_secs(window_secs) >= gap * 2);
-        let fraction = share::fraction(demand);
+        let fraction = share::fraction(demand) / self.replicas_if(charged.degraded);
         let new = share::token_bucket(requests_per_unit, window_secs, fraction);
         tracing::debug!(?demand, fraction, spent = charged.spent, "RLQS share");
         let share = match &b.held {
@@ -200,7 +203,26 @@ impl QuotaServer {
         let reset = status.duration_until_reset.map_or(Duration::ZERO, |d| {
             Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32)
         });
-        Some(Charged { spent, reset })
+        let degraded = response
+            .response_headers_to_add
+            .iter()
+            .any(|h| h.key == DEGRADED_HEADER);
+        Some(Charged {
+            spent,
+            reset,
+            degraded,
+        })
+    }
+
+    /// What a share is divided by: 1, or while the store decides locally (`local_share`: Redis
+    /// is away, and the demand seen is this replica's streams' only) the replica count the
+    /// layer divides every limit by, as `sluice_degraded_replicas` shows it.
+    fn replicas_if(&self, degraded: bool) -> f64 {
+        let replicas = match &self.metrics {
+            Some(m) if degraded => m.degraded_replicas.get(),
+            _ => 1,
+        };
+        replicas.max(1) as f64
     }
 
     /// Counts `demand` in the current demand window and reads everyone's in it and the one
