@@ -336,6 +336,9 @@ fn two_envoys_share_a_limit_on_one_sluice() {
     let quiet = start_envoy(sluice.grpc, app.addr);
     three_times_the_limit_skewed(&busy, &quiet, "memory store");
     assert!(sluice.metric("sluice_rlqs_streams") >= 2.0);
+    // A stream waits between its reports: never ended as a request that does not arrive.
+    let ended = r#"sluice_requests_ended_total{reason="request_timeout"}"#;
+    assert_eq!(sluice.metric(ended), 0.0, "quota streams were ended");
     let sent = sluice.metric(
         r#"sluice_rlqs_assignments_total{action="token_bucket",bucket="tenant_a",domain="rlqs"}"#,
     );
