@@ -165,6 +165,11 @@ const SERIES: &[&str] = &[
     "sluice_memory_limit_bytes",
     "sluice_overload_action_active",
     "sluice_overload_actions_total",
+    "sluice_rlqs_streams",
+    "sluice_rlqs_refused_total",
+    "sluice_rlqs_assignments_total",
+    "sluice_rlqs_requests_total",
+    "sluice_rlqs_reports_total",
 ];
 /// Histograms: only their `_bucket`, `_sum` and `_count` series exist.
 const HISTOGRAMS: &[&str] = &[

@@ -33,6 +33,7 @@ use prost_types::{DescriptorProto, FileDescriptorSet};
 
 const PROTOS: &[&str] = &[
     "envoy/service/ratelimit/v3/rls.proto",
+    "envoy/service/rate_limit_quota/v3/rlqs.proto",
     "envoy/service/discovery/v3/ads.proto",
     "ratelimit/config/ratelimit/v3/rls_conf.proto",
     "sluice/v1/limiter.proto",
@@ -59,7 +60,17 @@ const AS_BYTES: &[(&str, &[&str], &str)] = &[
         &["RateLimitDescriptor", "Entry"],
         "value",
     ),
+    // RLQS bucket values come from request headers as the RLS descriptor values do; the keys
+    // come from Envoy's configuration (and a protobuf map key cannot be `bytes`).
+    (
+        "envoy.service.rate_limit_quota.v3",
+        &["BucketId", "BucketEntry"],
+        "value",
+    ),
 ];
+
+/// Maps generated as `BTreeMap`: a bucket id's entries are read in key order (its descriptor).
+const BTREE_MAPS: &[&str] = &[".envoy.service.rate_limit_quota.v3.BucketId.bucket"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
@@ -90,6 +101,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .codec_path(SERVER_CODEC)
         .service_generator();
     prost_build::Config::new()
+        .btree_map(BTREE_MAPS)
         .service_generator(Box::new(ClientsAndServers { clients, servers }))
         .compile_fds(descriptors)?;
     Ok(())

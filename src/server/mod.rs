@@ -14,6 +14,7 @@ pub(crate) mod named;
 pub mod overload;
 mod oversized;
 pub mod reload;
+pub(crate) mod rlqs;
 pub(crate) mod rls;
 mod routes;
 pub(crate) mod serving;

@@ -1,4 +1,5 @@
-//! The gRPC adapter: Envoy's `RateLimitService`, health and reflection on the gRPC port, and
+//! The gRPC adapter: Envoy's `RateLimitService`, its quota service (`rlqs.rs`), health and
+//! reflection on the gRPC port, and
 //! Sluice's own `sluice.v1.Limiter` (see `named.rs`) there or on a port of its own.
 //!
 //! Errors become gRPC statuses so that Envoy's `failure_mode_deny` can act on them (Envoy treats
@@ -35,6 +36,7 @@ use super::serving::{self, Closed, Http2Options, Preface};
 use super::{GrpcListener, GrpcOptions, MAX_REQUEST_BYTES, ServeError, tls, trace_parent};
 use sluice::metrics::{ApiMetrics, Metrics};
 use sluice::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
+use sluice::rlqs::{QuotaServer, RlqsOptions};
 use sluice::rls::{RateLimiter, RlsError};
 use sluice::store::deadline::Deadline;
 
@@ -144,6 +146,7 @@ where
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
+    let limiter_for_quota = limiter.clone();
     let rls = AnswerOversized::new(
         RateLimitServiceServer::new(RateLimitService {
             limiter,
@@ -158,7 +161,14 @@ where
         MAX_REQUEST_BYTES,
         metrics.clone(),
     );
-    let mut routes = tonic::service::Routes::new(health).add_service(reflection);
+    let quota =
+        QuotaServer::new(limiter_for_quota, RlqsOptions::default()).with_metrics(metrics.clone());
+    // Quota streams last as long as their Envoy: they end when the listener stops, so that a
+    // shutdown does not wait out its grace period for them.
+    let stopped = super::rlqs::Stop::new(stopped);
+    let mut routes = tonic::service::Routes::new(health)
+        .add_service(reflection)
+        .add_service(super::rlqs::service(Arc::new(quota), stopped.clone()));
     let Beside { limiter_api, admin } = beside;
     let shares_the_port = limiter_api.is_some();
     if let Some(api) = limiter_api {

@@ -116,12 +116,15 @@ impl GrpcRoutes {
 /// The methods served here whose request is a stream of messages rather than one: each message
 /// then gets its own deadline (`budget.rs`), and a stream may wait between them. Every other
 /// method's request is one message, whole within the deadline.
-const STREAMING_REQUESTS: [&str; 1] = ["/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"];
+const STREAMING_REQUESTS: [&str; 2] = [
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
+];
 
 /// Whether the method at `path` takes a stream of request messages.
 pub(crate) fn streams_requests(path: &str) -> bool {
-    // Envoy's calls fail on the first byte.
-    path.starts_with("/grpc.") && STREAMING_REQUESTS.contains(&path)
+    // `ShouldRateLimit` fails on the first byte.
+    !path.starts_with("/envoy.service.ratelimit.") && STREAMING_REQUESTS.contains(&path)
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Sluice's protocol, generated from `proto/` (`build.rs`): Envoy's RLS v3 service and the
-//! messages it uses, the xDS (ADS) messages and `RateLimitConfig` resources of the xDS config
+//! messages it uses, Envoy's Rate Limit Quota Service (RLQS, `envoy.service.rate_limit_quota.v3`), the xDS (ADS) messages and `RateLimitConfig` resources of the xDS config
 //! source, and Sluice's native API (`sluice.v1.Limiter`).
 //!
 //! The module tree mirrors the protobuf packages so generated cross-references resolve; the
@@ -47,6 +47,11 @@ pub mod envoy {
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.rate_limit_quota.v3");
             }
         }
     }

@@ -52,6 +52,7 @@ pub mod clock;
 pub mod config;
 pub mod metrics;
 pub mod named;
+pub mod rlqs;
 pub mod rls;
 pub mod store;
 pub mod util;

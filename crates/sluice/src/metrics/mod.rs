@@ -16,12 +16,14 @@
 mod admin_metrics;
 mod mapper;
 mod pressure;
+mod rlqs;
 mod stats;
 mod statsd;
 mod store_metrics;
 
 pub use mapper::{Mapper, MapperError};
 pub use pressure::PressureMetrics;
+pub use rlqs::RlqsMetrics;
 pub use stats::{Counter, Stat, StatStore};
 use stats::{Observe, SeriesCap};
 pub use statsd::{StatsdOptions, run as run_statsd};
@@ -106,6 +108,8 @@ pub struct Metrics {
     pub connections_closed: IntCounterVec,
     /// What callers make the process hold, and the overload manager's actions.
     pub pressure: PressureMetrics,
+    /// The quota service's (`crate::rlqs`).
+    pub rlqs: RlqsMetrics,
     descriptors_refused: IntCounterVec,
     long_parts: IntCounterVec,
     releases: IntCounterVec,
@@ -207,6 +211,7 @@ impl Metrics {
         let connections = ConnectionMetrics::register(&r);
         let inputs = InputMetrics::register(&r);
         let pressure = PressureMetrics::register(&r);
+        let rlqs = RlqsMetrics::register(&r);
         Self {
             near_limit_ratio,
             global_shadow_mode: stats.counter("ratelimit.service.global_shadow_mode"),
@@ -241,6 +246,7 @@ impl Metrics {
             connections_rejected: connections.connections_rejected,
             connections_closed: connections.connections_closed,
             pressure,
+            rlqs,
             descriptors_refused: inputs.descriptors_refused,
             long_parts: inputs.long_parts,
             releases: inputs.releases,

@@ -196,6 +196,22 @@ impl KeyBuilder {
         key
     }
 
+    /// The demand an RLQS bucket's reporters sent in the window of `window_secs` starting at
+    /// `window_start` (`crate::rlqs`): `<state key of algorithm rlqs_demand>:<window secs>:<start>`.
+    /// Under the limit's hash tag, so a window and the one before it share a slot; a name no
+    /// algorithm has, so it never meets a decision's counter.
+    pub fn rlqs_demand(
+        &self,
+        domain: &str,
+        entries: &[DescriptorEntry],
+        limit: &Limit,
+        (window_secs, window_start): (u64, u64),
+    ) -> String {
+        let mut key = self.state(domain, entries, limit, "rlqs_demand");
+        write!(key, ":{window_secs}:{window_start}").expect("writing to a String cannot fail");
+        key
+    }
+
     /// `{<descriptor>}:<algorithm>:<window secs>`: one limit of a `rate_limits` list (see the
     /// module doc). The tag is the same for every limit of the list: one slot for all.
     fn write_member(

@@ -247,6 +247,22 @@ impl RateLimiter {
         self.active.load().as_ref().map(|a| a.config.clone())
     }
 
+    /// The store its counters live in (not the per-second one): the RLQS keeps the demand it
+    /// reports beside them (`crate::rlqs`).
+    pub fn store(&self) -> &Arc<dyn CounterStore> {
+        &self.store
+    }
+
+    /// How it names counters.
+    pub fn keys(&self) -> &KeyBuilder {
+        &self.keys
+    }
+
+    /// The clock its windows are read off.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
     /// The store's kind (`memory`, `redis`), for the start-up log.
     pub fn store_kind(&self) -> &'static str {
         self.store.kind()
