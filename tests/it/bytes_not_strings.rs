@@ -15,7 +15,7 @@
 
 use sluice_test_kit as kit;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
@@ -44,12 +44,7 @@ fn get_as_user(envoy: SocketAddr, user: &[u8]) -> u16 {
     head.extend_from_slice(user);
     head.extend_from_slice(b"\r\n\r\n");
     stream.write_all(&head).unwrap();
-    let mut raw = Vec::new();
-    let _ = stream.read_to_end(&mut raw);
-    std::str::from_utf8(raw.get(9..12).unwrap_or_default())
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
+    kit::envoy::reply_status(&mut stream)
 }
 
 fn statuses(envoy: &Envoy, user: &[u8], n: usize) -> StatusCounts {

@@ -458,6 +458,12 @@ pub fn http_status(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> u1
     {
         return 0;
     }
+    reply_status(&mut stream)
+}
+
+/// The status of the HTTP/1.1 reply read from `stream` to its end; 0 when there is none (the
+/// connection closed or reset first).
+pub fn reply_status(stream: &mut TcpStream) -> u16 {
     let mut raw = Vec::new();
     let _ = stream.read_to_end(&mut raw);
     // "HTTP/1.1 200 OK"

@@ -253,8 +253,17 @@ fn built_binary() -> PathBuf {
 }
 
 /// What the service binary is built from: the server (`src/`), the limits and the protocol
-/// (`crates/`: their sources, `lua/` compiled in, `proto/` generated from), the patched `h2`.
-const SERVICE_SOURCES: &[&str] = &["src", "crates", "vendor", "Cargo.toml", "Cargo.lock"];
+/// (their sources, `lua/` compiled in, `proto/` generated from), the patched `h2`. Not this
+/// kit: a test changed while the binary is current must not rebuild it (from inside a running
+/// `cargo test`, that build would wait for cargo's lock).
+const SERVICE_SOURCES: &[&str] = &[
+    "src",
+    "crates/sluice",
+    "crates/sluice-proto",
+    "vendor",
+    "Cargo.toml",
+    "Cargo.lock",
+];
 
 /// True when `binary` exists and was written after every file of the service's sources.
 fn is_newer_than_sources(binary: &Path, workspace: &Path) -> bool {
