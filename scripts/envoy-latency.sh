@@ -16,6 +16,6 @@ if [ -z "${SLUICE_TEST_ENVOY:-}" ]; then
   SLUICE_TEST_ENVOY="$(pwd)/${CARGO_TARGET_DIR:-target}/envoy-venv/bin/envoy"
   export SLUICE_TEST_ENVOY
 fi
-cargo test --quiet "$@" --test envoy_filter measure_ratelimit_call_latency \
+cargo test --quiet "$@" --test it envoy_filter::measure_ratelimit_call_latency \
   -- --ignored --nocapture --test-threads 1 2>&1 | grep -E '^\||requests per row'
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"

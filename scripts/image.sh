@@ -8,7 +8,7 @@
 #   scripts/image.sh build BINARY        builds the image of BINARY (stripped on the way in)
 #                                        and prints its name
 #
-# `setup` is what scripts/test.sh runs; the tests (tests/common/container.rs) run `build` with
+# `setup` is what scripts/test.sh runs; the tests (crates/sluice-test-kit/src/container.rs) run `build` with
 # the binary they were built with, so the image they start is never stale. Both print what
 # each part took, for the CI time budget. Why the debug binary, and how users build the image
 # instead: deploy/README.md ("The image in the tests").

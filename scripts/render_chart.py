@@ -1,5 +1,5 @@
 """Renders the Helm chart with Helm's own engine (the helm-python-sdk package embeds it): the one
-place the chart is rendered, for scripts/check_chart.py and for tests/chart.rs, which plays the
+place the chart is rendered, for scripts/check_chart.py and for tests/it/chart.rs, which plays the
 result under `podman kube play`.
 
 Usage: render_chart.py RELEASE VALUES_JSON   prints the rendered objects as one JSON array

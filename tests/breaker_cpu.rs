@@ -14,15 +14,19 @@
 //!
 //! Each test prints one `BREAKER-CPU` line with its figures, quoted in docs/reliability.md
 //! (`cargo test --test breaker_cpu -- --nocapture 2>/dev/null | grep BREAKER-CPU`).
+//!
+//! A binary of its own, not a module of `tests/it`: every test here keeps both cores busy
+//! ([`kit::CpuHog`]) on purpose, and would starve the tests that `tests/it` runs beside it in
+//! parallel threads; alone, it is the only load besides what it starts.
 
-mod common;
+use sluice_test_kit as kit;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::proxy::{FaultProxy, Faults, Leg};
-use common::*;
+use kit::proxy::{FaultProxy, Faults, Leg};
+use kit::*;
 use tokio::time::Instant;
 
 /// What a store call may take. The late replies below come 3× later than this, the busy script

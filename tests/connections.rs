@@ -7,16 +7,21 @@
 //! once and counted, and room comes back when others close. Then the HTTP/2 abuses: idle
 //! connections get a GOAWAY, and a client cancelling calls in bulk (rapid reset) or sending a
 //! header block that never ends (CONTINUATION flood) is sent away.
+//!
+//! A binary of its own, not a module of `tests/it`: it holds 10 000 sockets of this test process
+//! (checked against its own open-file limit, `/proc/self/limits`), which tests running beside it
+//! in the same process would share and could run out of, and the RSS it prints is quoted in
+//! SECURITY.md, a figure taken with nothing else running.
 
-mod common;
+use sluice_test_kit as kit;
 
 use std::time::Duration;
 
-use common::raw_h2::{
+use kit::raw_h2::{
     CONTINUATION, END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM, GOAWAY, HEADERS, RST_STREAM,
     encode_frame, header_block, should_rate_limit_headers,
 };
-use common::*;
+use kit::*;
 use sluice::proto::{Code, RateLimitRequest, RateLimitServiceClient};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -827,7 +832,6 @@ async fn until_goaway(conn: &mut TcpStream) -> SentAway {
 /// was held for as long as the client liked (only the handshake had a deadline, 10 s fixed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_connections_stalled_in_the_handshake_or_before_the_preface_are_closed() {
-    use std::sync::Arc;
     let pki = Pki::new("ca");
     pki.issue("server", &["localhost"]);
     let (cert, key) = (pki.path("server.pem"), pki.path("server.key"));
@@ -845,19 +849,7 @@ async fn tls_connections_stalled_in_the_handshake_or_before_the_preface_are_clos
     const EACH: usize = 20;
     let mut silent = flood(VICTIM, sluice.grpc, EACH, b"").await;
 
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(rustls_pki_types::CertificateDer::from_pem_file(pki.path("ca.pem")).unwrap())
-        .unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = tokio_rustls::TlsConnector::from(pki.h2_client_config("ca.pem"));
     let mut after_tls = Vec::new();
     for _ in 0..EACH {
         let tcp = TcpStream::connect(sluice.grpc).await.unwrap();

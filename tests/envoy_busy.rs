@@ -10,13 +10,16 @@
 //! 250 ms: on a busy machine some calls ran out, each an error and an admission past the limit.
 //! Now the store has until Envoy's deadline less the margin (`src/store/deadline.rs`). The
 //! memory store runs the same load.
+//!
+//! A binary of its own, not a module of `tests/it`: it keeps both cores busy ([`kit::CpuHog`]) on
+//! purpose, and would starve the tests that `tests/it` runs beside it in parallel threads.
 
-mod common;
+use sluice_test_kit as kit;
 
 use std::time::{Duration, Instant};
 
-use common::envoy::{Envoy, Upstream};
-use common::{CpuHog, Sluice, avoid_window_edge, config_dir, for_each_store};
+use kit::envoy::{Envoy, Upstream};
+use kit::{CpuHog, Sluice, avoid_window_edge, config_dir, for_each_store};
 
 const LIMIT: usize = 500;
 const REQUESTS: usize = 5_000;

@@ -1,5 +1,5 @@
 //! The counting algorithms on in-process state: the memory store runs these, and each has a twin
-//! in `lua/` that Redis runs. The two must give the same answers (tests/store_conformance.rs), so
+//! in `lua/` that Redis runs. The two must give the same answers (tests/it/store_conformance.rs), so
 //! where Lua computes with doubles these functions compute with `f64` in the same order.
 //!
 //! All times are microseconds on the store's clock. Every function takes the state it finds

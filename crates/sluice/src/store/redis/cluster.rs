@@ -6,7 +6,7 @@
 //! bounded, predictable behaviour when the cluster changes: redis-rs refreshes its slot map only
 //! on `MOVED`, so after a master dies its calls fail until something else triggers a refresh,
 //! and under resharding its refreshes held calls past their deadline (we measured both with
-//! `tests/redis_cluster.rs`). Here:
+//! `tests/it/redis_cluster.rs`). Here:
 //!
 //! - the slot map comes from `CLUSTER SLOTS`, asked of any known node (the seeds from
 //!   `REDIS_URL` and every master seen since), and is refreshed after a `MOVED`, after a

@@ -95,7 +95,7 @@ pub struct RedisStore {
 /// How a call whose checks are all plain fixed windows charged each (`script::fits_lean`) is
 /// decided, from the dearest for Redis to the cheapest; a call of one other algorithm takes its
 /// lean script from [`DecisionPath::LeanScript`] up (`script::fits_each`), any other call the full
-/// script. All give the same answers and leave the same state (`tests/redis_store.rs`).
+/// script. All give the same answers and leave the same state (`tests/it/redis_store.rs`).
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u8)]
