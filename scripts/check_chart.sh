@@ -4,7 +4,7 @@
 # kubernetes-validate. The packages go into a virtualenv under target/, kept between runs.
 #
 #   scripts/check_chart.sh          makes the virtualenv when missing, then checks the chart
-#   scripts/check_chart.sh setup    only makes the virtualenv (tests/chart.rs renders with it)
+#   scripts/check_chart.sh setup    only makes the virtualenv (tests/it/chart.rs renders with it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${CARGO_TARGET_DIR:-target}/chart-venv"

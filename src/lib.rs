@@ -6,7 +6,7 @@
 //! files; [`telemetry`] sets up logs and traces. [`settings`] turns the environment into typed
 //! options, [`app`] wires everything from them, and [`cli`] is the command line (with
 //! `admin_client`, the admin API's client behind `sluice counters`). Modules import
-//! each other in one direction (ARCHITECTURE.md, `tests/module_graph.rs`).
+//! each other in one direction (ARCHITECTURE.md, `tests/it/module_graph.rs`).
 
 // The public surface is what the binary and tests use; an unwrap outside tests is a panic a
 // request or a config could reach, so each must say why it cannot fail (`expect`).

@@ -3,7 +3,7 @@
 //! on the memory store and on Redis, every algorithm read and reset on both, escaped values,
 //! `sluice.v1.Admin` over gRPC, `sluice counters get|reset`, the reset's log line and metrics,
 //! and the over-limit decision log (hashed values, a bounded rate). The cluster is in
-//! `tests/admin_api_cluster.rs`.
+//! `tests/it/admin_api_cluster.rs`.
 
 use sluice_test_kit as kit;
 

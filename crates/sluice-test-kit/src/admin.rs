@@ -1,4 +1,4 @@
-//! Helpers of the admin API's tests (`tests/admin_api.rs`, `tests/admin_api_cluster.rs`):
+//! Helpers of the admin API's tests (`tests/it/admin_api.rs`, `tests/it/admin_api_cluster.rs`):
 //! the configuration they share, HTTP calls with a bearer token, and the walk from a used-up
 //! limit through `GET` and `DELETE` to the next admitted call. Included with `#[path]` so the
 //! shared `common/mod.rs` stays as it is.

@@ -1,6 +1,6 @@
 //! The Helm chart as the tests play it: rendered by Helm's engine (`scripts/render_chart.py`),
 //! then run under `podman kube play` with the image of the binary under test
-//! (`tests/chart.rs` and `tests/chart_degraded.rs`).
+//! (`tests/it/chart.rs` and `tests/it/chart_degraded.rs`).
 //!
 //! What is changed in the rendered objects, and why: the pod runs on the host's network
 //! (`hostNetwork: true`; kube play has no Service, and no cluster network to put one on), so

@@ -2,7 +2,7 @@
 //! the harness or a pod played from the chart): `/healthcheck`, the gRPC health service, one
 //! series of `/metrics`, and a Redis circuit breaker opened by calls, as traffic opens it.
 //! Used by the tests of issue #42's "readiness follows the ability to answer"
-//! (`tests/degraded_health.rs`, `tests/chart_degraded.rs`).
+//! (`tests/it/degraded_health.rs`, `tests/it/chart_degraded.rs`).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
 //! Reading the workspace's own source as text, for the checks that keep its shape
-//! (`tests/module_graph.rs`, `tests/code_size.rs`): which files there are, each file's module
+//! (`tests/it/module_graph.rs`, `tests/it/code_size.rs`): which files there are, each file's module
 //! path, its code without comments, string literals and unit tests, and the module paths that
 //! code names through `crate::`, `super::` and `self::`.
 //!
