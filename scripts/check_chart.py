@@ -59,7 +59,8 @@ def env_of(docs):
 
 scenarios = {
     "defaults": ({}, {"BACKEND_TYPE": "memory", "USE_STATSD": "false",
-                      "FAILURE_POLICY": "local_share", "DEGRADED_REPLICAS": None}),
+                      "FAILURE_POLICY": "local_share", "DEGRADED_REPLICAS": None,
+                      "ADMIN_API_TOKEN": None, "DECISION_LOG": None}),
     "statsd": (
         {"statsd": {"enabled": True, "host": "statsd.monitoring", "port": 9125}},
         {"USE_STATSD": "true", "STATSD_HOST": "statsd.monitoring", "STATSD_PORT": "9125"},
@@ -76,6 +77,13 @@ scenarios = {
         {"LIMITER_API_ENABLED": "true", "LIMITER_GRPC_PORT": "8082",
          "LIMITER_MAX_COUNT": "10000", "LIMITER_IDLE_EXPIRY": "168h",
          "LIMITER_API_TOKEN": {"secretKeyRef": {"name": "limiter-token", "key": "token"}}},
+    ),
+    "admin API token from a Secret, and the decision log": (
+        {"adminApi": {"token": {"existingSecret": "sluice-admin", "secretKey": "token"}},
+         "decisionLog": {"enabled": True, "values": "redact", "maxPerSecond": 20}},
+        {"ADMIN_API_TOKEN": {"secretKeyRef": {"name": "sluice-admin", "key": "token"}},
+         "DECISION_LOG": "over_limit", "DECISION_LOG_VALUES": "redact",
+         "DECISION_LOG_MAX_PER_SECOND": "20"},
     ),
     "redis with the default failure policy, local_share, divided by the Deployment's count": (
         {"backend": "redis"},
