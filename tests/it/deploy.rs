@@ -170,6 +170,10 @@ const SERIES: &[&str] = &[
     "sluice_rlqs_assignments_total",
     "sluice_rlqs_requests_total",
     "sluice_rlqs_reports_total",
+    "sluice_admin_calls_total",
+    "sluice_admin_counters_reset_total",
+    "sluice_decision_log_lines_total",
+    "sluice_concurrency_releases_total",
 ];
 /// Histograms: only their `_bucket`, `_sum` and `_count` series exist.
 const HISTOGRAMS: &[&str] = &[
