@@ -68,8 +68,8 @@ use self::script::{
 };
 use self::wire::Heard;
 use super::{
-    Acquisition, Call, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
-    LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
+    Acquisition, Call, Charging, Check, CounterStore, Lease, LimiterKeys, LimiterRecord, LimiterSet,
+    LimiterStore, Outcome, RegistryOp, RegistryReply, Release, SetMode, Store, StoreError, StoreFuture,
     needs_trial,
 };
 
@@ -740,14 +740,43 @@ impl LimiterStore for RedisStore {
                 [-3, max] => Ok(Acquisition::TooManyClients {
                     max: u64::try_from(*max).unwrap_or(0),
                 }),
-                [decision @ .., capacity, per_client] if decision.len() == REPLY_PER_CHECK => {
+                [decision @ .., capacity, per_client, lease_at]
+                    if decision.len() == REPLY_PER_CHECK =>
+                {
                     Ok(Acquisition::Decided {
                         outcome: decode(decision, 1)?[0],
                         capacity: u64::try_from(*capacity).unwrap_or(0),
                         per_client: *per_client == 1,
+                        lease: u64::try_from(*lease_at).ok().filter(|&at| at > 0),
                     })
                 }
                 other => Err(StoreError::Protocol(format!("acquire replied {other:?}"))),
+            }
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+        lease: Lease,
+    ) -> StoreFuture<'a, Release> {
+        self.bounded(call, async move {
+            let reply: Vec<i64> = self
+                .limiter_op(keys, "release", |cmd| {
+                    cmd.arg(lease.expiry).arg(lease.permits);
+                })
+                .await?;
+            let count = |n: i64| u64::try_from(n).unwrap_or(0);
+            match reply.as_slice() {
+                [] => Ok(Release::NoSuchLimiter),
+                [-1] => Ok(Release::NeedsClient),
+                [-4] => Ok(Release::NotLeases),
+                [given_back, remaining] => Ok(Release::Released {
+                    given_back: count(*given_back),
+                    remaining: count(*remaining),
+                }),
+                other => Err(StoreError::Protocol(format!("release replied {other:?}"))),
             }
         })
     }
