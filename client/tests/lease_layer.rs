@@ -91,9 +91,14 @@ async fn a_streaming_response_holds_its_lease_until_its_body_ends() {
 
     let (mut streaming, head) = start_streaming(addr).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    // The head and a chunk are out, the body is not over: the lease is still held.
+    // The head and a chunk are out, the body is not over: the lease is still held. (The pause
+    // gives a lease given back too early the time to show; it is no bound on anything.)
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(client.available_permits("streams", "").await.unwrap(), 0);
-    let refused = http_get(addr, &[]).await;
+    // Bounded: a request let through would stream until the gate opens.
+    let refused = tokio::time::timeout(Duration::from_secs(20), http_get(addr, &[]))
+        .await
+        .expect("a second request was let through while the lease was held");
     assert_eq!(refused.status, 429);
     assert!(refused.headers.contains_key("retry-after"));
 
