@@ -84,7 +84,15 @@ async fn n_leases_then_refused_until_one_is_released_on_both_stores() {
         let mut c = client(&sluice).await;
         let ctx = format!("{kind:?}");
         let (name, minute) = ("inflight", Duration::from_secs(60));
-        create(&mut c, name, Algorithm::Concurrency, 3, minute, Mode::Overall).await;
+        create(
+            &mut c,
+            name,
+            Algorithm::Concurrency,
+            3,
+            minute,
+            Mode::Overall,
+        )
+        .await;
 
         let mut leases = Vec::new();
         for left in [2, 1, 0] {
@@ -96,7 +104,10 @@ async fn n_leases_then_refused_until_one_is_released_on_both_stores() {
         }
         let refused = take(&mut c, name, "", 1).await;
         assert!(!refused.acquired, "{ctx}: the fourth is refused");
-        assert!(refused.lease_id.is_empty(), "{ctx}: a refusal holds no lease");
+        assert!(
+            refused.lease_id.is_empty(),
+            "{ctx}: a refusal holds no lease"
+        );
 
         let r = release(&mut c, name, "", &leases[0]).await.unwrap();
         assert!(r.released, "{ctx}");
@@ -107,18 +118,33 @@ async fn n_leases_then_refused_until_one_is_released_on_both_stores() {
 
         // Give every lease back: the limiter is empty again, nothing left behind.
         for id in leases.iter().skip(1).chain([&again.lease_id]) {
-            assert!(release(&mut c, name, "", id).await.unwrap().released, "{ctx}");
+            assert!(
+                release(&mut c, name, "", id).await.unwrap().released,
+                "{ctx}"
+            );
         }
         let r = take(&mut c, name, "", 3).await;
         assert!(r.acquired, "{ctx}: all three back");
-        assert!(release(&mut c, name, "", &r.lease_id).await.unwrap().released);
+        assert!(
+            release(&mut c, name, "", &r.lease_id)
+                .await
+                .unwrap()
+                .released
+        );
         if let Some(redis) = &redis {
             let keys = redis.cli(&["--scan", "--pattern", "*limiter_inflight*state*"]);
             let held: u64 = keys
                 .unwrap_or_default()
                 .lines()
                 .filter(|k| !k.is_empty())
-                .map(|k| redis.cli(&["HLEN", k]).unwrap().trim().parse::<u64>().unwrap())
+                .map(|k| {
+                    redis
+                        .cli(&["HLEN", k])
+                        .unwrap()
+                        .trim()
+                        .parse::<u64>()
+                        .unwrap()
+                })
                 .sum();
             assert_eq!(held, 0, "{ctx}: no lease counter left in Redis");
         }
@@ -148,7 +174,15 @@ async fn a_lease_never_released_expires_after_the_interval_on_both_stores() {
         let mut c = client(&sluice).await;
         let ctx = format!("{kind:?}");
         let lease = Duration::from_secs(1);
-        create(&mut c, "short", Algorithm::Concurrency, 2, lease, Mode::Overall).await;
+        create(
+            &mut c,
+            "short",
+            Algorithm::Concurrency,
+            2,
+            lease,
+            Mode::Overall,
+        )
+        .await;
         let held = take(&mut c, "short", "", 2).await;
         let taken_at = Instant::now();
         assert!(held.acquired, "{ctx}");
@@ -182,7 +216,15 @@ async fn a_lease_id_gives_back_only_what_it_names_on_both_stores() {
         let mut c = client(&sluice).await;
         let ctx = format!("{kind:?}");
         let minute = Duration::from_secs(60);
-        create(&mut c, "users", Algorithm::Concurrency, 2, minute, Mode::PerClient).await;
+        create(
+            &mut c,
+            "users",
+            Algorithm::Concurrency,
+            2,
+            minute,
+            Mode::PerClient,
+        )
+        .await;
         let a = take(&mut c, "users", "a", 2).await;
         assert!(a.acquired, "{ctx}");
         // Client b names a's lease: b holds nothing, a keeps its leases.
@@ -212,10 +254,23 @@ async fn a_lease_id_gives_back_only_what_it_names_on_both_stores() {
         assert_eq!(e.code(), Code::InvalidArgument, "{ctx}: {e:?}");
         let e = release(&mut c, "nope", "", &a.lease_id).await.unwrap_err();
         assert_eq!(e.code(), Code::NotFound, "{ctx}: {e:?}");
-        create(&mut c, "window", Algorithm::SlidingWindowLog, 2, minute, Mode::Overall).await;
+        create(
+            &mut c,
+            "window",
+            Algorithm::SlidingWindowLog,
+            2,
+            minute,
+            Mode::Overall,
+        )
+        .await;
         let w = take(&mut c, "window", "", 1).await;
-        assert!(w.acquired && w.lease_id.is_empty(), "{ctx}: no lease outside CONCURRENCY");
-        let e = release(&mut c, "window", "", &a.lease_id).await.unwrap_err();
+        assert!(
+            w.acquired && w.lease_id.is_empty(),
+            "{ctx}: no lease outside CONCURRENCY"
+        );
+        let e = release(&mut c, "window", "", &a.lease_id)
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{ctx}: {e:?}");
     })
     .await;

@@ -83,7 +83,12 @@ async fn wait_for_available(client: &Client, name: &str, want: u64) {
 async fn a_streaming_response_holds_its_lease_until_its_body_ends() {
     let sluice = Sluice::start(None, &[]);
     let client = sluice.client(FailurePolicy::Closed).await;
-    let one = LimiterConfig::new("streams", Algorithm::Concurrency, 1, Duration::from_secs(600));
+    let one = LimiterConfig::new(
+        "streams",
+        Algorithm::Concurrency,
+        1,
+        Duration::from_secs(600),
+    );
     client.set_rate(one, SetMode::TrySet).await.unwrap();
     let gate = Arc::new(Semaphore::new(0));
     let layer = SluiceLeaseLayer::builder(client.clone(), "streams").build();

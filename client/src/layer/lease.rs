@@ -24,7 +24,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::key::{Key, KeyExtractor, Missing};
-use super::{refuse_without_key, refusal};
+use super::{refusal, refuse_without_key};
 use crate::client::{Client, FailurePolicy};
 
 /// Holds a lease of a Sluice `CONCURRENCY` limiter for each request's life; made with

@@ -28,8 +28,9 @@ use self::state::{Entry, run_rule};
 use self::table::{KeyId, ShardTable, Table};
 use super::algorithms::{self, State};
 use super::{
-    Acquisition, Call, Charging, Check, CounterStore, Lease, LimiterKeys, LimiterRecord, LimiterSet,
-    LimiterStore, Outcome, RegistryOp, Release, RegistryReply, Rule, SetMode, Store, StoreFuture,
+    Acquisition, Call, Charging, Check, CounterStore, Lease, LimiterKeys, LimiterRecord,
+    LimiterSet, LimiterStore, Outcome, RegistryOp, RegistryReply, Release, Rule, SetMode, Store,
+    StoreFuture,
 };
 use crate::clock::Clock;
 

@@ -19,8 +19,8 @@ use super::table::{KeyId, lock};
 use crate::store::algorithms::State;
 use crate::store::concurrency;
 use crate::store::{
-    Acquisition, Lease, LimiterKeys, LimiterRecord, LimiterSet, RegistryOp, RegistryReply,
-    Release, Rule, SetMode,
+    Acquisition, Lease, LimiterKeys, LimiterRecord, LimiterSet, RegistryOp, RegistryReply, Release,
+    Rule, SetMode,
 };
 
 /// The named limiters' configs and states (native API).

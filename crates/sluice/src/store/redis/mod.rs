@@ -68,9 +68,9 @@ use self::script::{
 };
 use self::wire::Heard;
 use super::{
-    Acquisition, Call, Charging, Check, CounterStore, Lease, LimiterKeys, LimiterRecord, LimiterSet,
-    LimiterStore, Outcome, RegistryOp, RegistryReply, Release, SetMode, Store, StoreError, StoreFuture,
-    needs_trial,
+    Acquisition, Call, Charging, Check, CounterStore, Lease, LimiterKeys, LimiterRecord,
+    LimiterSet, LimiterStore, Outcome, RegistryOp, RegistryReply, Release, SetMode, Store,
+    StoreError, StoreFuture, needs_trial,
 };
 
 /// Counters and named limiters in Redis (a single server, a Sentinel master or a Cluster),
