@@ -139,7 +139,8 @@ pub struct SluiceLease<S> {
 /// What taking a lease gave.
 enum Taken {
     /// Held until the guard drops; `None`: let through without one (the failure policy).
-    Pass(Option<LeaseGuard>),
+    /// Boxed: a guard carries a `Client`, hundreds of bytes, which the body carries too.
+    Pass(Option<Box<LeaseGuard>>),
     NoLease(Duration),
     Unavailable,
 }
@@ -163,11 +164,13 @@ impl LeaseSettings {
             .try_acquire(&self.limiter, &client_id, self.permits, Duration::ZERO)
             .await;
         match acquired {
-            Ok(a) if a.acquired => Taken::Pass(a.lease_id.map(|lease_id| LeaseGuard {
-                client: self.client.clone(),
-                limiter: self.limiter.clone(),
-                client_id,
-                lease_id,
+            Ok(a) if a.acquired => Taken::Pass(a.lease_id.map(|lease_id| {
+                Box::new(LeaseGuard {
+                    client: self.client.clone(),
+                    limiter: self.limiter.clone(),
+                    client_id,
+                    lease_id,
+                })
             })),
             Ok(a) => Taken::NoLease(a.retry_after),
             Err(error) => {
@@ -228,7 +231,7 @@ where
 pub struct LeaseBody<B> {
     // Boxed so that any body, `Unpin` or not, can be polled without unsafe pinning code.
     inner: Pin<Box<B>>,
-    guard: Option<LeaseGuard>,
+    guard: Option<Box<LeaseGuard>>,
 }
 
 impl<B> LeaseBody<B> {
