@@ -699,7 +699,6 @@ fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), 
         ApiAlgorithm::TokenBucket => ConfigAlgorithm::TokenBucket { burst },
         ApiAlgorithm::Gcra => ConfigAlgorithm::Gcra { burst },
         ApiAlgorithm::LeakyBucket => ConfigAlgorithm::LeakyBucket { burst },
-        // `rate` leases held at once, each living `interval` unless released.
         ApiAlgorithm::Concurrency => ConfigAlgorithm::Concurrency,
         ApiAlgorithm::WarmUp => {
             // Bounded like the interval, so that every time the algorithm derives from it

@@ -88,6 +88,15 @@ impl NamedLimiter {
     }
 }
 
+/// A concurrency grant's lease: the expiry step its leases were counted in at `now` (as
+/// `concurrency::concurrency` counts them); `None` for any other rule, or nothing taken.
+fn lease_taken(rule: &Rule, took: bool, now: u64) -> Option<u64> {
+    match *rule {
+        Rule::Concurrency { lease, .. } if took => Some(concurrency::expiry_of(now, lease)),
+        _ => None,
+    }
+}
+
 /// The named limiters' table, under one lock, and its bound (see the module doc).
 #[derive(Debug)]
 pub(super) struct NamedTable {
@@ -192,18 +201,11 @@ impl NamedTable {
             }
             (None, entry) => limiter.shared = entry,
         }
-        // A concurrency grant's leases expire at the step this acquisition counted them in.
-        let lease = match rule {
-            Rule::Concurrency { lease, .. } if step.outcome.admitted && permits > 0 => {
-                Some(concurrency::expiry_of(now, lease))
-            }
-            _ => None,
-        };
         Acquisition::Decided {
             outcome: step.outcome,
             capacity,
             per_client,
-            lease,
+            lease: lease_taken(&rule, step.outcome.admitted && permits > 0, now),
         }
     }
 
