@@ -8,7 +8,8 @@
 //!   matched against Sluice's config, answered by a [`Decision`].
 //! - Sluice's native API (named limiters, no config file; served with
 //!   `LIMITER_API_ENABLED=true`): [`Client::set_rate`], [`Client::try_acquire`],
-//!   [`Client::acquire`], [`Client::available_permits`], failing with a [`LimiterError`].
+//!   [`Client::acquire`], [`Client::available_permits`], [`Client::release`] (a
+//!   `CONCURRENCY` limiter's lease), failing with a [`LimiterError`].
 //! - [`SluiceLayer`], a tower layer in tower's shape (`SluiceLayer` builds the service
 //!   [`Sluice`]), set up with [`SluiceLayer::builder`]: one RLS call per request, its
 //!   descriptor's entries read from the request ([`key::extension`] for the identity an
@@ -16,6 +17,8 @@
 //!   [`key::forwarded`] behind proxies of your own, [`key::method_path`], [`key::header`], or
 //!   any closure); refuses with `429` and `RateLimit`/`Retry-After` headers, or
 //!   `RESOURCE_EXHAUSTED` for gRPC.
+//! - [`SluiceLeaseLayer`] (builds [`SluiceLease`]): at most N requests in flight across the
+//!   fleet, a lease of a native API `CONCURRENCY` limiter held until the response body ends.
 //!
 //! The layer fails closed on keys: a request whose key cannot be found (a header absent, no
 //! peer address recorded) is refused, never passed unlimited ([`key::Key::Missing`]). IPv6
@@ -118,6 +121,9 @@ struct ReadmeExamples;
 pub use client::{AnsweredBy, Client, ClientBuilder, DEFAULT_DEADLINE, FailurePolicy};
 pub use error::{Error, ErrorKind, GrpcCode};
 pub use layer::key;
-pub use layer::{Sluice, SluiceLayer, SluiceLayerBuilder};
-pub use limiter::{Acquired, LimiterConfig, LimiterError, RateSet};
+pub use layer::{
+    LeaseBody, Sluice, SluiceLayer, SluiceLayerBuilder, SluiceLease, SluiceLeaseLayer,
+    SluiceLeaseLayerBuilder,
+};
+pub use limiter::{Acquired, LimiterConfig, LimiterError, RateSet, Released};
 pub use rls::{Decision, Descriptor, DescriptorDecision, RateLimitRequest};

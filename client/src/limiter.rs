@@ -32,6 +32,10 @@ pub enum Algorithm {
     /// One at a time, spaced by an interval that shrinks from `cold_factor` times the full
     /// rate's to the full rate's over the warm-up period ([`LimiterConfig::warm_up`]).
     WarmUp,
+    /// At most `rate` held at once: each acquisition answers a lease
+    /// ([`Acquired::lease_id`]), given back by [`Client::release`] or, if never given back,
+    /// after `interval` ([`crate::SluiceLeaseLayer`] holds one for a request's life).
+    Concurrency,
 }
 
 impl From<Algorithm> for wire::Algorithm {
@@ -44,6 +48,7 @@ impl From<Algorithm> for wire::Algorithm {
             Algorithm::Gcra => wire::Algorithm::Gcra,
             Algorithm::LeakyBucket => wire::Algorithm::LeakyBucket,
             Algorithm::WarmUp => wire::Algorithm::WarmUp,
+            Algorithm::Concurrency => wire::Algorithm::Concurrency,
         }
     }
 }
@@ -59,6 +64,7 @@ impl Algorithm {
             wire::Algorithm::Gcra => Algorithm::Gcra,
             wire::Algorithm::LeakyBucket => Algorithm::LeakyBucket,
             wire::Algorithm::WarmUp => Algorithm::WarmUp,
+            wire::Algorithm::Concurrency => Algorithm::Concurrency,
         })
     }
 }
@@ -293,6 +299,19 @@ pub struct Acquired {
     pub retry_after: Duration,
     /// Sluice, or the failure policy when Sluice could not answer.
     pub answered_by: AnsweredBy,
+    /// A [`Algorithm::Concurrency`] limiter's grant: what [`Client::release`] gives back.
+    /// `None` for other limiters, refusals and the failure policy's grants.
+    pub lease_id: Option<String>,
+}
+
+/// The answer to [`Client::release`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Released {
+    /// False when nothing was given back: the lease had expired or was released already.
+    pub released: bool,
+    /// Permits that could be acquired now.
+    pub remaining: u64,
 }
 
 impl Acquired {
@@ -306,6 +325,7 @@ impl Acquired {
             remaining: response.remaining,
             retry_after: duration(response.retry_after),
             answered_by: AnsweredBy::Sluice,
+            lease_id: (!response.lease_id.is_empty()).then_some(response.lease_id),
         }
     }
 }
@@ -400,6 +420,32 @@ impl Client {
         Ok(available.permits)
     }
 
+    /// Gives back the leases `lease_id` names ([`Acquired::lease_id`]) to the concurrency
+    /// limiter `name`; `client_id` as in the acquisition. Not covered by the failure policy:
+    /// a release that fails leaves the lease to expire after the limiter's interval.
+    pub async fn release(
+        &self,
+        name: &str,
+        client_id: &str,
+        lease_id: &str,
+    ) -> Result<Released, LimiterError> {
+        let message = wire::ReleaseRequest {
+            name: name.to_string(),
+            lease_id: lease_id.to_string(),
+            client_id: client_id.to_string(),
+        };
+        let mut api = self.limiter.clone();
+        let deadline = self.deadline();
+        let call = api.release(self.request(message, deadline));
+        let released = Client::call(deadline, call)
+            .await
+            .map_err(|e| LimiterError::from_call(e, false))?;
+        Ok(Released {
+            released: released.released,
+            remaining: released.remaining,
+        })
+    }
+
     /// Removes limiter `name` and its state; false when there was none.
     pub async fn delete(&self, name: &str) -> Result<bool, LimiterError> {
         let message = wire::DeleteRequest {
@@ -435,6 +481,7 @@ impl Client {
                 remaining: 0,
                 retry_after: Duration::ZERO,
                 answered_by: AnsweredBy::FailurePolicy(error.to_string()),
+                lease_id: None,
             });
         }
         Err(LimiterError::from_call(error, waiting))

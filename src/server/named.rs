@@ -3,7 +3,7 @@
 //!
 //! | cause | status |
 //! |---|---|
-//! | a request that does not decode (a `name` or `client_id` that is not UTF-8, bytes that are not protobuf: `proto::codec`), bad config, more permits than the limiter can ever grant (checked before any state is touched), missing client_id | `INVALID_ARGUMENT` |
+//! | a request that does not decode (a `name` or `client_id` that is not UTF-8, bytes that are not protobuf: `proto::codec`), bad config, more permits than the limiter can ever grant (checked before any state is touched), missing client_id, a malformed `lease_id`, a `Release` to a limiter that is not `CONCURRENCY` | `INVALID_ARGUMENT` |
 //! | no such limiter | `NOT_FOUND` |
 //! | `Acquire` would wait past the server's maximum | `DEADLINE_EXCEEDED` |
 //! | creating a limiter while `LIMITER_MAX_COUNT` exist | `RESOURCE_EXHAUSTED` |
@@ -19,7 +19,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::IntCounter;
+use prometheus::{IntCounter, IntCounterVec};
 use tonic::server::NamedService;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
@@ -32,8 +32,9 @@ use sluice::named::{Acquired, NamedError, NamedLimiters};
 use sluice::proto::sluice::v1::limiter_server::LimiterServer;
 use sluice::proto::sluice::v1::{
     AcquireRequest, AcquireResponse, AvailablePermitsRequest, AvailablePermitsResponse,
-    DeleteRequest, DeleteResponse, GetConfigRequest, LimiterConfig, SetMode as ApiSetMode,
-    SetRateRequest, SetRateResponse, TryAcquireRequest, limiter_server,
+    DeleteRequest, DeleteResponse, GetConfigRequest, LimiterConfig, ReleaseRequest,
+    ReleaseResponse, SetMode as ApiSetMode, SetRateRequest, SetRateResponse, TryAcquireRequest,
+    limiter_server,
 };
 use sluice::store::deadline::Deadline;
 use sluice::store::{Marks, SetMode, StoreError};
@@ -47,6 +48,8 @@ pub(crate) struct NamedApi {
     /// Calls whose store call ran out of the caller's deadline (`deadline_floor.rs`; calls whose
     /// deadline was too short from the start are refused before they get here, `routes.rs`).
     ran_out: IntCounter,
+    /// `sluice_limiter_releases_total`, by result: whether a release found its leases.
+    releases: IntCounterVec,
 }
 
 /// The native API as a gRPC service, behind its token check.
@@ -63,6 +66,7 @@ pub(crate) fn service(
     let server = LimiterServer::new(NamedApi {
         limiters,
         clients_refused: metrics.limiter_clients_refused.clone(),
+        releases: metrics.limiter_releases.clone(),
         ran_out: deadline_floor::ran_out_counter(
             <LimiterServer<NamedApi> as NamedService>::NAME,
             metrics,
@@ -156,6 +160,7 @@ fn response(a: Acquired, degraded: bool) -> Response<AcquireResponse> {
         remaining: a.remaining,
         retry_after: duration(a.retry_after),
         degraded,
+        lease_id: a.lease.map(|l| l.to_string()).unwrap_or_default(),
     })
 }
 
@@ -270,5 +275,29 @@ impl limiter_server::Limiter for NamedApi {
             .await
             .map_err(|e| self.status(e))?;
         Ok(Response::new(DeleteResponse { deleted }))
+    }
+
+    async fn release(
+        &self,
+        request: Request<ReleaseRequest>,
+    ) -> Result<Response<ReleaseResponse>, Status> {
+        let marks = Marks::new();
+        let call = marks.call(deadline_of(&request));
+        let r = request.get_ref();
+        let released = self
+            .limiters
+            .release(call, &r.name, &r.client_id, &r.lease_id)
+            .await
+            .map_err(|e| self.status(e))?;
+        let result = if released.given_back > 0 {
+            "returned"
+        } else {
+            "nothing_held"
+        };
+        self.releases.with_label_values(&[result]).inc();
+        Ok(Response::new(ReleaseResponse {
+            released: released.given_back > 0,
+            remaining: released.remaining,
+        }))
     }
 }

@@ -45,6 +45,7 @@ mod limiter_api;
 mod limiter_api_hostile;
 mod limiter_api_isolation;
 mod limiter_api_waiting;
+mod limiter_leases;
 mod memory_bound;
 mod metrics;
 mod module_graph;

@@ -7,9 +7,12 @@
 //! shared by the fleet. The layer is set up with [`SluiceLayerBuilder`] (`builder.rs`); what it
 //! answers is documented on [`SluiceLayer`], where users of the crate read it; the answers that
 //! are not the service's are `refusal.rs`'s, and what a request is limited by is [`key`]'s.
+//! [`SluiceLeaseLayer`] (`lease.rs`) limits the requests in flight instead, holding a lease of a
+//! native API `CONCURRENCY` limiter for each request's life.
 
 mod builder;
 pub mod key;
+mod lease;
 mod refusal;
 
 use std::fmt;
@@ -24,6 +27,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 pub use builder::{HasEntry, NoEntry, SluiceLayerBuilder};
+pub use lease::{LeaseBody, SluiceLease, SluiceLeaseLayer, SluiceLeaseLayerBuilder};
 
 use crate::client::Client;
 use crate::rls::{Decision, Descriptor, RateLimitRequest};

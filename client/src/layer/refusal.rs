@@ -55,6 +55,25 @@ pub(crate) fn over_limit<B: Default>(grpc: bool, decision: &Decision) -> Respons
     response
 }
 
+/// No lease free ([`crate::SluiceLeaseLayer`]): 429 or `RESOURCE_EXHAUSTED`, with
+/// `Retry-After` in whole seconds rounded up, at least 1. A concurrency limit has no window, so
+/// none of the draft's `RateLimit` headers.
+pub(crate) fn no_lease<B: Default>(grpc: bool, retry_after: std::time::Duration) -> Response<B> {
+    let mut response = if grpc {
+        grpc_status(
+            RESOURCE_EXHAUSTED,
+            HeaderValue::from_static("concurrency limit reached"),
+        )
+    } else {
+        plain(StatusCode::TOO_MANY_REQUESTS)
+    };
+    let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
+    response
+}
+
 /// Sluice could not decide and the policy is to refuse.
 pub(crate) fn unavailable<B: Default>(grpc: bool) -> Response<B> {
     if grpc {

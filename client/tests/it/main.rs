@@ -12,6 +12,8 @@ mod failures;
 mod keys;
 #[cfg(feature = "axum")]
 mod layer;
+#[cfg(feature = "axum")]
+mod lease_layer;
 // Some of its servers are for the modules above only.
 #[cfg_attr(not(feature = "axum"), allow(dead_code))]
 mod services;

@@ -3,10 +3,38 @@
 -- rounding to one step share one field, so a key holds at most 65 fields whatever the limit and
 -- the hits. A release (release == '1') gives back up to `hits` leases, soonest-expiring first,
 -- and is admitted when it found them all. Twin of concurrency in src/store/concurrency.rs.
-local function concurrency(key, now, hits, record, limit, lease, release)
-  hits, limit, lease = tonumber(hits), tonumber(limit), tonumber(lease)
+-- When leases taken at `now` expire: now + lease rounded up to the step. Twin of expiry_of in
+-- src/store/concurrency.rs; the named-limiter script puts it in a lease id.
+local function lease_expiry(now, lease)
   local step = floor(lease / 64)
   if step < 1000 then step = 1000 end
+  local at = now + lease
+  local r = math.fmod(at, step)
+  if r ~= 0 then at = at + step - r end
+  return at
+end
+
+-- A native API release (lua/limiter.lua): gives back up to `permits` of the leases that expire
+-- at `at`, the step the lease id names, and none from any other step; nothing when that step
+-- has expired or holds none. Returns what it gave back and the leases still held.
+local function concurrency_release_at(key, now, at, permits)
+  local fields = call('HGETALL', key)
+  local held, found = 0, nil
+  for i = 1, #fields, 2 do
+    local t, n = tonumber(fields[i]), tonumber(fields[i + 1])
+    if t > now then
+      held = held + n
+      if t == at then found = { fields[i], n } end
+    end
+  end
+  if not found then return 0, held end
+  local taken = math.min(permits, found[2])
+  if taken == found[2] then write('HDEL', key, found[1]) else write('HINCRBY', key, found[1], -taken) end
+  return taken, held - taken
+end
+
+local function concurrency(key, now, hits, record, limit, lease, release)
+  hits, limit, lease = tonumber(hits), tonumber(limit), tonumber(lease)
   local fields = call('HGETALL', key)
   local live, expired, held = {}, {}, 0
   for i = 1, #fields, 2 do
@@ -37,9 +65,7 @@ local function concurrency(key, now, hits, record, limit, lease, release)
     admitted = probe <= limit and held + probe <= limit
     changed = admitted and hits > 0
     if changed then
-      local at = now + lease
-      local r = math.fmod(at, step)
-      if r ~= 0 then at = at + step - r end
+      local at = lease_expiry(now, lease)
       write('HINCRBY', key, string.format('%.0f', at), hits)
       live[#live + 1] = { at, hits }
       held = held + hits

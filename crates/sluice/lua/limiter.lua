@@ -17,8 +17,11 @@
 -- Replies: 'set' {applied, state_reset, record}; 'acquire' {} (no such limiter), {-1} (a client
 -- is needed), {-2, capacity} (more permits than the capacity, nothing read or written), {-3, max}
 -- (a new client while `max` clients hold a state: the per-limiter cap, nothing written), or
--- {admitted, remaining, reset_ms, used, capacity, per_client}. A refused acquisition writes no
--- state.
+-- {admitted, remaining, reset_ms, used, capacity, per_client, lease_at}, lease_at the expiry step
+-- (microseconds) a concurrency grant counted its leases in, 0 for any other answer. A refused
+-- acquisition writes no state. 'release' (ARGV[4] the step, ARGV[5] the permits, as a lease id
+-- names them): {} (no such limiter), {-1} (a client is needed), {-4} (not a concurrency
+-- limiter), or {given_back, remaining}.
 
 if redis.replicate_commands then redis.replicate_commands() end
 
@@ -122,6 +125,27 @@ elseif op == 'acquire' then
       call('ZREM', clients, client_id)
     end
   end
-  return {admitted, remaining, reset_ms, used, tonumber(c[6]), per_client and 1 or 0}
+  local lease_at = 0
+  if c[1] == 'concurrency' and admitted == 1 and tonumber(hits) > 0 then
+    lease_at = lease_expiry(now_us, tonumber(c[3]))
+  end
+  return {admitted, remaining, reset_ms, used, tonumber(c[6]), per_client and 1 or 0, lease_at}
+elseif op == 'release' then
+  local c = call('HMGET', config, 'rule', 'a', 'gen', 'pc')
+  if not c[1] then return {} end
+  if c[1] ~= 'concurrency' then return {-4} end
+  local state, epoch = KEYS[2], KEYS[3]
+  if c[4] == '1' then
+    if not has_client then return {-1} end
+    state, epoch = KEYS[4], KEYS[5]
+  end
+  -- A state of another generation holds no lease this config gave: nothing to give back.
+  local given, held = 0, 0
+  if call('GET', epoch) == c[3] then
+    given, held = concurrency_release_at(state, now_us, tonumber(ARGV[4]), tonumber(ARGV[5]))
+  end
+  local remaining = tonumber(c[2]) - held
+  if remaining < 0 then remaining = 0 end
+  return {given, remaining}
 end
 return redis.error_reply('sluice: unknown limiter operation ' .. tostring(op))

@@ -103,6 +103,9 @@ pub struct Metrics {
     /// (`LIMITER_MAX_CLIENTS`) or the memory store's table (`MEMORY_MAX_LIMITER_STATES`) was
     /// full: the store refuses, the native API's adapter (`server/named.rs`) counts.
     pub limiter_clients_refused: IntCounter,
+    /// `sluice_limiter_releases_total`: native API releases, by result (`returned`,
+    /// `nothing_held`).
+    pub limiter_releases: IntCounterVec,
     /// `sluice_connections_open`, by listener.
     pub connections_open: IntGaugeVec,
     /// `sluice_connections_rejected_total`: closed at accept, by listener and reason.
@@ -245,6 +248,7 @@ impl Metrics {
             memory_evictions: stores.memory_evictions,
             memory_limiter_states: stores.memory_limiter_states,
             limiter_clients_refused: stores.limiter_clients_refused,
+            limiter_releases: stores.limiter_releases,
             connections_open: connections.connections_open,
             connections_rejected: connections.connections_rejected,
             connections_closed: connections.connections_closed,

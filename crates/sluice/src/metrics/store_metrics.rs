@@ -20,6 +20,7 @@ pub(super) struct StoreMetrics {
     pub(super) memory_evictions: IntCounter,
     pub(super) memory_limiter_states: IntGauge,
     pub(super) limiter_clients_refused: IntCounter,
+    pub(super) limiter_releases: IntCounterVec,
 }
 
 impl StoreMetrics {
@@ -90,6 +91,14 @@ impl StoreMetrics {
                 "sluice_limiter_clients_refused_total",
                 "New clients of named limiters refused because a limiter (LIMITER_MAX_CLIENTS) \
                  or, on the memory store, the table (MEMORY_MAX_LIMITER_STATES) was full",
+            ),
+            limiter_releases: counter_vec(
+                r,
+                "sluice_limiter_releases_total",
+                "Native API releases of concurrency leases: returned, or nothing_held when the \
+                 lease's step held fewer leases than it named (expired, released already, or \
+                 never this limiter's)",
+                &["result"],
             ),
         }
     }

@@ -25,6 +25,10 @@
 //! waiter per wake-up. A caller that does not wait (timeout 0) is answered at once, line or not. Callers on
 //! other replicas are not in this line; the store still decides every grant.
 
+mod lease;
+
+pub use lease::{LeaseId, MAX_LEASE_ID_BYTES, Released};
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -149,7 +153,13 @@ pub struct Acquired {
     pub remaining: u64,
     /// When not acquired: until the same request would succeed.
     pub retry_after: Duration,
+    /// A concurrency limiter's grant: the leases taken, for [`NamedLimiters::release`].
+    pub lease: Option<LeaseId>,
 }
+
+/// One store call's answer: the outcome, and the lease when it granted a concurrency
+/// limiter's permits.
+type Taken = (Outcome, Option<LeaseId>);
 
 /// The named limiters of the native API (`sluice.v1.Limiter`): their configs live in the
 /// store, so every replica on one Redis sees the same limiters; what a replica keeps to itself
@@ -413,7 +423,7 @@ impl NamedLimiters {
         name: &str,
         client: &str,
     ) -> Result<u64, NamedError> {
-        let outcome = self.attempt(call, name, client, 0).await?;
+        let (outcome, _) = self.attempt(call, name, client, 0).await?;
         Ok(outcome.remaining)
     }
 
@@ -441,11 +451,11 @@ impl NamedLimiters {
         let per_client = match self.mode(name) {
             Some(per_client) => per_client,
             None => {
-                let outcome = self.attempt(call, name, client, permits).await?;
-                if let Some(done) = settled(outcome, started, timeout) {
+                let taken = self.attempt(call, name, client, permits).await?;
+                if let Some(done) = settled(taken, started, timeout) {
                     return Ok(done);
                 }
-                first = Some(outcome);
+                first = Some(taken.0);
                 self.mode(name).unwrap_or(true)
             }
         };
@@ -471,15 +481,15 @@ impl NamedLimiters {
         started: Instant,
         first: Option<Outcome>,
     ) -> Result<Acquired, NamedError> {
-        let settled = |outcome: Outcome| settled(outcome, started, timeout);
+        let settled = |taken: Taken| settled(taken, started, timeout);
         // Nobody ahead, or not willing to wait: ask at once.
         let mut refused = first;
         if refused.is_none() && (timeout.is_zero() || line.head.try_lock().is_ok()) {
-            let outcome = self.attempt(call, name, client, permits).await?;
-            if let Some(done) = settled(outcome) {
+            let taken = self.attempt(call, name, client, permits).await?;
+            if let Some(done) = settled(taken) {
                 return Ok(done);
             }
-            refused = Some(outcome);
+            refused = Some(taken.0);
         }
         let deadline = tokio::time::Instant::from_std(started + timeout);
         let Ok(mut hint) = tokio::time::timeout_at(deadline, line.head.lock()).await else {
@@ -491,6 +501,7 @@ impl NamedLimiters {
                 retry_after: refused.map_or(Duration::from_millis(1), |o| {
                     Duration::from_millis(o.reset_ms)
                 }),
+                lease: None,
             });
         };
         loop {
@@ -507,10 +518,12 @@ impl NamedLimiters {
                     waited: started.elapsed(),
                     remaining: 0,
                     retry_after: wait.max(Duration::from_millis(1)),
+                    lease: None,
                 });
             }
             tokio::time::sleep(wait).await;
-            let outcome = self.attempt(call, name, client, permits).await?;
+            let taken = self.attempt(call, name, client, permits).await?;
+            let outcome = taken.0;
             if outcome.admitted {
                 // When we took the last permit, the next one comes back about one period
                 // later. An early guess costs one refused call, which gives the exact delay.
@@ -524,9 +537,9 @@ impl NamedLimiters {
                     granted_at: Some(now),
                     period,
                 };
-                return Ok(answer(outcome, started));
+                return Ok(answer(taken, started));
             }
-            if let Some(done) = settled(outcome) {
+            if let Some(done) = settled(taken) {
                 return Ok(done);
             }
             refused = Some(outcome);
@@ -557,7 +570,7 @@ impl NamedLimiters {
         name: &str,
         client: &str,
         permits: u64,
-    ) -> Result<Outcome, NamedError> {
+    ) -> Result<Taken, NamedError> {
         check_name(name)?;
         if client.len() > MAX_CLIENT_ID_BYTES {
             return Err(NamedError::Invalid(format!(
@@ -566,11 +579,12 @@ impl NamedLimiters {
         }
         let client = (!client.is_empty()).then_some(client);
         let keys = self.keys.limiter(name, client);
-        match self
+        let acquisition = self
             .store
             .acquire(call, &keys, permits, self.bounds.max_clients)
-            .await?
-        {
+            .await?;
+        let lease = LeaseId::of(&acquisition, permits);
+        match acquisition {
             Acquisition::NoSuchLimiter => {
                 self.learn_mode(name, None);
                 Err(NamedError::NotFound(name.to_string()))
@@ -599,7 +613,7 @@ impl NamedLimiters {
             } => {
                 self.learn_mode(name, Some(per_client));
                 self.used(call, name).await;
-                Ok(outcome)
+                Ok((outcome, lease))
             }
         }
     }
@@ -607,14 +621,16 @@ impl NamedLimiters {
 
 /// The reply when `outcome` settles the request: granted, or refused for longer than the
 /// caller's `timeout` allows; `None` while waiting could still get it.
-fn settled(outcome: Outcome, started: Instant, timeout: Duration) -> Option<Acquired> {
+fn settled(taken: Taken, started: Instant, timeout: Duration) -> Option<Acquired> {
+    let outcome = taken.0;
     let wait = Duration::from_millis(outcome.reset_ms);
-    (outcome.admitted || started.elapsed() + wait > timeout).then(|| answer(outcome, started))
+    (outcome.admitted || started.elapsed() + wait > timeout).then(|| answer(taken, started))
 }
 
 /// The reply for a final outcome.
-fn answer(outcome: Outcome, started: Instant) -> Acquired {
+fn answer((outcome, lease): Taken, started: Instant) -> Acquired {
     Acquired {
+        lease: lease.filter(|_| outcome.admitted),
         acquired: outcome.admitted,
         waited: started.elapsed(),
         remaining: outcome.remaining,
@@ -683,6 +699,7 @@ fn compile(mut config: LimiterConfig) -> Result<(LimiterConfig, LimiterRecord), 
         ApiAlgorithm::TokenBucket => ConfigAlgorithm::TokenBucket { burst },
         ApiAlgorithm::Gcra => ConfigAlgorithm::Gcra { burst },
         ApiAlgorithm::LeakyBucket => ConfigAlgorithm::LeakyBucket { burst },
+        ApiAlgorithm::Concurrency => ConfigAlgorithm::Concurrency,
         ApiAlgorithm::WarmUp => {
             // Bounded like the interval, so that every time the algorithm derives from it
             // stays exact on both stores.

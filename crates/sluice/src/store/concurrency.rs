@@ -76,6 +76,23 @@ impl Leases {
     fn last_expiry(&self) -> Option<u64> {
         self.by_expiry.back().map(|&(at, _)| at)
     }
+
+    /// Gives back up to `n` of the leases that expire at `at` (the step a native API lease id
+    /// names), none when no live lease expires then; returns how many. Unlike a release by
+    /// descriptor, it never takes from another step: a lease id names the one it was counted in.
+    pub(crate) fn give_back_at(&mut self, at: u64, n: u64, now: u64) -> u64 {
+        self.drop_expired(now);
+        let Ok(i) = self.by_expiry.binary_search_by_key(&at, |&(t, _)| t) else {
+            return 0;
+        };
+        let entry = &mut self.by_expiry[i];
+        let taken = n.min(entry.1);
+        entry.1 -= taken;
+        if entry.1 == 0 {
+            self.by_expiry.remove(i);
+        }
+        taken
+    }
 }
 
 /// The step expiries are rounded up to: a 64th of the lease, at least 1 ms.
@@ -207,6 +224,22 @@ mod tests {
             panic!("a state is held");
         };
         assert!(leases.by_expiry.len() <= 65, "{}", leases.by_expiry.len());
+    }
+
+    #[test]
+    fn a_release_at_one_expiry_takes_only_from_that_step() {
+        let mut state = None;
+        run(&mut state, 2, false, 0);
+        run(&mut state, 2, false, 10_000_000);
+        let mut leases = state.clone().unwrap();
+        let first = expiry_of(0, LEASE);
+        // Three asked back at the first step: only its two are there.
+        assert_eq!(leases.give_back_at(first, 3, 20_000_000), 2);
+        assert_eq!(leases.held(), 2);
+        // A step nobody was counted in, and a step already expired, give nothing.
+        assert_eq!(leases.give_back_at(first + 1, 1, 20_000_000), 0);
+        let second = expiry_of(10_000_000, LEASE);
+        assert_eq!(leases.give_back_at(second, 1, second), 0);
     }
 
     #[test]

@@ -338,6 +338,38 @@ pub enum Acquisition {
         capacity: u64,
         /// One budget per client: the waiting line is the client's, not the limiter's.
         per_client: bool,
+        /// A concurrency limiter's grant: when the leases it took expire (microseconds on the
+        /// store's clock, the step they were counted in), which the lease id carries so that a
+        /// release gives back to that step. `None` for any other grant or refusal.
+        lease: Option<u64>,
+    },
+}
+
+/// The leases one native API release gives back, as its lease id names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// When they expire: the step they were counted in (microseconds on the store's clock).
+    pub expiry: u64,
+    /// How many were taken.
+    pub permits: u64,
+}
+
+/// What a release found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// No config is stored under the keys.
+    NoSuchLimiter,
+    /// The limiter is per client and the call named none.
+    NeedsClient,
+    /// The limiter is not a concurrency limiter: it holds no leases.
+    NotLeases,
+    /// Given back what the lease's step still held.
+    Released {
+        /// Leases given back: at most the lease's permits, 0 when its step had expired or held
+        /// none (released already, or an id this limiter never gave).
+        given_back: u64,
+        /// Leases that could be taken now.
+        remaining: u64,
     },
 }
 
@@ -608,6 +640,15 @@ pub trait LimiterStore: Store {
         max_clients: u64,
     ) -> StoreFuture<'a, Acquisition>;
 
+    /// Gives back a concurrency limiter's `lease`, atomically with reading its config: at most
+    /// its permits, and only from the step it names, while that step is live.
+    fn release<'a>(
+        &'a self,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+        lease: Lease,
+    ) -> StoreFuture<'a, Release>;
+
     /// Changes or reads the registry of named limiters kept under `key`.
     fn registry<'a>(
         &'a self,
@@ -684,6 +725,15 @@ impl<S: LimiterStore + ?Sized> LimiterStore for Arc<S> {
         max_clients: u64,
     ) -> StoreFuture<'a, Acquisition> {
         (**self).acquire(call, keys, permits, max_clients)
+    }
+
+    fn release<'a>(
+        &'a self,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+        lease: Lease,
+    ) -> StoreFuture<'a, Release> {
+        (**self).release(call, keys, lease)
     }
 
     fn registry<'a>(

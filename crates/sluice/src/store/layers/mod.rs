@@ -21,8 +21,8 @@ pub mod measured;
 use std::fmt::Debug;
 
 use super::{
-    Acquisition, Call, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
-    LimiterStore, RegistryOp, RegistryReply, SetMode, Store, StoreFuture,
+    Acquisition, Call, Charging, Check, CounterStore, Lease, LimiterKeys, LimiterRecord,
+    LimiterSet, LimiterStore, RegistryOp, RegistryReply, Release, SetMode, Store, StoreFuture,
 };
 
 /// A store operation, as the layers that treat every operation alike name it.
@@ -38,6 +38,8 @@ pub enum Op {
     DeleteLimiter,
     /// [`LimiterStore::acquire`].
     Acquire,
+    /// [`LimiterStore::release`].
+    Release,
     /// [`LimiterStore::registry`].
     Registry,
     /// [`CounterStore::reset`].
@@ -55,6 +57,7 @@ impl Op {
             Op::GetLimiter => "get_limiter",
             Op::DeleteLimiter => "delete_limiter",
             Op::Acquire => "acquire",
+            Op::Release => "release",
             Op::Registry => "registry",
             Op::Reset => "reset",
             Op::Refund => "refund",
@@ -161,6 +164,19 @@ pub trait Layer: Send + Sync + Debug {
         })
     }
 
+    /// [`LimiterStore::release`] through this layer.
+    fn release<'a, S: LimiterStore + ?Sized>(
+        &'a self,
+        store: &'a S,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+        lease: Lease,
+    ) -> StoreFuture<'a, Release> {
+        self.around(Op::Release, call, move |call| {
+            store.release(call, keys, lease)
+        })
+    }
+
     /// [`LimiterStore::registry`] through this layer.
     fn registry<'a, S: LimiterStore + ?Sized>(
         &'a self,
@@ -261,6 +277,15 @@ impl<L: Layer, S: LimiterStore> LimiterStore for Layered<L, S> {
     ) -> StoreFuture<'a, Acquisition> {
         self.layer
             .acquire(&self.store, call, keys, permits, max_clients)
+    }
+
+    fn release<'a>(
+        &'a self,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+        lease: Lease,
+    ) -> StoreFuture<'a, Release> {
+        self.layer.release(&self.store, call, keys, lease)
     }
 
     fn registry<'a>(

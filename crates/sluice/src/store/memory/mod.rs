@@ -28,8 +28,9 @@ use self::state::{Entry, run_rule};
 use self::table::{KeyId, ShardTable, Table};
 use super::algorithms::{self, State};
 use super::{
-    Acquisition, Call, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
-    LimiterStore, Outcome, RegistryOp, RegistryReply, Rule, SetMode, Store, StoreFuture,
+    Acquisition, Call, Charging, Check, CounterStore, Lease, LimiterKeys, LimiterRecord,
+    LimiterSet, LimiterStore, Outcome, RegistryOp, RegistryReply, Release, Rule, SetMode, Store,
+    StoreFuture,
 };
 use crate::clock::Clock;
 
@@ -428,6 +429,18 @@ impl LimiterStore for MemoryStore {
             .named
             .acquire(key_id, keys, permits, max_clients, now);
         Box::pin(std::future::ready(Ok(acquisition)))
+    }
+
+    fn release<'a>(
+        &'a self,
+        _: Call<'a>,
+        keys: &'a LimiterKeys,
+        lease: Lease,
+    ) -> StoreFuture<'a, Release> {
+        let now = self.inner.clock.now_micros();
+        let key_id = |key: &str| self.inner.key_id(key);
+        let released = self.inner.named.release(key_id, keys, lease, now);
+        Box::pin(std::future::ready(Ok(released)))
     }
 
     /// The same operations as `lua/registry.lua`, on one map (one registry per process, so

@@ -17,8 +17,10 @@ use std::sync::Mutex;
 use super::state::{Entry, run_rule};
 use super::table::{KeyId, lock};
 use crate::store::algorithms::State;
+use crate::store::concurrency;
 use crate::store::{
-    Acquisition, LimiterKeys, LimiterRecord, LimiterSet, RegistryOp, RegistryReply, Rule, SetMode,
+    Acquisition, Lease, LimiterKeys, LimiterRecord, LimiterSet, RegistryOp, RegistryReply, Release,
+    Rule, SetMode,
 };
 
 /// The named limiters' configs and states (native API).
@@ -83,6 +85,15 @@ impl NamedLimiter {
             .min()
             .unwrap_or(u64::MAX);
         before - self.clients.len()
+    }
+}
+
+/// A concurrency grant's lease: the expiry step its leases were counted in at `now` (as
+/// `concurrency::concurrency` counts them); `None` for any other rule, or nothing taken.
+fn lease_taken(rule: &Rule, took: bool, now: u64) -> Option<u64> {
+    match *rule {
+        Rule::Concurrency { lease, .. } if took => Some(concurrency::expiry_of(now, lease)),
+        _ => None,
     }
 }
 
@@ -194,6 +205,44 @@ impl NamedTable {
             outcome: step.outcome,
             capacity,
             per_client,
+            lease: lease_taken(&rule, step.outcome.admitted && permits > 0, now),
+        }
+    }
+
+    /// A concurrency limiter's release of `lease` (`LimiterStore::release`), under the named
+    /// table's lock. An emptied state is left to expire, as the acquisition leaves it.
+    pub(super) fn release(
+        &self,
+        key_id: impl Fn(&str) -> KeyId,
+        keys: &LimiterKeys,
+        lease: Lease,
+        now: u64,
+    ) -> Release {
+        let mut named = lock(&self.named);
+        let Some(limiter) = named.limiters.get_mut(&keys.config) else {
+            return Release::NoSuchLimiter;
+        };
+        let Rule::Concurrency { limit, .. } = limiter.record.rule else {
+            return Release::NotLeases;
+        };
+        let entry = match (limiter.record.per_client, &keys.client) {
+            (true, None) => return Release::NeedsClient,
+            (true, Some(client)) => limiter.clients.get_mut(&key_id(&client.state)),
+            (false, _) => limiter.shared.as_mut(),
+        };
+        let (given_back, held) = match entry {
+            Some(Entry {
+                state: State::Leases(leases),
+                expires_at,
+            }) if *expires_at > now => (
+                leases.give_back_at(lease.expiry, lease.permits, now),
+                leases.held(),
+            ),
+            _ => (0, 0),
+        };
+        Release::Released {
+            given_back,
+            remaining: limit.saturating_sub(held),
         }
     }
 

@@ -24,12 +24,13 @@
 //! `cluster` (the slot map and a pool and batcher per master) ← this module (the [`Store`]
 //! implementation); `plain` (the common decision in plain commands) takes from `conn` and
 //! `script`; `timeout` (each call's deadline, and what its running out says of Redis) takes from
-//! `wire`.
+//! `wire`; `named` (the named limiters' operations, `LimiterStore`) is this module's too.
 
 mod cluster;
 mod coalesce;
 mod conn;
 mod merge;
+mod named;
 mod options;
 mod plain;
 mod script;
@@ -62,14 +63,10 @@ use self::conn::{
     sentinel_pool, tls_config,
 };
 use self::plain::{ExpireNx, ExpiryFailed, why_no_expire_nx};
-use self::script::{
-    ELSEWHERE, FIXED_WINDOW_LEAN, Keys, LIMITER, LuaScript, REGISTRY, REPLY_PER_CHECK,
-    RecordFields, Reply, decode, parse_record,
-};
+use self::script::{ELSEWHERE, FIXED_WINDOW_LEAN, Keys, LIMITER, LuaScript, Reply};
 use self::wire::Heard;
 use super::{
-    Acquisition, Call, Charging, Check, CounterStore, LimiterKeys, LimiterRecord, LimiterSet,
-    LimiterStore, Outcome, RegistryOp, RegistryReply, SetMode, Store, StoreError, StoreFuture,
+    Call, Charging, Check, CounterStore, LimiterKeys, Outcome, Store, StoreError, StoreFuture,
     needs_trial,
 };
 
@@ -658,142 +655,6 @@ impl CounterStore for RedisStore {
                 parse::<u64>(self.route(slot::slot(check.key.as_bytes()), cmd).await?)
             });
             futures::future::try_join_all(refunds).await
-        })
-    }
-}
-
-impl LimiterStore for RedisStore {
-    fn set_limiter<'a>(
-        &'a self,
-        call: Call<'a>,
-        keys: &'a LimiterKeys,
-        record: &'a LimiterRecord,
-        mode: SetMode,
-    ) -> StoreFuture<'a, LimiterSet> {
-        self.bounded(call, async move {
-            let mode = match mode {
-                SetMode::TrySet => "try",
-                SetMode::UpdateKeepState => "keep",
-                SetMode::UpdateResetState => "reset",
-            };
-            let (applied, state_reset, fields): (i64, i64, RecordFields) = self
-                .limiter_op(keys, "set", |cmd| {
-                    cmd.arg(mode)
-                        .arg(script::rule_name(&record.rule))
-                        .arg(&script::stored_args(&record.rule)[..])
-                        .arg(record.capacity)
-                        .arg(u8::from(record.per_client))
-                        .arg(&record.description[..]);
-                })
-                .await?;
-            let current = parse_record(fields)?
-                .ok_or_else(|| StoreError::Protocol("limiter missing after set".into()))?;
-            Ok(LimiterSet {
-                applied: applied == 1,
-                state_reset: state_reset == 1,
-                current,
-            })
-        })
-    }
-
-    fn get_limiter<'a>(
-        &'a self,
-        call: Call<'a>,
-        keys: &'a LimiterKeys,
-    ) -> StoreFuture<'a, Option<LimiterRecord>> {
-        self.bounded(call, async move {
-            let fields: RecordFields = self.limiter_op(keys, "get", |_| {}).await?;
-            parse_record(fields)
-        })
-    }
-
-    fn delete_limiter<'a>(
-        &'a self,
-        call: Call<'a>,
-        keys: &'a LimiterKeys,
-    ) -> StoreFuture<'a, bool> {
-        self.bounded(call, async move {
-            let existed: i64 = self.limiter_op(keys, "delete", |_| {}).await?;
-            Ok(existed == 1)
-        })
-    }
-
-    fn acquire<'a>(
-        &'a self,
-        call: Call<'a>,
-        keys: &'a LimiterKeys,
-        permits: u64,
-        max_clients: u64,
-    ) -> StoreFuture<'a, Acquisition> {
-        self.bounded(call, async move {
-            let reply: Vec<i64> = self
-                .limiter_op(keys, "acquire", |cmd| {
-                    cmd.arg(permits).arg(max_clients).arg(&keys.client_id);
-                })
-                .await?;
-            match reply.as_slice() {
-                [] => Ok(Acquisition::NoSuchLimiter),
-                [-1] => Ok(Acquisition::NeedsClient),
-                [-2, capacity] => Ok(Acquisition::TooManyPermits {
-                    capacity: u64::try_from(*capacity).unwrap_or(0),
-                }),
-                [-3, max] => Ok(Acquisition::TooManyClients {
-                    max: u64::try_from(*max).unwrap_or(0),
-                }),
-                [decision @ .., capacity, per_client] if decision.len() == REPLY_PER_CHECK => {
-                    Ok(Acquisition::Decided {
-                        outcome: decode(decision, 1)?[0],
-                        capacity: u64::try_from(*capacity).unwrap_or(0),
-                        per_client: *per_client == 1,
-                    })
-                }
-                other => Err(StoreError::Protocol(format!("acquire replied {other:?}"))),
-            }
-        })
-    }
-
-    fn registry<'a>(
-        &'a self,
-        call: Call<'a>,
-        key: &'a str,
-        op: RegistryOp<'a>,
-    ) -> StoreFuture<'a, RegistryReply> {
-        self.bounded(call, async move {
-            let slot = slot::slot(key.as_bytes());
-            let args = |cmd: &mut redis::Cmd, pinned: Option<u64>| {
-                cmd.arg(1)
-                    .arg(key)
-                    .arg(pinned.map_or(String::new(), |t| t.to_string()));
-            };
-            match op {
-                RegistryOp::Touch { name, idle_ms, max } => {
-                    let registered: i64 = self
-                        .eval(slot, &REGISTRY, (0, 0), |cmd, pinned| {
-                            args(cmd, pinned);
-                            cmd.arg("touch").arg(name).arg(idle_ms).arg(max);
-                        })
-                        .await?;
-                    Ok(RegistryReply::Touched(registered == 1))
-                }
-                RegistryOp::TakeExpired { at_most } => {
-                    let names: Vec<String> = self
-                        .eval(slot, &REGISTRY, (0, 0), |cmd, pinned| {
-                            args(cmd, pinned);
-                            cmd.arg("expired").arg(at_most);
-                        })
-                        .await?;
-                    Ok(RegistryReply::Expired(names))
-                }
-                RegistryOp::Remove { name } => {
-                    let _: i64 = self
-                        .eval(slot, &REGISTRY, (0, 0), |cmd, pinned| {
-                            args(cmd, pinned);
-                            cmd.arg("remove").arg(name);
-                        })
-                        .await?;
-                    Ok(RegistryReply::Removed)
-                }
-            }
         })
     }
 }

@@ -86,6 +86,14 @@ impl LimiterStore for Failing {
             None => self.up.acquire(call, keys, permits, max_clients),
         }
     }
+    fn release<'a>(
+        &'a self,
+        call: Call<'a>,
+        keys: &'a LimiterKeys,
+        lease: crate::store::Lease,
+    ) -> StoreFuture<'a, crate::store::Release> {
+        self.up.release(call, keys, lease)
+    }
     fn registry<'a>(
         &'a self,
         call: Call<'a>,
