@@ -191,6 +191,11 @@ const REDIS_LAYERS: &[&[&str]] = &[
     &["cluster"],
 ];
 
+/// Files that are part of `mod.rs`, split off for length (`named.rs`: `RedisStore`'s
+/// `LimiterStore`): like `mod.rs` they sit above every layer and may import from all of them and
+/// from `mod.rs`, so the layer check skips them.
+const REDIS_MOD_PARTS: &[&str] = &["named"];
+
 #[test]
 fn the_redis_store_files_import_downwards() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/sluice/src/store/redis");
@@ -200,7 +205,10 @@ fn the_redis_store_files_import_downwards() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-        if name == "mod" || path.extension().is_none_or(|e| e != "rs") {
+        if name == "mod"
+            || REDIS_MOD_PARTS.contains(&name.as_str())
+            || path.extension().is_none_or(|e| e != "rs")
+        {
             continue;
         }
         files += 1;
