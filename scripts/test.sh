@@ -53,7 +53,7 @@ fi
 SLUICE_TEST_ENVOY="$(cd "$envoy_venv/bin" && pwd)/envoy"
 export SLUICE_TEST_ENVOY
 
-# tests/it/image.rs and tests/it/chart.rs build and run the container image with podman: the tools
+# tests/gateway/image.rs and tests/it/chart.rs build and run the container image with podman: the tools
 # (Debian packages) and a Debian base made by debootstrap, kept in podman's image store between
 # runs (deploy/README.md, "The image in the tests").
 timed "image setup" scripts/image.sh setup

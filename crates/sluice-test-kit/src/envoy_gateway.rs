@@ -1,5 +1,5 @@
-//! The Envoy Gateway scenario, shared by the binary's test (`tests/it/envoy_gateway.rs`) and the
-//! image's (`tests/it/image.rs`): Sluice where Envoy Gateway puts envoyproxy/ratelimit, started as
+//! The Envoy Gateway scenario, shared by the binary's test (`tests/gateway/envoy_gateway.rs`) and the
+//! image's (`tests/gateway/image.rs`): Sluice where Envoy Gateway puts envoyproxy/ratelimit, started as
 //! EG starts it, configured by an xDS server shaped as EG's, behind an Envoy configured as EG
 //! configures it. The caller says how Sluice starts (a process, a container); the rest is here.
 //!
@@ -293,6 +293,12 @@ fn assert_only_envoy_timeouts(envoy: &Envoy, debug: SocketAddr) {
 /// EG's tools read.
 // Long because it is one story told in order: each step depends on the state the last left.
 pub fn run_scenario<S: Borrow<Sluice>>(start: impl FnOnce(&EgLaunch) -> S) {
+    // One scenario at a time in a process: two Envoys each with a 20 ms timeout on one
+    // machine time out calls neither would alone (tests/gateway/main.rs).
+    static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _alone = ALONE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let pki = EgPki::new();
     let eg_names = [
         "envoy-gateway".to_string(),

@@ -1,6 +1,6 @@
 //! Sluice where Envoy Gateway puts envoyproxy/ratelimit, the binary started as EG starts the
 //! image's `/bin/ratelimit`: the scenario (and what differs from EG's deployment) is in
-//! `crates/sluice-test-kit/src/envoy_gateway.rs`; `tests/it/image.rs` runs it with the image.
+//! `crates/sluice-test-kit/src/envoy_gateway.rs`; `tests/gateway/image.rs` runs it with the image.
 
 use sluice_test_kit as kit;
 
