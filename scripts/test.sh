@@ -193,8 +193,9 @@ lint() {
       nice -n 10 cargo doc --locked --workspace --no-deps --document-private-items --quiet
 }
 
-# A part runs in the background, its output in $logs/PART.out, its time and status recorded
-# when it is awaited; `finish` prints each output whole, in the order the parts were started.
+# A part runs in the background, its output in $logs/PART.out and its seconds in
+# $logs/PART.seconds; `await_part` waits for it, records its time and status and prints its
+# output whole (the outputs in the order the parts are awaited, never interleaved).
 parts=() pids=()
 start_part() {
   local name=$1
@@ -214,7 +215,7 @@ await_part() {
   for i in "${!parts[@]}"; do
     [ "${parts[$i]}" = "$1" ] || continue
     if wait "${pids[$i]}"; then status=ok; else status=FAILED; failed_parts+=("$1"); fi
-    timings+=("$1: $(cat "$logs/$1.seconds") s, $status")
+    timings+=("$1: $(cat "$logs/$1.seconds" 2>/dev/null || echo '?') s, $status")
     echo "=== $1 ($status)"
     cat "$logs/$1.out"
   done
