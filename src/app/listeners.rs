@@ -325,6 +325,7 @@ fn listener_options(settings: &Settings, pressure: &Pressure) -> (Caps, Http1Opt
         budget: pressure.budget.clone(),
         overload: pressure.overload.clone(),
         min_timeout: settings.grpc_min_timeout,
+        rlqs: settings.rlqs.clone(),
     };
     (caps, http1, grpc_options)
 }

@@ -124,6 +124,8 @@ pub struct GrpcOptions {
     /// answer's margin, leaves less than this is answered `DEADLINE_EXCEEDED` at once
     /// (`deadline_floor.rs`).
     pub min_timeout: Duration,
+    /// The quota service's bounds (`RLQS_*`): streams, buckets a stream, idle buckets.
+    pub rlqs: sluice::rlqs::RlqsOptions,
 }
 
 /// Completes on SIGTERM or SIGINT (Ctrl-C).

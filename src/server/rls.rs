@@ -36,7 +36,7 @@ use super::serving::{self, Closed, Http2Options, Preface};
 use super::{GrpcListener, GrpcOptions, MAX_REQUEST_BYTES, ServeError, tls, trace_parent};
 use sluice::metrics::{ApiMetrics, Metrics};
 use sluice::proto::{self, RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
-use sluice::rlqs::{QuotaServer, RlqsOptions};
+use sluice::rlqs::QuotaServer;
 use sluice::rls::{RateLimiter, RlsError};
 use sluice::store::deadline::Deadline;
 
@@ -162,7 +162,7 @@ where
         metrics.clone(),
     );
     let quota =
-        QuotaServer::new(limiter_for_quota, RlqsOptions::default()).with_metrics(metrics.clone());
+        QuotaServer::new(limiter_for_quota, options.rlqs.clone()).with_metrics(metrics.clone());
     // Quota streams last as long as their Envoy: they end when the listener stops, so that a
     // shutdown does not wait out its grace period for them.
     let stopped = super::rlqs::Stop::new(stopped);

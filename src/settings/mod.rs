@@ -8,7 +8,8 @@
 //! `listeners` (ports, TLS, connection caps and timeouts), `stores` (memory, Redis, the
 //! per-second Redis, the breaker), `rls` (the decision path's options), `stats` (statsd,
 //! DogStatsD, Prometheus, detailed metrics), `telemetry` (logs and traces), `native_api` (the
-//! named limiters' API), `operators` (the admin API's token, the decision log) and
+//! named limiters' API), `operators` (the admin API's token, the decision log), `rlqs` (the quota
+//! service's bounds) and
 //! `config_source` (files or xDS); `env` reads one variable, and
 //! `upstream` is the table of every upstream variable. [`Settings::from_vars`] reads the areas
 //! one after the other.
@@ -21,6 +22,7 @@ use crate::server::overload::MemoryCeiling;
 use crate::server::tls::ServerTls;
 use crate::telemetry::{LogSettings, TraceSettings};
 use sluice::config::LoadOptions;
+use sluice::rlqs::RlqsOptions;
 use sluice::rls::RlsOptions;
 use sluice::store::layers::breaker::BreakerOptions;
 
@@ -29,6 +31,7 @@ mod env;
 mod listeners;
 mod native_api;
 mod operators;
+mod rlqs;
 mod rls;
 mod stats;
 mod stores;
@@ -116,6 +119,8 @@ pub struct Settings {
     pub stats: StatsSettings,
     /// The admin API's token and the over-limit decision log (`operators.rs`).
     pub operators: OperatorSettings,
+    /// The quota service's bounds (`RLQS_*`, `rlqs.rs`).
+    pub rlqs: RlqsOptions,
 }
 
 impl Settings {
@@ -148,6 +153,7 @@ impl Settings {
             stats: stats::stats_settings(env)?,
             prometheus: stats::prometheus_listener(env)?,
             operators: operators::operator_settings(env)?,
+            rlqs: rlqs::rlqs_options(env)?,
             // These cannot fail.
             config_dir: config_source::config_dir(env),
             notices: upstream::notices(|name| env.raw(name)),

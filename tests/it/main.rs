@@ -58,6 +58,7 @@ mod redis_store;
 mod reload;
 mod response_costs;
 mod rlqs;
+mod rlqs_bounds;
 mod service;
 mod short_deadlines;
 mod startup;
