@@ -645,6 +645,19 @@ async fn store_taking(
     store
 }
 
+/// One store of [`store_taking`] per path, on the pinned `clock`, named by its keys' prefix.
+async fn pinned_stores<'a>(
+    redis: &RedisServer,
+    clock: &Pinned,
+    paths: &[(&'a str, DecisionPath)],
+) -> Vec<(&'a str, RedisStore)> {
+    let mut stores = Vec::new();
+    for &(prefix, path) in paths {
+        stores.push((prefix, store_taking(redis, Some(clock.clone()), path).await));
+    }
+    stores
+}
+
 /// Each store's answers to the same calls, which `made` makes for the store's key prefix.
 async fn answers_of(
     stores: &[(&str, RedisStore)],
@@ -747,17 +760,12 @@ fn fixed_window_calls(next: &mut impl FnMut(u64) -> u64, now: u64) -> Vec<FixedW
 async fn the_three_paths_decide_and_write_alike() {
     let redis = RedisServer::start();
     let clock = Pinned::new(sluice::clock::ManualClock::new(1_700_000_000_250_000));
-    let mut stores = Vec::new();
-    for (prefix, path) in [
+    let paths = [
         ("plain:", DecisionPath::PlainCommands),
         ("lean:", DecisionPath::LeanScript),
         ("full:", DecisionPath::FullScript),
-    ] {
-        stores.push((
-            prefix,
-            store_taking(&redis, Some(clock.clone()), path).await,
-        ));
-    }
+    ];
+    let stores = pinned_stores(&redis, &clock, &paths).await;
     {
         // Counters upstream left without a TTL, near a multiple of TTL_REPAIR_PERIOD and not.
         let mut conn = redis.connection();
@@ -845,16 +853,11 @@ fn other_rule(algorithm: u64, limit: u64, window: u64, cold_factor: f64) -> Rule
 async fn each_algorithms_lean_script_decides_and_writes_as_the_full_one() {
     let redis = RedisServer::start();
     let clock = Pinned::new(sluice::clock::ManualClock::new(1_700_000_000_200_000));
-    let mut stores = Vec::new();
-    for (prefix, path) in [
+    let paths = [
         ("lean:", DecisionPath::LeanScript),
         ("full:", DecisionPath::FullScript),
-    ] {
-        stores.push((
-            prefix,
-            store_taking(&redis, Some(clock.clone()), path).await,
-        ));
-    }
+    ];
+    let stores = pinned_stores(&redis, &clock, &paths).await;
     log_every_command(&redis, 100_000);
     let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
     const SECOND: u64 = 1_000_000;
