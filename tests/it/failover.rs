@@ -191,6 +191,7 @@ async fn sentinel_failover(policy: &str) -> (Run, u64) {
         mut master,
         replica,
         sentinels: _sentinels,
+        ..
     } = setup;
     let (_config, _sluice, _app, envoy) = start_sluice_and_envoy("sentinel", &url, policy);
     avoid_window_edge(3600, 120).await;

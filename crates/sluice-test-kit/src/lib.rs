@@ -37,7 +37,6 @@ pub mod readiness;
 pub mod redis_servers;
 pub mod rls;
 pub mod sentinel;
-pub mod sentinel_tls;
 pub mod sluice_process;
 pub mod source;
 pub mod untimed;
@@ -51,11 +50,12 @@ pub use pki::Pki;
 pub use plain_http::http_request;
 pub use process::{CpuHog, stop_when_this_process_ends};
 pub use redis_servers::{
-    RedisCluster, RedisServer, older_redis_server_binary, redis_server_binary,
+    RedisCluster, RedisServer, older_redis_server_binary, redis_pki, redis_server_binary,
+    string_args, tls_cli_args, tls_server_args,
 };
-pub use rls::{ask, avoid_window_edge, descriptor, fixed_window_check, request};
+pub use rls::{alice, ask, avoid_window_edge, descriptor, fixed_window_check, request};
 pub use sluice_process::{
-    Sluice, StoreKind, config_dir, for_each_store, sluice_binary, sluice_command,
+    Sluice, StoreKind, config_dir, for_each_store, refused_start, sluice_binary, sluice_command,
 };
 
 /// A loopback port free when asked (a process that binds it later may still lose a race, which

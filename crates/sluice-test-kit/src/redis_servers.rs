@@ -8,8 +8,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::free_port;
 use crate::process::{send_signal, stop_when_this_process_ends};
+use crate::{Pki, free_port};
 
 /// The Redis server the tests run: the binary `SLUICE_TEST_REDIS_SERVER` names (scripts/test.sh
 /// runs the store suites again with Valkey 9 and Redis 6.2 this way), else Debian's
@@ -24,6 +24,50 @@ pub fn older_redis_server_binary() -> String {
     std::env::var("SLUICE_TEST_REDIS_OLDER").expect(
         "SLUICE_TEST_REDIS_OLDER names a redis-server older than 7.0 (scripts/test.sh sets it)",
     )
+}
+
+/// A test CA for Redis over TLS: `ca.pem`, `server.*` for the servers (on 127.0.0.1) and
+/// `client.*` for the clients, as [`tls_server_args`] and [`tls_cli_args`] name them.
+pub fn redis_pki() -> Pki {
+    let pki = Pki::new("ca");
+    pki.issue("server", &["127.0.0.1", "localhost"]);
+    pki.issue("client", &["client"]);
+    pki
+}
+
+/// The arguments of a server of [`redis_pki`] that speaks TLS only (no plain port: see
+/// [`RedisServer::start_with`]) and requires client certificates.
+pub fn tls_server_args(pki: &Pki) -> Vec<String> {
+    string_args(&[
+        "--tls-port",
+        "{port}",
+        "--tls-cert-file",
+        &pki.path("server.pem"),
+        "--tls-key-file",
+        &pki.path("server.key"),
+        "--tls-ca-cert-file",
+        &pki.path("ca.pem"),
+        "--tls-auth-clients",
+        "yes",
+    ])
+}
+
+/// What `redis-cli` needs to reach a server of [`tls_server_args`].
+pub fn tls_cli_args(pki: &Pki) -> Vec<String> {
+    string_args(&[
+        "--tls",
+        "--cacert",
+        &pki.path("ca.pem"),
+        "--cert",
+        &pki.path("client.pem"),
+        "--key",
+        &pki.path("client.key"),
+    ])
+}
+
+/// Arguments as the launchers take them.
+pub fn string_args(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
 }
 
 /// A `redis-server` of our own, without persistence.
@@ -204,7 +248,7 @@ pub struct RedisCluster {
 impl RedisCluster {
     pub fn start(masters: usize, replicas: usize) -> RedisCluster {
         let cluster_args = |node_timeout: &str| -> Vec<String> {
-            [
+            string_args(&[
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
@@ -215,10 +259,7 @@ impl RedisCluster {
                 // promoted, and tests kill masters soon after start.
                 "--repl-diskless-sync-delay",
                 "0",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
+            ])
         };
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| RedisServer::start_with(&cluster_args("1000"), &[]))

@@ -54,6 +54,11 @@ pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimit
     }
 }
 
+/// The call most tests make: one hit of user `alice` in domain `app`.
+pub fn alice() -> RateLimitRequest {
+    request("app", vec![descriptor(&[("user", "alice")])])
+}
+
 pub async fn ask(
     client: &mut RateLimitServiceClient<Channel>,
     req: RateLimitRequest,

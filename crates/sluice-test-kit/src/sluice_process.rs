@@ -200,6 +200,21 @@ impl Drop for Sluice {
     }
 }
 
+/// Runs `cmd`, a `sluice serve` that must refuse to start, to its end; what it printed:
+/// standard output (the log) and standard error (the reason it gave).
+pub fn refused_start(cmd: &mut Command) -> (String, String) {
+    let out = cmd.output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(
+        !out.status.success(),
+        "sluice started where it must refuse to:\n{stdout}{stderr}"
+    );
+    (stdout, stderr)
+}
+
 /// Runs `f` once with each store; the Redis one gets a fresh server.
 pub async fn for_each_store<F, Fut>(mut f: F)
 where
