@@ -1,6 +1,6 @@
-//! The native limiter API (`sluice.v1.Limiter`) from the tests' side: a client, a limiter's
-//! config, setting it and taking permits, in the few shapes every test of that API builds its
-//! calls from.
+//! The native limiter API (`sluice.v1.Limiter`) from the tests' side: a Sluice serving it, a
+//! client, a limiter's config, setting it and taking permits, in the few shapes every test of
+//! that API builds its calls from.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
