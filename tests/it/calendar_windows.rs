@@ -6,68 +6,13 @@
 
 use sluice_test_kit as kit;
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use kit::{RedisServer, Sluice, StoreKind, config_dir, descriptor, for_each_store, request};
+use kit::in_process::{load_error, pinned_limiter, pinned_store};
+use kit::{RedisServer, Sluice, config_dir, descriptor, for_each_store, request};
 use sluice::clock::ManualClock;
-use sluice::config::{LoadOptions, load_sources};
 use sluice::proto::{Code, RateLimitResponse};
-use sluice::rls::{KeyBuilder, RateLimiter, RlsOptions};
-use sluice::store::redis::Target;
-use sluice::store::{CounterStore, MemoryStore, MemoryStoreOptions, RedisOptions, RedisStore};
-
-async fn store_for(
-    kind: &StoreKind,
-    redis: Option<&RedisServer>,
-    clock: &Arc<ManualClock>,
-) -> Arc<dyn CounterStore> {
-    match kind {
-        StoreKind::Memory => Arc::new(MemoryStore::new(
-            MemoryStoreOptions::default(),
-            clock.clone(),
-        )),
-        StoreKind::Redis => {
-            let server = redis.expect("a Redis store has a server");
-            let store = RedisStore::new(RedisOptions {
-                target: Target::Single(server.url()),
-                auth: None,
-                auth_file: None,
-                sentinel_auth: None,
-                tls: Default::default(),
-                pool_size: 2,
-                timeout: Duration::from_secs(30),
-                expiration_jitter_max: Duration::ZERO,
-                pinned_clock: Some(clock.clone()),
-            })
-            .expect("the store starts");
-            store
-                .wait_until_ready(&sluice::store::redis::StartupRetry::within(Some(
-                    Duration::from_secs(30),
-                )))
-                .await
-                .expect("redis is ready");
-            Arc::new(store)
-        }
-    }
-}
-
-fn limiter(store: Arc<dyn CounterStore>, clock: &Arc<ManualClock>, yaml: &str) -> RateLimiter {
-    let limiter = RateLimiter::new(
-        store,
-        KeyBuilder::default(),
-        clock.clone(),
-        RlsOptions::default(),
-    );
-    let config = load_sources(
-        vec![(PathBuf::from("calendar.yaml"), yaml.to_string())],
-        &LoadOptions::default(),
-    )
-    .expect("test config loads");
-    limiter.set_config(Arc::new(config));
-    limiter
-}
+use sluice::rls::{RateLimiter, RlsOptions};
 
 async fn ask(limiter: &RateLimiter) -> RateLimitResponse {
     limiter
@@ -95,10 +40,10 @@ fn at(text: &str) -> u64 {
 async fn costs_charged_at_stream_end_count_in_the_calendar_period() {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(at("2026-11-30T23:00:00Z")));
-        let store = store_for(&kind, redis.as_ref(), &clock).await;
+        let store = pinned_store(kind, redis.as_ref(), &clock).await;
         let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: month, \
             requests_per_unit: 1000, calendar: {time_zone: America/New_York}}\n";
-        let limiter = limiter(store, &clock, yaml);
+        let limiter = pinned_limiter(store, &clock, yaml, RlsOptions::default());
         let charge = |hits: u64| {
             let mut d = descriptor(&[("k", "a")]);
             d.hits_addend = Some(hits);
@@ -144,8 +89,8 @@ async fn days_across_daylight_saving_changes_end_at_the_zones_midnight() {
     for_each_store(|kind, redis| async move {
         // Noon UTC on the spring day: 07:00 EST, 16 hours before midnight EDT (04:00Z).
         let clock = Arc::new(ManualClock::new(at("2026-03-08T12:00:00Z")));
-        let store = store_for(&kind, redis.as_ref(), &clock).await;
-        let limiter = limiter(store, &clock, DAILY_NEW_YORK);
+        let store = pinned_store(kind, redis.as_ref(), &clock).await;
+        let limiter = pinned_limiter(store, &clock, DAILY_NEW_YORK, RlsOptions::default());
         let first = ask(&limiter).await;
         assert_eq!(first.overall_code, Code::Ok as i32, "{first:?}");
         assert_eq!(reset_secs(&first), 16 * 3600, "{kind:?}: {first:?}");
@@ -186,12 +131,12 @@ async fn days_across_daylight_saving_changes_end_at_the_zones_midnight() {
 async fn months_from_an_anchor_day_and_weeks_from_their_first_day() {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(at("2026-10-20T10:00:00Z")));
-        let store = store_for(&kind, redis.as_ref(), &clock).await;
+        let store = pinned_store(kind, redis.as_ref(), &clock).await;
         let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      \
             - {unit: month, requests_per_unit: 5, calendar: {time_zone: Europe/Berlin, \
             anchor_day: 25}}\n      - {unit: week, requests_per_unit: 3, calendar: \
             {time_zone: Asia/Kolkata, week_start: sunday}}\n";
-        let limiter = limiter(store, &clock, yaml);
+        let limiter = pinned_limiter(store, &clock, yaml, RlsOptions::default());
         let first = ask(&limiter).await;
         assert_eq!(first.overall_code, Code::Ok as i32, "{first:?}");
         // Both admit; the status is the tighter limit's: the week from Sunday in Kolkata, which
@@ -309,15 +254,6 @@ fn the_service_answers_resets_at_the_zones_period_ends() {
             && keys.iter().any(|k| k.ends_with("@Asia/Kolkata")),
         "{keys:?}"
     );
-}
-
-fn load_error(yaml: &str) -> String {
-    load_sources(
-        vec![(PathBuf::from("bad.yaml"), yaml.to_string())],
-        &LoadOptions::default(),
-    )
-    .expect_err("the config is refused")
-    .to_string()
 }
 
 #[test]

@@ -12,6 +12,7 @@ use sluice_test_kit as kit;
 
 use std::net::SocketAddr;
 
+use kit::bootstrap::{Bootstrap, Filter, Route};
 use kit::envoy::{Envoy, Response, Upstream};
 use kit::{Sluice, avoid_window_edge, config_dir};
 
@@ -25,92 +26,26 @@ descriptors:
     rate_limit: { name: per_user, unit: day, requests_per_unit: 5 }
 ";
 
-/// Envoy with the ratelimit filter (DRAFT_VERSION_03 headers) and one route whose first
-/// descriptor, `internal=all`, says `x_ratelimit_option: \"OFF\"`, and whose second is
+/// The route's descriptors: first `internal=all`, which says `x_ratelimit_option: "OFF"`, then
 /// `user=<x-user>`.
+const RATE_LIMITS: &str = r#"- actions:
+    - generic_key: { descriptor_key: internal, descriptor_value: all }
+  x_ratelimit_option: "OFF"
+- actions:
+    - request_headers: { header_name: x-user, descriptor_key: user }"#;
+
+/// Envoy with the ratelimit filter (failing closed, DRAFT_VERSION_03 headers) and one route
+/// sending RATE_LIMITS.
 fn bootstrap(listener: u16, admin: u16, sluice: SocketAddr, app: SocketAddr) -> String {
-    format!(
-        r#"
-admin:
-  address:
-    socket_address: {{ address: 127.0.0.1, port_value: {admin} }}
-static_resources:
-  listeners:
-    - name: ingress
-      address:
-        socket_address: {{ address: 127.0.0.1, port_value: {listener} }}
-      filter_chains:
-        - filters:
-            - name: envoy.filters.network.http_connection_manager
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: ingress
-                route_config:
-                  virtual_hosts:
-                    - name: all
-                      domains: ["*"]
-                      routes:
-                        - match: {{ prefix: "/" }}
-                          route:
-                            cluster: backend
-                            rate_limits:
-                              - actions:
-                                  - generic_key: {{ descriptor_key: internal, descriptor_value: all }}
-                                x_ratelimit_option: "OFF"
-                              - actions:
-                                  - request_headers: {{ header_name: x-user, descriptor_key: user }}
-                http_filters:
-                  - name: envoy.filters.http.ratelimit
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-                      domain: hidden
-                      timeout: 5s
-                      failure_mode_deny: true
-                      enable_x_ratelimit_headers: DRAFT_VERSION_03
-                      rate_limit_service:
-                        transport_api_version: V3
-                        grpc_service:
-                          envoy_grpc: {{ cluster_name: sluice }}
-                  - name: envoy.filters.http.router
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-    - name: sluice
-      type: STATIC
-      connect_timeout: 1s
-      typed_extension_protocol_options:
-        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-          explicit_http_config: {{ http2_protocol_options: {{}} }}
-      load_assignment:
-        cluster_name: sluice
-        endpoints:
-          - lb_endpoints:
-              - endpoint:
-                  address:
-                    socket_address: {{ address: {sluice_ip}, port_value: {sluice_port} }}
-      health_checks:
-        - timeout: 1s
-          interval: 1s
-          unhealthy_threshold: 2
-          healthy_threshold: 1
-          grpc_health_check: {{ service_name: ratelimit }}
-    - name: backend
-      type: STATIC
-      connect_timeout: 1s
-      load_assignment:
-        cluster_name: backend
-        endpoints:
-          - lb_endpoints:
-              - endpoint:
-                  address:
-                    socket_address: {{ address: {app_ip}, port_value: {app_port} }}
-"#,
-        sluice_ip = sluice.ip(),
-        sluice_port = sluice.port(),
-        app_ip = app.ip(),
-        app_port = app.port(),
-    )
+    let filter = Filter {
+        failure_mode_deny: true,
+        x_ratelimit_headers: true,
+        ..Filter::named("envoy.filters.http.ratelimit")
+    };
+    Bootstrap::new("hidden", &[sluice], app)
+        .filters(&[filter])
+        .route(Route::to("backend").rate_limits(RATE_LIMITS))
+        .yaml(listener, admin)
 }
 
 /// No header of `r` names the hidden limit or carries its numbers as the limit.

@@ -6,18 +6,15 @@
 
 use sluice_test_kit as kit;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use kit::in_process::{pinned_limiter, pinned_store};
 use kit::*;
 use sluice::clock::ManualClock;
-use sluice::config::{LoadOptions, load_sources};
 use sluice::proto::Code;
-use sluice::rls::{KeyBuilder, RateLimiter, RlsOptions};
-use sluice::store::redis::Target;
-use sluice::store::{CounterStore, MemoryStore, MemoryStoreOptions, RedisOptions, RedisStore};
+use sluice::rls::RlsOptions;
 
 const INFLIGHT: &str = "domain: d\ndescriptors:\n  - key: inflight\n    rate_limit:\n      \
     unit: minute\n      requests_per_unit: 5\n      algorithm: concurrency\n";
@@ -193,40 +190,6 @@ async fn sixty_four_callers_on_two_replicas_hold_at_most_the_limit() {
     assert_eq!(admitted, LIMIT);
 }
 
-async fn store_for(
-    kind: &StoreKind,
-    redis: Option<&RedisServer>,
-    clock: &Arc<ManualClock>,
-) -> Arc<dyn CounterStore> {
-    match kind {
-        StoreKind::Memory => Arc::new(MemoryStore::new(
-            MemoryStoreOptions::default(),
-            clock.clone(),
-        )),
-        StoreKind::Redis => {
-            let store = RedisStore::new(RedisOptions {
-                target: Target::Single(redis.expect("a server").url()),
-                auth: None,
-                auth_file: None,
-                sentinel_auth: None,
-                tls: Default::default(),
-                pool_size: 2,
-                timeout: Duration::from_secs(30),
-                expiration_jitter_max: Duration::ZERO,
-                pinned_clock: Some(clock.clone()),
-            })
-            .expect("the store starts");
-            store
-                .wait_until_ready(&sluice::store::redis::StartupRetry::within(Some(
-                    Duration::from_secs(30),
-                )))
-                .await
-                .expect("redis is ready");
-            Arc::new(store)
-        }
-    }
-}
-
 /// Leases never given back (a crashed Envoy) expire one unit after they were taken, not before,
 /// on both stores; a refusal says when the soonest will.
 #[tokio::test(flavor = "multi_thread")]
@@ -234,19 +197,8 @@ async fn leases_never_given_back_expire_after_their_unit() {
     for_each_store(|kind, redis| async move {
         let t0 = 1_800_000_000_000_000;
         let clock = Arc::new(ManualClock::new(t0));
-        let store = store_for(&kind, redis.as_ref(), &clock).await;
-        let limiter = RateLimiter::new(
-            store,
-            KeyBuilder::default(),
-            clock.clone(),
-            RlsOptions::default(),
-        );
-        let config = load_sources(
-            vec![(PathBuf::from("inflight.yaml"), INFLIGHT.to_string())],
-            &LoadOptions::default(),
-        )
-        .unwrap();
-        limiter.set_config(Arc::new(config));
+        let store = pinned_store(kind, redis.as_ref(), &clock).await;
+        let limiter = pinned_limiter(store, &clock, INFLIGHT, RlsOptions::default());
         let req = request("d", vec![descriptor(&[("inflight", "u")])]);
         for _ in 0..5 {
             let ok = limiter.should_rate_limit(&req, None).await.unwrap();
@@ -277,8 +229,8 @@ async fn both_stores_answer_a_random_sequence_alike() {
     let redis = RedisServer::start();
     let t0 = 1_800_000_000_000_000u64;
     let clock = Arc::new(ManualClock::new(t0));
-    let memory = store_for(&StoreKind::Memory, None, &clock).await;
-    let on_redis = store_for(&StoreKind::Redis, Some(&redis), &clock).await;
+    let memory = pinned_store(StoreKind::Memory, None, &clock).await;
+    let on_redis = pinned_store(StoreKind::Redis, Some(&redis), &clock).await;
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut next = |n: u64| {
         seed ^= seed << 13;

@@ -19,13 +19,15 @@
 //! set of config-like names, and values from anything, biased toward the characters that build
 //! keys (`_ : { } * %`), plus newlines, unicode, empty and 4096-byte values.
 
+use sluice_test_kit as kit;
+
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 
+use kit::in_process::pinned_limiter;
 use proptest::prelude::*;
 use sluice::clock::ManualClock;
-use sluice::config::{Limit, LoadOptions, Unit, load_sources};
+use sluice::config::{Limit, Unit};
 use sluice::proto::{Code, DescriptorEntry, RateLimitDescriptor, RateLimitRequest};
 use sluice::rls::{KeyBuilder, RateLimiter, RlsOptions};
 use sluice::store::{MemoryStore, MemoryStoreOptions};
@@ -430,14 +432,7 @@ fn limiter(config: &str) -> RateLimiter {
         MemoryStoreOptions::default(),
         clock.clone(),
     ));
-    let limiter = RateLimiter::new(store, KeyBuilder::default(), clock, RlsOptions::default());
-    let config = load_sources(
-        vec![(PathBuf::from("isolation.yaml"), config.to_string())],
-        &LoadOptions::default(),
-    )
-    .expect("test config loads");
-    limiter.set_config(Arc::new(config));
-    limiter
+    pinned_limiter(store, &clock, config, RlsOptions::default())
 }
 
 fn ask(limiter: &RateLimiter, domain: &str, pairs: &[(&str, &str)]) -> Code {

@@ -4,12 +4,11 @@ use sluice_test_kit as kit;
 
 use std::time::{Duration, Instant};
 
-use kit::native::{self, acquired, config, limiter_client, per_client, take};
+use kit::native::{self, LimiterSluice, acquired, available, config, per_client, take};
 use kit::*;
 use sluice::proto::sluice::v1::limiter_client::LimiterClient;
 use sluice::proto::sluice::v1::{
-    AcquireRequest, Algorithm, AvailablePermitsRequest, DeleteRequest, GetConfigRequest,
-    LimiterConfig, SetMode, SetRateRequest,
+    AcquireRequest, Algorithm, DeleteRequest, GetConfigRequest, LimiterConfig, SetMode,
 };
 use tonic::transport::Channel;
 
@@ -23,89 +22,40 @@ async fn set(
     (r.applied, r.config.unwrap())
 }
 
+/// The limiter `api` of the first test: `rate` per minute, a sliding log.
+fn api(rate: u64) -> LimiterConfig {
+    config(
+        "api",
+        Algorithm::SlidingWindowLog,
+        rate,
+        Duration::from_secs(60),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn set_get_acquire_and_delete_on_both_stores() {
     for_each_store(|kind, redis| async move {
-        let dir = config_dir("domain: unused\n");
-        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[]);
-        let mut c = limiter_client(sluice.grpc).await;
+        let sluice = LimiterSluice::start(redis.as_ref(), &[]);
+        let mut c = sluice.client().await;
         let ctx = format!("{kind:?}");
 
         // try_set creates, then never overwrites.
-        let (applied, current) = set(
-            &mut c,
-            config(
-                "api",
-                Algorithm::SlidingWindowLog,
-                2,
-                Duration::from_secs(60),
-            ),
-            SetMode::TrySet,
-        )
-        .await;
+        let (applied, current) = set(&mut c, api(2), SetMode::TrySet).await;
         assert!(applied, "{ctx}");
         assert_eq!(current.rate, 2);
-        let (applied, current) = set(
-            &mut c,
-            config(
-                "api",
-                Algorithm::SlidingWindowLog,
-                9,
-                Duration::from_secs(60),
-            ),
-            SetMode::TrySet,
-        )
-        .await;
+        let (applied, current) = set(&mut c, api(9), SetMode::TrySet).await;
         assert!(!applied, "{ctx}");
         assert_eq!(current.rate, 2, "{ctx}");
 
         for want in [true, true, false] {
-            let r = c
-                .try_acquire(take("api", "", 1, Duration::ZERO))
-                .await
-                .unwrap()
-                .into_inner();
-            assert_eq!(r.acquired, want, "{ctx}");
+            assert_eq!(acquired(&mut c, "api", "", 1).await, want, "{ctx}");
         }
         // Update keeping state: 2 of 5 are used.
-        set(
-            &mut c,
-            config(
-                "api",
-                Algorithm::SlidingWindowLog,
-                5,
-                Duration::from_secs(60),
-            ),
-            SetMode::UpdateKeepState,
-        )
-        .await;
-        let available = |c: &mut LimiterClient<Channel>| {
-            let mut c = c.clone();
-            async move {
-                c.available_permits(AvailablePermitsRequest {
-                    name: "api".into(),
-                    client_id: String::new(),
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .permits
-            }
-        };
-        assert_eq!(available(&mut c).await, 3, "{ctx}");
+        set(&mut c, api(5), SetMode::UpdateKeepState).await;
+        assert_eq!(available(&mut c, "api", "").await, 3, "{ctx}");
         // Update resetting state: all 5 back.
-        set(
-            &mut c,
-            config(
-                "api",
-                Algorithm::SlidingWindowLog,
-                5,
-                Duration::from_secs(60),
-            ),
-            SetMode::UpdateResetState,
-        )
-        .await;
-        assert_eq!(available(&mut c).await, 5, "{ctx}");
+        set(&mut c, api(5), SetMode::UpdateResetState).await;
+        assert_eq!(available(&mut c, "api", "").await, 5, "{ctx}");
 
         let got = c
             .get_config(GetConfigRequest { name: "api".into() })
@@ -152,29 +102,13 @@ async fn set_get_acquire_and_delete_on_both_stores() {
             Duration::from_secs(3600),
         ));
         set(&mut c, per_client, SetMode::TrySet).await;
-        let as_client = |id: &str| take("pc", id, 1, Duration::ZERO);
-        assert!(
-            c.try_acquire(as_client("a"))
-                .await
-                .unwrap()
-                .into_inner()
-                .acquired
-        );
-        assert!(
-            !c.try_acquire(as_client("a"))
-                .await
-                .unwrap()
-                .into_inner()
-                .acquired
-        );
-        assert!(
-            c.try_acquire(as_client("b"))
-                .await
-                .unwrap()
-                .into_inner()
-                .acquired
-        );
-        let status = c.try_acquire(as_client("")).await.unwrap_err();
+        assert!(acquired(&mut c, "pc", "a", 1).await);
+        assert!(!acquired(&mut c, "pc", "a", 1).await);
+        assert!(acquired(&mut c, "pc", "b", 1).await);
+        let status = c
+            .try_acquire(take("pc", "", 1, Duration::ZERO))
+            .await
+            .unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
     })
     .await;
@@ -183,9 +117,8 @@ async fn set_get_acquire_and_delete_on_both_stores() {
 #[tokio::test(flavor = "multi_thread")]
 async fn try_acquire_waits_server_side_within_its_timeout() {
     for_each_store(|kind, redis| async move {
-        let dir = config_dir("domain: unused\n");
-        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[("LIMITER_MAX_WAIT", "1s")]);
-        let mut c = limiter_client(sluice.grpc).await;
+        let sluice = LimiterSluice::start(redis.as_ref(), &[("LIMITER_MAX_WAIT", "1s")]);
+        let mut c = sluice.client().await;
         // Bounds below are far from what a quiet machine shows (a call takes a few ms), so a
         // busy one does not fail them.
         // One per 10 s: a timeout shorter than the wait is refused at once, with the wait to
@@ -194,13 +127,7 @@ async fn try_acquire_waits_server_side_within_its_timeout() {
         slow.burst = 1;
         set(&mut c, slow, SetMode::TrySet).await;
         let take_one = |name: &str, timeout: Duration| take(name, "", 1, timeout);
-        assert!(
-            c.try_acquire(take_one("paced10", Duration::ZERO))
-                .await
-                .unwrap()
-                .into_inner()
-                .acquired
-        );
+        assert!(acquired(&mut c, "paced10", "", 1).await);
         let started = Instant::now();
         let r = c
             .try_acquire(take_one("paced10", Duration::from_millis(20)))
@@ -224,13 +151,7 @@ async fn try_acquire_waits_server_side_within_its_timeout() {
         let mut paced = config("paced", Algorithm::Gcra, 2, Duration::from_secs(1));
         paced.burst = 1;
         set(&mut c, paced, SetMode::TrySet).await;
-        assert!(
-            c.try_acquire(take_one("paced", Duration::ZERO))
-                .await
-                .unwrap()
-                .into_inner()
-                .acquired
-        );
+        assert!(acquired(&mut c, "paced", "", 1).await);
         let r = c
             .try_acquire(take_one("paced", Duration::from_millis(1_000)))
             .await
@@ -264,20 +185,13 @@ async fn try_acquire_waits_server_side_within_its_timeout() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cancelled_wait_takes_nothing() {
-    let dir = config_dir("domain: unused\n");
-    let sluice = Sluice::start(dir.path(), None, &[]);
-    let mut c = limiter_client(sluice.grpc).await;
+    let sluice = LimiterSluice::start(None, &[]);
+    let mut c = sluice.client().await;
     // One permit per 2 s.
     let mut slow = config("slow", Algorithm::TokenBucket, 1, Duration::from_secs(2));
     slow.burst = 1;
     set(&mut c, slow, SetMode::TrySet).await;
-    assert!(
-        c.try_acquire(take("slow", "", 1, Duration::ZERO))
-            .await
-            .unwrap()
-            .into_inner()
-            .acquired
-    );
+    assert!(acquired(&mut c, "slow", "", 1).await);
 
     // A waiter that would get the next permit in ~2 s gives up (its call is cancelled) at 300 ms.
     let mut waiter = c.clone();
@@ -293,71 +207,36 @@ async fn a_cancelled_wait_takes_nothing() {
 
     // Once the permit is due, it is still there: the cancelled wait ended on the server too.
     tokio::time::sleep(Duration::from_millis(2_200)).await;
-    let r = c
-        .try_acquire(take("slow", "", 1, Duration::ZERO))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(r.acquired);
+    assert!(acquired(&mut c, "slow", "", 1).await);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn replicas_share_limiters_through_redis() {
     let redis = RedisServer::start();
-    let dir = config_dir("domain: unused\n");
-    let a = Sluice::start(dir.path(), Some(&redis), &[]);
-    let b = Sluice::start(dir.path(), Some(&redis), &[]);
-    let (mut ca, mut cb) = (limiter_client(a.grpc).await, limiter_client(b.grpc).await);
-    set(
-        &mut ca,
+    let a = LimiterSluice::start(Some(&redis), &[]);
+    let b = LimiterSluice::start(Some(&redis), &[]);
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    let shared = |rate| {
         config(
             "shared",
             Algorithm::SlidingWindowCounter,
-            3,
+            rate,
             Duration::from_secs(3600),
-        ),
-        SetMode::TrySet,
-    )
-    .await;
+        )
+    };
+    set(&mut ca, shared(3), SetMode::TrySet).await;
     let mut admitted = 0;
     for i in 0..6 {
         let c = if i % 2 == 0 { &mut ca } else { &mut cb };
-        if c.try_acquire(take("shared", "", 1, Duration::ZERO))
-            .await
-            .unwrap()
-            .into_inner()
-            .acquired
-        {
+        if acquired(c, "shared", "", 1).await {
             admitted += 1;
         }
     }
     assert_eq!(admitted, 3);
     // A rate change made through A applies to B's next call.
-    set(
-        &mut ca,
-        config(
-            "shared",
-            Algorithm::SlidingWindowCounter,
-            4,
-            Duration::from_secs(3600),
-        ),
-        SetMode::UpdateKeepState,
-    )
-    .await;
-    assert!(
-        cb.try_acquire(take("shared", "", 1, Duration::ZERO))
-            .await
-            .unwrap()
-            .into_inner()
-            .acquired
-    );
-    assert!(
-        !cb.try_acquire(take("shared", "", 1, Duration::ZERO))
-            .await
-            .unwrap()
-            .into_inner()
-            .acquired
-    );
+    set(&mut ca, shared(4), SetMode::UpdateKeepState).await;
+    assert!(acquired(&mut cb, "shared", "", 1).await);
+    assert!(!acquired(&mut cb, "shared", "", 1).await);
 }
 
 /// Every algorithm at `rate` per hour (so nothing refills during a test), warm-up with a short
@@ -388,29 +267,17 @@ fn every_algorithm(prefix: &str, rate: u64) -> Vec<(Algorithm, LimiterConfig)> {
     .collect()
 }
 
-async fn available_of(c: &mut LimiterClient<Channel>, name: &str) -> u64 {
-    c.available_permits(AvailablePermitsRequest {
-        name: name.into(),
-        client_id: String::new(),
-    })
-    .await
-    .unwrap()
-    .into_inner()
-    .permits
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn refused_attempts_change_nothing() {
     for_each_store(|kind, redis| async move {
         avoid_window_edge(3600, 60).await;
-        let dir = config_dir("domain: unused\n");
-        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[]);
-        let mut c = limiter_client(sluice.grpc).await;
+        let sluice = LimiterSluice::start(redis.as_ref(), &[]);
+        let mut c = sluice.client().await;
         for (algorithm, limiter) in every_algorithm("refused", 5) {
             let ctx = format!("{kind:?} {algorithm:?}");
             let name = limiter.name.clone();
             set(&mut c, limiter, SetMode::TrySet).await;
-            assert_eq!(available_of(&mut c, &name).await, 5, "{ctx}");
+            assert_eq!(available(&mut c, &name, "").await, 5, "{ctx}");
             // More than the capacity, and more than any script can represent: INVALID_ARGUMENT
             // (never UNAVAILABLE from a store error), and nothing taken.
             for permits in [6, 1 << 32, u64::MAX] {
@@ -437,7 +304,7 @@ async fn refused_attempts_change_nothing() {
                     "{ctx} acquire {permits}: {status:?}"
                 );
                 assert_eq!(
-                    available_of(&mut c, &name).await,
+                    available(&mut c, &name, "").await,
                     5,
                     "{ctx} after {permits}"
                 );
@@ -454,13 +321,13 @@ async fn refused_attempts_change_nothing() {
             set(&mut c, limiter, SetMode::TrySet).await;
             assert!(acquired(&mut c, &name, "", 8).await, "{ctx}");
             assert!(!acquired(&mut c, &name, "", 5).await, "{ctx}");
-            assert_eq!(available_of(&mut c, &name).await, 2, "{ctx}");
+            assert_eq!(available(&mut c, &name, "").await, 2, "{ctx}");
             assert!(
                 acquired(&mut c, &name, "", 2).await,
                 "{ctx}: 8 + 2 fit in 10"
             );
             assert!(!acquired(&mut c, &name, "", 1).await, "{ctx}");
-            assert_eq!(available_of(&mut c, &name).await, 0, "{ctx}");
+            assert_eq!(available(&mut c, &name, "").await, 0, "{ctx}");
         }
     })
     .await;
@@ -470,17 +337,16 @@ async fn refused_attempts_change_nothing() {
 async fn available_permits_is_what_try_acquire_would_grant() {
     for_each_store(|kind, redis| async move {
         avoid_window_edge(3600, 60).await;
-        let dir = config_dir("domain: unused\n");
-        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[]);
-        let mut c = limiter_client(sluice.grpc).await;
+        let sluice = LimiterSluice::start(redis.as_ref(), &[]);
+        let mut c = sluice.client().await;
         for (algorithm, limiter) in every_algorithm("available", 50) {
             let ctx = format!("{kind:?} {algorithm:?}");
             let name = limiter.name.clone();
             set(&mut c, limiter, SetMode::TrySet).await;
-            let n = available_of(&mut c, &name).await;
+            let n = available(&mut c, &name, "").await;
             assert_eq!(n, 50, "{ctx}");
             assert!(acquired(&mut c, &name, "", n).await, "{ctx}: {n} available");
-            assert_eq!(available_of(&mut c, &name).await, 0, "{ctx}");
+            assert_eq!(available(&mut c, &name, "").await, 0, "{ctx}");
             assert!(!acquired(&mut c, &name, "", 1).await, "{ctx}");
         }
     })
@@ -491,9 +357,8 @@ async fn available_permits_is_what_try_acquire_would_grant() {
 async fn keeping_state_across_algorithms_never_breaks_a_limiter() {
     for_each_store(|kind, redis| async move {
         avoid_window_edge(3600, 60).await;
-        let dir = config_dir("domain: unused\n");
-        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[]);
-        let mut c = limiter_client(sluice.grpc).await;
+        let sluice = LimiterSluice::start(redis.as_ref(), &[]);
+        let mut c = sluice.client().await;
         let family = |a: Algorithm| match a {
             Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => "bucket",
             other => other.as_str_name(),
@@ -513,24 +378,14 @@ async fn keeping_state_across_algorithms_never_breaks_a_limiter() {
                         .unwrap()
                         .1
                 };
-                let r = c
-                    .set_rate(SetRateRequest {
-                        config: Some(rename(pick(from))),
-                        set_mode: SetMode::TrySet as i32,
-                    })
+                let r = native::set(&mut c, rename(pick(from)), SetMode::TrySet)
                     .await
-                    .unwrap()
-                    .into_inner();
+                    .unwrap();
                 assert!(r.state_reset, "{ctx}: a new limiter starts empty");
                 assert!(acquired(&mut c, &name, "", 2).await, "{ctx}");
-                let r = c
-                    .set_rate(SetRateRequest {
-                        config: Some(rename(pick(to))),
-                        set_mode: SetMode::UpdateKeepState as i32,
-                    })
+                let r = native::set(&mut c, rename(pick(to)), SetMode::UpdateKeepState)
                     .await
-                    .unwrap()
-                    .into_inner();
+                    .unwrap();
                 let kept = family(from) == family(to);
                 assert_eq!(r.state_reset, !kept, "{ctx}");
                 // The limiter works at once, with its state kept or started afresh.
@@ -539,26 +394,16 @@ async fn keeping_state_across_algorithms_never_breaks_a_limiter() {
                     (true, _) => 3,
                     (false, _) => 5,
                 };
-                assert_eq!(available_of(&mut c, &name).await, expected, "{ctx}");
+                assert_eq!(available(&mut c, &name, "").await, expected, "{ctx}");
                 assert_eq!(acquired(&mut c, &name, "", 1).await, expected > 0, "{ctx}");
                 // Same algorithm, reset: reported too.
-                let r = c
-                    .set_rate(SetRateRequest {
-                        config: Some(rename(pick(to))),
-                        set_mode: SetMode::UpdateResetState as i32,
-                    })
+                let r = native::set(&mut c, rename(pick(to)), SetMode::UpdateResetState)
                     .await
-                    .unwrap()
-                    .into_inner();
+                    .unwrap();
                 assert!(r.state_reset && r.applied, "{ctx}");
-                let r = c
-                    .set_rate(SetRateRequest {
-                        config: Some(rename(pick(to))),
-                        set_mode: SetMode::TrySet as i32,
-                    })
+                let r = native::set(&mut c, rename(pick(to)), SetMode::TrySet)
                     .await
-                    .unwrap()
-                    .into_inner();
+                    .unwrap();
                 assert!(!r.state_reset && !r.applied, "{ctx}");
             }
         }

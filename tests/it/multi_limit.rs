@@ -9,65 +9,17 @@ use sluice_test_kit as kit;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
+use kit::in_process::{load_error, pinned_limiter, pinned_store};
 use kit::{RedisServer, StoreKind, descriptor, for_each_store, request};
 use sluice::clock::{Clock, ManualClock};
 use sluice::config::{LoadOptions, load_sources};
 use sluice::proto::{Code, RateLimitResponse};
-use sluice::rls::{HeaderNames, KeyBuilder, RateLimiter, RlsOptions};
-use sluice::store::{CounterStore, MemoryStore, MemoryStoreOptions, RedisOptions, RedisStore};
+use sluice::rls::{HeaderNames, RateLimiter, RlsOptions};
+use sluice::store::{MemoryStore, MemoryStoreOptions};
 
 /// A multiple of 300 s (and so of 60 s): a 5-minute window starts here.
 const BOUNDARY_SECS: u64 = 1_700_000_100;
-
-async fn store_for(
-    kind: &StoreKind,
-    redis: Option<&RedisServer>,
-    clock: &Arc<ManualClock>,
-) -> Arc<dyn CounterStore> {
-    match kind {
-        StoreKind::Memory => Arc::new(MemoryStore::new(
-            MemoryStoreOptions::default(),
-            clock.clone(),
-        )),
-        StoreKind::Redis => {
-            let server = redis.expect("a Redis store has a server");
-            let store = RedisStore::new(RedisOptions {
-                pool_size: 4,
-                timeout: Duration::from_secs(30),
-                pinned_clock: Some(clock.clone()),
-                ..server.store_options()
-            })
-            .expect("the store starts");
-            // Awaited, never `futures::executor::block_on`: inside the test's runtime that spins
-            // for ever once the task's cooperative budget is spent.
-            store
-                .wait_until_ready(&sluice::store::redis::StartupRetry::within(Some(
-                    Duration::from_secs(30),
-                )))
-                .await
-                .expect("redis is ready");
-            Arc::new(store)
-        }
-    }
-}
-
-fn limiter(
-    store: Arc<dyn CounterStore>,
-    clock: &Arc<ManualClock>,
-    yaml: &str,
-    options: RlsOptions,
-) -> RateLimiter {
-    let limiter = RateLimiter::new(store, KeyBuilder::default(), clock.clone(), options);
-    let config = load_sources(
-        vec![(PathBuf::from("multi.yaml"), yaml.to_string())],
-        &LoadOptions::default(),
-    )
-    .expect("test config loads");
-    limiter.set_config(Arc::new(config));
-    limiter
-}
 
 fn with_headers() -> RlsOptions {
     RlsOptions {
@@ -109,10 +61,10 @@ fn secs(s: u64) -> u64 {
 async fn a_five_minute_fixed_window_is_epoch_aligned_across_a_boundary() {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS - 10)));
-        let store = store_for(&kind, redis.as_ref(), &clock).await;
+        let store = pinned_store(kind, redis.as_ref(), &clock).await;
         let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: \
                     {unit: minute, unit_multiplier: 5, requests_per_unit: 3}\n";
-        let limiter = limiter(store, &clock, yaml, with_headers());
+        let limiter = pinned_limiter(store, &clock, yaml, with_headers());
 
         // 10 s before a 300 s boundary: the window that started 290 s ago ends in 10 s.
         let first = ask(&limiter, &[("k", "a")]).await;
@@ -179,11 +131,11 @@ async fn a_five_minute_fixed_window_is_epoch_aligned_across_a_boundary() {
 async fn other_algorithms_take_the_multiplied_window_as_their_period() {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS)));
-        let store = store_for(&kind, redis.as_ref(), &clock).await;
+        let store = pinned_store(kind, redis.as_ref(), &clock).await;
         // 2 per 15 minutes, in a sliding log: the third is refused for the whole 900 s.
         let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, \
                     unit_multiplier: 15, requests_per_unit: 2, algorithm: sliding_window_log}\n";
-        let limiter = limiter(store, &clock, yaml, with_headers());
+        let limiter = pinned_limiter(store, &clock, yaml, with_headers());
         assert_eq!(
             ask(&limiter, &[("k", "a")]).await.overall_code,
             Code::Ok as i32
@@ -209,16 +161,6 @@ async fn other_algorithms_take_the_multiplied_window_as_their_period() {
         );
     })
     .await;
-}
-
-/// The load error for `yaml`, as `check-config` prints it.
-fn load_error(yaml: &str) -> String {
-    load_sources(
-        vec![(PathBuf::from("bad.yaml"), yaml.to_string())],
-        &LoadOptions::default(),
-    )
-    .expect_err("the config is refused")
-    .to_string()
 }
 
 #[test]
@@ -336,8 +278,13 @@ async fn burst_and_sustained_with_the_local_cache_and_stop_increment() {
 async fn burst_and_sustained(options: fn() -> RlsOptions) {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
-        let store = store_for(&kind, redis.as_ref(), &clock).await;
-        let limiter = Arc::new(limiter(store, &clock, BURST_AND_SUSTAINED, options()));
+        let store = pinned_store(kind, redis.as_ref(), &clock).await;
+        let limiter = Arc::new(pinned_limiter(
+            store,
+            &clock,
+            BURST_AND_SUSTAINED,
+            options(),
+        ));
         // Exactly 5 in each of the first four seconds: the 59 refused each second charged
         // neither limit, or the minute's 20 would be gone after the first.
         for second in 0..4 {
@@ -405,8 +352,8 @@ async fn burst_and_sustained(options: fn() -> RlsOptions) {
 async fn a_sliding_log_and_a_token_bucket_under_64_callers() {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
-        let store = store_for(&kind, redis.as_ref(), &clock).await;
-        let limiter = Arc::new(limiter(
+        let store = pinned_store(kind, redis.as_ref(), &clock).await;
+        let limiter = Arc::new(pinned_limiter(
             store,
             &clock,
             LOG_AND_BUCKET,
@@ -447,8 +394,8 @@ async fn a_sliding_log_and_a_token_bucket_under_64_callers() {
 async fn the_status_and_headers_show_the_deciding_limit() {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
-        let store = store_for(&kind, redis.as_ref(), &clock).await;
-        let limiter = limiter(store, &clock, BURST_AND_SUSTAINED, with_headers());
+        let store = pinned_store(kind, redis.as_ref(), &clock).await;
+        let limiter = pinned_limiter(store, &clock, BURST_AND_SUSTAINED, with_headers());
         // First: burst has 4 left, sustained 19: burst (least remaining) decides.
         let first = ask(&limiter, &[("k", "a")]).await;
         let name = |r: &RateLimitResponse| r.statuses[0].current_limit.clone().unwrap().name;
@@ -495,8 +442,8 @@ fn evalsha_calls(server: &RedisServer) -> u64 {
 async fn a_two_limit_descriptor_costs_one_script_call() {
     let server = RedisServer::start();
     let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
-    let store = store_for(&StoreKind::Redis, Some(&server), &clock).await;
-    let limiter = limiter(store, &clock, BURST_AND_SUSTAINED, RlsOptions::default());
+    let store = pinned_store(StoreKind::Redis, Some(&server), &clock).await;
+    let limiter = pinned_limiter(store, &clock, BURST_AND_SUSTAINED, RlsOptions::default());
     // The first call may load the script; count from the second.
     ask(&limiter, &[("k", "a")]).await;
     for _ in 0..10 {
@@ -511,7 +458,7 @@ async fn a_two_limit_descriptor_costs_one_script_call() {
 #[tokio::test(flavor = "multi_thread")]
 async fn replaces_drops_one_limit_of_a_list() {
     let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
-    let store = store_for(&StoreKind::Memory, None, &clock).await;
+    let store = pinned_store(StoreKind::Memory, None, &clock).await;
     // `vip` replaces the list's burst limit: only the 3-per-minute one still counts.
     let yaml = "domain: d
 descriptors:
@@ -522,7 +469,7 @@ descriptors:
   - key: vip
     rate_limit: {unit: hour, requests_per_unit: 100, replaces: [{name: burst}]}
 ";
-    let limiter = limiter(store, &clock, yaml, RlsOptions::default());
+    let limiter = pinned_limiter(store, &clock, yaml, RlsOptions::default());
     let both = || {
         request(
             "d",
@@ -658,7 +605,7 @@ async fn a_list_goes_to_the_per_second_store_only_when_all_its_limits_are_per_se
          requests_per_unit: 5}}\n      - {{unit: second, unit_multiplier: 10, requests_per_unit: \
          20}}\n"
     );
-    let limiter = limiter(main.clone(), &clock, &yaml, RlsOptions::default())
+    let limiter = pinned_limiter(main.clone(), &clock, &yaml, RlsOptions::default())
         .with_per_second_store(fast.clone());
     assert_eq!(
         ask(&limiter, &[("k", "a")]).await.overall_code,
@@ -731,7 +678,7 @@ async fn a_running_service_names_each_limit() {
 #[tokio::test(flavor = "multi_thread")]
 async fn shadow_and_quota_mode_apply_to_every_limit_of_a_list() {
     let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
-    let store = store_for(&StoreKind::Memory, None, &clock).await;
+    let store = pinned_store(StoreKind::Memory, None, &clock).await;
     let yaml = "domain: d
 descriptors:
   - key: shadow
@@ -745,7 +692,7 @@ descriptors:
       - {name: q1, unit: second, requests_per_unit: 1}
       - {name: q2, unit: minute, requests_per_unit: 5}
 ";
-    let limiter = limiter(store, &clock, yaml, RlsOptions::default());
+    let limiter = pinned_limiter(store, &clock, yaml, RlsOptions::default());
     assert_eq!(
         ask(&limiter, &[("shadow", "a")]).await.overall_code,
         Code::Ok as i32
@@ -777,10 +724,10 @@ descriptors:
 #[tokio::test(flavor = "multi_thread")]
 async fn an_override_from_envoy_keeps_one_unit() {
     let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS + 30)));
-    let store = store_for(&StoreKind::Memory, None, &clock).await;
+    let store = pinned_store(StoreKind::Memory, None, &clock).await;
     let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: \
                 {unit: minute, unit_multiplier: 5, requests_per_unit: 3}\n";
-    let limiter = limiter(store, &clock, yaml, with_headers());
+    let limiter = pinned_limiter(store, &clock, yaml, with_headers());
     let mut overridden = descriptor(&[("k", "a")]);
     overridden.limit = Some(sluice::proto::RateLimitOverride {
         requests_per_unit: 2,
@@ -859,12 +806,12 @@ async fn repeated_descriptor(
 ) {
     for_each_store(|kind, redis| async move {
         let clock = Arc::new(ManualClock::new(secs(BOUNDARY_SECS) + 100_000));
-        let store = store_for(&kind, redis.as_ref(), &clock).await;
+        let store = pinned_store(kind, redis.as_ref(), &clock).await;
         let options = RlsOptions {
             stop_increment_when_over: stop,
             ..Default::default()
         };
-        let limiter = limiter(store, &clock, yaml, options);
+        let limiter = pinned_limiter(store, &clock, yaml, options);
         let case = format!("{kind:?}, stop {stop}, {}", &yaml[40..]);
         for i in 0..4 {
             let one = ask(&limiter, &[("k", values.0)]).await;

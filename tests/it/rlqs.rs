@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
+use kit::bootstrap::{Bootstrap, QuotaFilter, Route};
 use kit::envoy::{Envoy, Upstream};
 use kit::{RedisServer, Sluice, config_dir};
 
@@ -36,87 +37,15 @@ descriptors:
 ";
 
 /// A bootstrap with the `rate_limit_quota` filter reporting to the cluster `sluice` every
-/// second, the bucket `{tenant: <x-tenant>}`; a request without the header is not limited.
+/// second (no ratelimit filter, no health check), the bucket `{tenant: <x-tenant>}`; a request
+/// without the header is not limited.
 fn bootstrap(listener: u16, admin: u16, sluice: SocketAddr, app: SocketAddr) -> String {
-    let filter = r#"
-          - name: envoy.filters.http.rate_limit_quota
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
-              rlqs_server:
-                envoy_grpc: { cluster_name: sluice }
-              domain: rlqs
-              bucket_matchers:
-                on_no_match:
-                  action:
-                    name: rate_limit_quota
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
-                      bucket_id_builder:
-                        bucket_id_builder:
-                          tenant:
-                            custom_value:
-                              name: tenant
-                              typed_config:
-                                "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
-                                header_name: x-tenant
-                      reporting_interval: 1s
-                      no_assignment_behavior:
-                        fallback_rate_limit: { blanket_rule: ALLOW_ALL }
-                      expired_assignment_behavior:
-                        fallback_rate_limit: { blanket_rule: ALLOW_ALL }
-"#;
-    format!(
-        r#"
-admin:
-  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin} }} }}
-static_resources:
-  listeners:
-  - name: ingress
-    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {listener} }} }}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: ingress
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{ prefix: "/" }}
-                route: {{ cluster: backend }}
-          http_filters:{filter}
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: sluice
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{ http2_protocol_options: {{}} }}
-    load_assignment:
-      cluster_name: sluice
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{ address: {{ socket_address: {{ address: {sluice_ip}, port_value: {sluice_port} }} }} }}
-  - name: backend
-    type: STATIC
-    connect_timeout: 1s
-    load_assignment:
-      cluster_name: backend
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{ address: {{ socket_address: {{ address: {app_ip}, port_value: {app_port} }} }} }}
-"#,
-        sluice_ip = sluice.ip(),
-        sluice_port = sluice.port(),
-        app_ip = app.ip(),
-        app_port = app.port(),
-    )
+    Bootstrap::new("rlqs", &[sluice], app)
+        .filters(&[])
+        .quota_filter(QuotaFilter::by_headers(&[("tenant", "x-tenant")]))
+        .without_health_check()
+        .route(Route::to("backend"))
+        .yaml(listener, admin)
 }
 
 fn start_envoy(sluice: SocketAddr, app: SocketAddr) -> Envoy {

@@ -1,6 +1,7 @@
 //! Envoy bootstraps made for a test, where the shipped ones (`envoy::shipped_config`) do not
 //! have what the test needs: a listener whose routes send rate limit descriptors to a `sluice`
-//! cluster (one Sluice or several) through one or more ratelimit filters, and an upstream
+//! cluster (one Sluice or several) through one or more ratelimit filters, or whose requests
+//! Sluice decides as the quota server of a `rate_limit_quota` filter (RLQS), and an upstream
 //! cluster per route, all on loopback. One builder instead of a hand-written YAML per test, so
 //! the parts every test shares (the HTTP/2 cluster to Sluice, its gRPC health check, the
 //! filter's service) are written once; what a test varies is said by its calls.
@@ -78,8 +79,37 @@ impl<'a> Filter<'a> {
     }
 }
 
-/// A bootstrap for one test: an admin interface, a listener with its routes and ratelimit
-/// filters, the `sluice` cluster and one upstream cluster per route.
+/// One `envoy.filters.http.rate_limit_quota` filter (RLQS) of the listener, reporting to the
+/// `sluice` cluster in the bootstrap's domain. Its bucket matcher has no match list: every
+/// request falls to `on_no_match`, whose settings build the bucket id from request headers
+/// (a request without one of them lands in no bucket, and the filter lets it through).
+#[derive(Clone, Copy, Debug)]
+pub struct QuotaFilter<'a> {
+    /// The bucket id: for each `(key, header)`, the id's entry `key` is the request's `header`.
+    pub bucket_id: &'a [(&'a str, &'a str)],
+    /// How often the bucket's usage is reported (Envoy 1.40 reports every 5 s whatever it says).
+    pub reporting_interval: &'a str,
+    /// The `blanket_rule` applied until Sluice assigns the bucket something.
+    pub no_assignment: &'a str,
+    /// The `blanket_rule` applied once an assignment expired without a new one.
+    pub expired_assignment: &'a str,
+}
+
+impl<'a> QuotaFilter<'a> {
+    /// Buckets by `bucket_id`, reported every second, everything allowed while Sluice has not
+    /// assigned a bucket or its assignment expired: a Sluice away never refuses a request.
+    pub fn by_headers(bucket_id: &'a [(&'a str, &'a str)]) -> QuotaFilter<'a> {
+        QuotaFilter {
+            bucket_id,
+            reporting_interval: "1s",
+            no_assignment: "ALLOW_ALL",
+            expired_assignment: "ALLOW_ALL",
+        }
+    }
+}
+
+/// A bootstrap for one test: an admin interface, a listener with its routes, ratelimit filters
+/// and optional quota filter, the `sluice` cluster and one upstream cluster per route.
 #[derive(Clone, Debug)]
 pub struct Bootstrap<'a> {
     domain: &'a str,
@@ -88,6 +118,7 @@ pub struct Bootstrap<'a> {
     app: SocketAddr,
     routes: Vec<Route<'a>>,
     filters: Vec<Filter<'a>>,
+    quota: Option<QuotaFilter<'a>>,
     health_check: bool,
     use_remote_address: Option<bool>,
 }
@@ -105,6 +136,7 @@ impl<'a> Bootstrap<'a> {
             app,
             routes: Vec::new(),
             filters: vec![Filter::named("envoy.filters.http.ratelimit")],
+            quota: None,
             health_check: true,
             use_remote_address: None,
         }
@@ -119,6 +151,15 @@ impl<'a> Bootstrap<'a> {
     pub fn filters(self, filters: &[Filter<'a>]) -> Self {
         Bootstrap {
             filters: filters.to_vec(),
+            ..self
+        }
+    }
+
+    /// Adds a `rate_limit_quota` filter, run before the ratelimit filters (`filters(&[])` for
+    /// none: Sluice then decides only as the quota server).
+    pub fn quota_filter(self, quota: QuotaFilter<'a>) -> Self {
+        Bootstrap {
+            quota: Some(quota),
             ..self
         }
     }
@@ -218,7 +259,7 @@ static_resources:
     }
 
     fn filters_yaml(&self) -> String {
-        let mut yaml = String::new();
+        let mut yaml = self.quota.map(|q| self.quota_yaml(&q)).unwrap_or_default();
         for f in &self.filters {
             let stage = f
                 .stage
@@ -248,6 +289,53 @@ static_resources:
             ));
         }
         yaml
+    }
+
+    /// The `rate_limit_quota` filter entry of `quota`.
+    fn quota_yaml(&self, quota: &QuotaFilter) -> String {
+        let id: String = quota
+            .bucket_id
+            .iter()
+            .map(|(key, header)| {
+                format!(
+                    r#"{key}:
+  custom_value:
+    name: {key}
+    typed_config:
+      "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+      header_name: {header}
+"#
+                )
+            })
+            .collect();
+        format!(
+            r#"- name: envoy.filters.http.rate_limit_quota
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
+    rlqs_server:
+      envoy_grpc: {{ cluster_name: sluice }}
+    domain: {domain}
+    bucket_matchers:
+      on_no_match:
+        action:
+          name: rate_limit_quota
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
+            bucket_id_builder:
+              bucket_id_builder:
+{id}
+            reporting_interval: {interval}
+            no_assignment_behavior:
+              fallback_rate_limit: {{ blanket_rule: {no_assignment} }}
+            expired_assignment_behavior:
+              fallback_rate_limit: {{ blanket_rule: {expired} }}
+"#,
+            domain = self.domain,
+            id = indent(&id, 16),
+            interval = quota.reporting_interval,
+            no_assignment = quota.no_assignment,
+            expired = quota.expired_assignment,
+        )
     }
 
     /// The `sluice` cluster: HTTP/2 to each Sluice, health-checked over gRPC unless said not.
@@ -397,5 +485,118 @@ mod tests {
             yaml["admin"]["address"]["socket_address"]["port_value"],
             Yaml::Integer(4)
         );
+    }
+
+    fn parse(text: &str) -> Yaml {
+        YamlLoader::load_from_str(text).unwrap().remove(0)
+    }
+
+    fn http_filters(yaml: &Yaml) -> &Yaml {
+        let listener = &yaml["static_resources"]["listeners"][0];
+        &listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+    }
+
+    /// A quota filter reports to the `sluice` cluster in the bootstrap's domain, every request
+    /// in a bucket whose id is read from the headers named, allowed while unassigned or expired;
+    /// it runs before any ratelimit filter, and alone with `filters(&[])`.
+    #[test]
+    fn a_quota_filter_buckets_requests_by_their_headers() {
+        let at: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let ids = [("tenant", "x-tenant"), ("plan", "x-plan")];
+        let both = Bootstrap::new("q", &[at], at)
+            .quota_filter(QuotaFilter::by_headers(&ids))
+            .route(Route::to("backend"));
+        let yaml = parse(&both.yaml(3, 4));
+        let names: Vec<&str> = http_filters(&yaml)
+            .as_vec()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "envoy.filters.http.rate_limit_quota",
+                "envoy.filters.http.ratelimit",
+                "envoy.filters.http.router"
+            ]
+        );
+        let quota = &http_filters(&yaml)[0]["typed_config"];
+        assert_eq!(
+            quota["@type"].as_str(),
+            Some(
+                "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig"
+            )
+        );
+        assert_eq!(
+            quota["rlqs_server"]["envoy_grpc"]["cluster_name"].as_str(),
+            Some("sluice")
+        );
+        assert_eq!(quota["domain"].as_str(), Some("q"));
+        let settings = &quota["bucket_matchers"]["on_no_match"]["action"]["typed_config"];
+        let id = &settings["bucket_id_builder"]["bucket_id_builder"];
+        for (key, header) in ids {
+            let value = &id[key]["custom_value"];
+            assert_eq!(value["name"].as_str(), Some(key));
+            assert_eq!(value["typed_config"]["header_name"].as_str(), Some(header));
+        }
+        assert_eq!(settings["reporting_interval"].as_str(), Some("1s"));
+        for behavior in ["no_assignment_behavior", "expired_assignment_behavior"] {
+            let rule = &settings[behavior]["fallback_rate_limit"]["blanket_rule"];
+            assert_eq!(rule.as_str(), Some("ALLOW_ALL"), "{behavior}");
+        }
+
+        let alone = parse(&both.filters(&[]).without_health_check().yaml(3, 4));
+        let filters = http_filters(&alone).as_vec().unwrap();
+        assert_eq!(filters.len(), 2, "{filters:?}");
+        assert_eq!(
+            filters[0]["name"].as_str(),
+            Some("envoy.filters.http.rate_limit_quota")
+        );
+        let sluice = &alone["static_resources"]["clusters"][0];
+        assert!(sluice["health_checks"].is_badvalue(), "{sluice:?}");
+    }
+
+    /// A filter failing closed with Envoy's own headers, and a route whose rate limits span
+    /// several lines (a descriptor Envoy keeps out of its headers, `x_ratelimit_option`): each
+    /// field lands where Envoy reads it.
+    #[test]
+    fn rate_limits_of_several_lines_keep_their_nesting() {
+        let at: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let filter = Filter {
+            stage: Some(1),
+            failure_mode_deny: true,
+            x_ratelimit_headers: true,
+            ..Filter::named("closed")
+        };
+        let rate_limits = r#"- actions:
+    - generic_key: { descriptor_key: internal, descriptor_value: all }
+  x_ratelimit_option: "OFF"
+- actions:
+    - request_headers: { header_name: x-user, descriptor_key: user }"#;
+        let yaml = parse(
+            &Bootstrap::new("h", &[at], at)
+                .filters(&[filter])
+                .route(Route::to("backend").rate_limits(rate_limits))
+                .yaml(3, 4),
+        );
+        let config = &http_filters(&yaml)[0]["typed_config"];
+        assert_eq!(config["stage"], Yaml::Integer(1));
+        assert_eq!(config["failure_mode_deny"], Yaml::Boolean(true));
+        assert_eq!(
+            config["enable_x_ratelimit_headers"].as_str(),
+            Some("DRAFT_VERSION_03")
+        );
+        let listener = &yaml["static_resources"]["listeners"][0];
+        let manager = &listener["filter_chains"][0]["filters"][0]["typed_config"];
+        let route = &manager["route_config"]["virtual_hosts"][0]["routes"][0]["route"];
+        let limits = &route["rate_limits"];
+        assert_eq!(limits.as_vec().map(Vec::len), Some(2), "{route:?}");
+        assert_eq!(limits[0]["x_ratelimit_option"].as_str(), Some("OFF"));
+        let internal = &limits[0]["actions"][0]["generic_key"];
+        assert_eq!(internal["descriptor_value"].as_str(), Some("all"));
+        let user = &limits[1]["actions"][0]["request_headers"];
+        assert_eq!(user["header_name"].as_str(), Some("x-user"));
+        assert!(limits[1]["x_ratelimit_option"].is_badvalue());
     }
 }

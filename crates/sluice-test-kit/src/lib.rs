@@ -25,6 +25,7 @@ pub mod chart;
 pub mod container;
 pub mod envoy;
 pub mod envoy_gateway;
+pub mod in_process;
 pub mod load;
 pub mod native;
 pub mod otlp;

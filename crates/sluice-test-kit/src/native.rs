@@ -1,6 +1,6 @@
-//! The native limiter API (`sluice.v1.Limiter`) from the tests' side: a client, a limiter's
-//! config, setting it and taking permits, in the few shapes every test of that API builds its
-//! calls from.
+//! The native limiter API (`sluice.v1.Limiter`) from the tests' side: a Sluice serving it, a
+//! client, a limiter's config, setting it and taking permits, in the few shapes every test of
+//! that API builds its calls from.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -12,11 +12,35 @@ use sluice::proto::sluice::v1::{
 };
 use tonic::transport::Channel;
 
+use crate::{RedisServer, Sluice, config_dir};
+
 /// A client of the native API served at `addr` (Sluice's gRPC address, or the API's own port).
 pub async fn limiter_client(addr: SocketAddr) -> LimiterClient<Channel> {
     LimiterClient::connect(format!("http://{addr}"))
         .await
         .unwrap()
+}
+
+/// A Sluice for the native API alone: its RLS config a domain without limits, the store of
+/// `redis` (None: memory), `env` added. The config's folder lives as long as the process.
+pub struct LimiterSluice {
+    pub sluice: Sluice,
+    _config: tempfile::TempDir,
+}
+
+impl LimiterSluice {
+    pub fn start(redis: Option<&RedisServer>, env: &[(&str, &str)]) -> LimiterSluice {
+        let config = config_dir("domain: unused\n");
+        LimiterSluice {
+            sluice: Sluice::start(config.path(), redis, env),
+            _config: config,
+        }
+    }
+
+    /// A client of its native API.
+    pub async fn client(&self) -> LimiterClient<Channel> {
+        limiter_client(self.sluice.grpc).await
+    }
 }
 
 /// A limiter `name` granting `rate` permits per `interval` with `algorithm`, every other field
