@@ -18,7 +18,7 @@
 //!   bytes there (`RESOURCE_EXHAUSTED`) until it fits again, the charging call itself when it is
 //!   the largest. A flood of stalled calls is shed; a small call is let through.
 //! - while the overload manager sheds (`overload.rs`, the process near its memory ceiling), every
-//!   waiting call is ended and no call may wait.
+//!   call that has waited [`SHED_GRACE`] is ended, and no call may wait longer.
 //!
 //! The HTTP/1 listeners read their bodies (`/json`, up to 2 MiB) under the same budgets, as
 //! [`BodyKind::Plain`]: what a request holds is what arrived; its deadline is the listener's own.
@@ -42,6 +42,14 @@ use tokio::time::{Instant, Sleep};
 use tonic::Status;
 
 use sluice::metrics::PressureMetrics;
+
+/// While the overload manager sheds, how long a call may wait for the rest of its request. An
+/// honest call's request follows its HEADERS at once, but on a busy server the call's handler can
+/// poll the body before the connection's task has read the DATA frame already sent: that call
+/// waits for a moment, a stalled one for ever. Ending only the calls that waited this long keeps
+/// the first kind out of the shedding (tests/stalled_calls.rs saw a bystander's call ended, with
+/// both cores busy, when every waiting call was).
+const SHED_GRACE: Duration = Duration::from_millis(250);
 
 /// What each call may hold and for how long. A zero budget is no budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,13 +192,18 @@ impl RequestBudget {
         })
     }
 
-    /// Switches shedding on or off (the overload manager); on, it ends every waiting call now.
+    /// Switches shedding on or off (the overload manager); on, it ends every call that has
+    /// waited [`SHED_GRACE`] now, and wakes the others to take the shedding's deadline.
     pub(crate) fn shed(&self, on: bool) {
         self.shedding.store(on, Ordering::Release);
         if on {
             let waiting = lock(&self.waiting);
             for call in waiting.values() {
-                self.end(call, Ended::Overload);
+                if call.since.elapsed() >= SHED_GRACE {
+                    self.end(call, Ended::Overload);
+                } else {
+                    call.waker.wake();
+                }
             }
         }
     }
@@ -331,6 +344,8 @@ impl ConnectionBudget {
 /// A call that waited for more of its request: what it holds, and whether the server ended it.
 struct WaitingCall {
     connection: Arc<ConnectionBudget>,
+    /// When it started waiting.
+    since: Instant,
     /// Bytes charged to its accounts (zeroed when it is ended by another call).
     held: AtomicUsize,
     /// 0, or the [`Ended`] the server ended it for.
@@ -464,26 +479,34 @@ impl<B> RequestBody<B> {
             }
     }
 
-    /// The call's deadline, when one runs now: a unary call's always, a stream's only inside a
-    /// message, a plain body's never.
-    fn deadline(&self) -> Option<Instant> {
-        let timeout = self.budget().limits.timeout?;
+    /// The call's deadline, when one runs now, and what passing it ends the call for: its own
+    /// (a unary call's always, a stream's only inside a message, a plain body's never), or,
+    /// while the overload manager sheds, [`SHED_GRACE`] after it started waiting, if earlier.
+    fn deadline(&self) -> Option<(Instant, Ended)> {
         let runs = match self.kind {
             BodyKind::Unary => true,
             BodyKind::Streaming => self.framing.in_message(),
             BodyKind::Plain => false,
         };
-        runs.then(|| self.arrived + timeout)
+        let own = (self.budget().limits.timeout)
+            .filter(|_| runs)
+            .map(|timeout| (self.arrived + timeout, Ended::Timeout));
+        let shedding = self.budget().shedding.load(Ordering::Acquire);
+        let shed = (self.waiting.as_ref())
+            .filter(|_| shedding)
+            .map(|(_, call)| (call.since + SHED_GRACE, Ended::Overload));
+        match (own, shed) {
+            (Some(own), Some(shed)) => Some(if shed.0 < own.0 { shed } else { own }),
+            (own, shed) => own.or(shed),
+        }
     }
 
     /// Registers the call as waiting and charges what it holds; `Err` when it must end.
     fn start_waiting(&mut self) -> Result<(), Ended> {
         let budget = self.connection.budget.clone();
-        if budget.shedding.load(Ordering::Acquire) {
-            return Err(Ended::Overload);
-        }
         let call = Arc::new(WaitingCall {
             connection: self.connection.clone(),
+            since: Instant::now(),
             held: AtomicUsize::new(0),
             ended: AtomicU8::new(0),
             waker: AtomicWaker::new(),
@@ -584,11 +607,12 @@ impl<B> RequestBody<B> {
         }
     }
 
-    /// Polls the deadline (starting its timer on first use); true when it has passed.
-    fn past_deadline(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some(deadline) = self.deadline() else {
+    /// Polls the deadline (starting its timer on first use); what the call ends for when it
+    /// has passed.
+    fn past_deadline(&mut self, cx: &mut Context<'_>) -> Option<Ended> {
+        let Some((deadline, why)) = self.deadline() else {
             self.timer = None;
-            return false;
+            return None;
         };
         let timer = self
             .timer
@@ -596,7 +620,7 @@ impl<B> RequestBody<B> {
         if timer.deadline() != deadline {
             timer.as_mut().reset(deadline);
         }
-        timer.as_mut().poll(cx).is_ready()
+        timer.as_mut().poll(cx).is_ready().then_some(why)
     }
 }
 
@@ -683,8 +707,8 @@ where
                         return this.end(why);
                     }
                 }
-                if this.past_deadline(cx) {
-                    return this.end(Ended::Timeout);
+                if let Some(why) = this.past_deadline(cx) {
+                    return this.end(why);
                 }
                 Poll::Pending
             }
@@ -958,23 +982,34 @@ mod tests {
         assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
     }
 
-    #[tokio::test]
-    async fn shedding_ends_every_waiting_call_and_lets_none_wait() {
+    #[tokio::test(start_paused = true)]
+    async fn shedding_ends_every_call_that_waited_its_grace_and_lets_none_wait_longer() {
         let budget = budget(0, 0, 0);
         let connection = budget.connection(peer(1));
         let (_tx, mut waiting) = call(&connection, false);
         assert!(read_now(&mut waiting).is_none());
+        tokio::time::advance(SHED_GRACE).await;
         budget.shed(true);
         assert_eq!(code(read_now(&mut waiting)), tonic::Code::ResourceExhausted);
         assert_eq!(budget.total.load(Ordering::Relaxed), 0);
-        // A request whole at once is still read; one that would wait is ended.
+        // A request whole at once is still read.
         let (tx, mut whole) = call(&connection, false);
         tx.send(Ok(message(10, 15))).await.unwrap();
         drop(tx);
         assert!(read_now(&mut whole).unwrap().unwrap().is_ok());
         assert!(read_now(&mut whole).unwrap().is_none());
+        // One whose DATA comes a moment after its HEADERS is read too.
+        let (tx, mut late) = call(&connection, false);
+        assert!(read_now(&mut late).is_none());
+        tokio::time::advance(SHED_GRACE / 5).await;
+        tx.send(Ok(message(10, 15))).await.unwrap();
+        assert!(read_now(&mut late).unwrap().unwrap().is_ok());
+        // One that goes on waiting is ended at its grace, before its own deadline (500 ms).
         let (_tx, mut slow) = call(&connection, false);
-        assert_eq!(code(read_now(&mut slow)), tonic::Code::ResourceExhausted);
+        assert!(read_now(&mut slow).is_none());
+        let read = tokio::time::timeout(SHED_GRACE * 2, slow.frame()).await;
+        let status = read.expect("ended at its grace").unwrap().unwrap_err();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
         budget.shed(false);
         let (_tx, mut later) = call(&connection, false);
         assert!(read_now(&mut later).is_none(), "may wait again");

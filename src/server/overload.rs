@@ -3,9 +3,9 @@
 //! In the spirit of Envoy's overload manager: a task samples the process's resident memory
 //! every [`SAMPLE_EVERY`] and switches actions on at fixed fractions of a ceiling, off again a
 //! little below (so one sample either side of a line does not flap):
-//! - at [`SHED_AT`] of the ceiling, `shed_waiting_requests`: every gRPC call still waiting for
-//!   its request is ended and no call may wait (`budget.rs`); calls whose request arrives whole,
-//!   every Envoy call, are still answered;
+//! - at [`SHED_AT`] of the ceiling, `shed_waiting_requests`: every gRPC call that has waited a
+//!   short grace for the rest of its request is ended and no call may wait longer (`budget.rs`);
+//!   calls whose request arrives whole, every Envoy call, are still answered;
 //! - at [`STOP_ACCEPTING_AT`], `stop_accepting_connections`: the gRPC listeners close new
 //!   connections at accept (`sluice_connections_rejected_total{reason="overload"}`). The HTTP,
 //!   debug and metrics listeners keep accepting, so probes and scrapes still see the service.
