@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${SLUICE_TEST_ENVOY:-}" ]; then
-  SLUICE_TEST_ENVOY="$(pwd)/${CARGO_TARGET_DIR:-target}/envoy-venv/bin/envoy"
+  SLUICE_TEST_ENVOY="${SLUICE_TEST_TOOLS:-$HOME/.cache/sluice-test}/envoy-venv/bin/envoy"
   export SLUICE_TEST_ENVOY
 fi
 cargo test --quiet "$@" --test it envoy_filter::measure_ratelimit_call_latency \

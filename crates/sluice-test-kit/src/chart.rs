@@ -29,12 +29,10 @@ use crate::*;
 
 pub const PASSWORD: &str = "chart-test-password";
 
-/// The chart's virtualenv Python (scripts/check_chart.sh makes it under the target directory).
+/// The chart's virtualenv Python: `chart-venv` in [`test_tools`], where scripts/check_chart.sh
+/// makes it.
 pub fn chart_python() -> PathBuf {
-    // The test binary is <target>/debug/deps/chart-<hash>.
-    let exe = std::env::current_exe().unwrap();
-    let target = exe.ancestors().nth(3).unwrap().to_path_buf();
-    let python = target.join("chart-venv/bin/python");
+    let python = test_tools().join("chart-venv/bin/python");
     assert!(
         python.exists(),
         "{} missing: scripts/check_chart.sh makes it (scripts/test.sh runs it first)",

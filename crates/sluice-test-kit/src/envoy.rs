@@ -42,10 +42,7 @@ pub fn envoy_binary() -> PathBuf {
         );
         return path;
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::workspace_root().join("target"));
-    let path = target.join("envoy-venv/bin/envoy");
+    let path = crate::test_tools().join("envoy-venv/bin/envoy");
     assert!(
         path.is_file(),
         "Envoy is needed by this test and was not found at {}. scripts/test.sh installs it \

@@ -78,6 +78,17 @@ pub fn workspace_root() -> PathBuf {
     kit.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
+/// Where the tests' tools live that are installed rather than built (the chart's virtualenv;
+/// scripts/test.sh also keeps Envoy's and the Redis matrix's there): `SLUICE_TEST_TOOLS`, else
+/// `~/.cache/sluice-test`. Outside the checkout, so a fresh clone does not install them again.
+pub fn test_tools() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SLUICE_TEST_TOOLS") {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").expect("HOME or SLUICE_TEST_TOOLS is set");
+    Path::new(&home).join(".cache/sluice-test")
+}
+
 /// Polls `check` every 20 ms until it holds; panics naming `what` after 30 s.
 pub fn wait_until(what: &str, check: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
