@@ -43,7 +43,7 @@ if ! python3 -m venv --help >/dev/null 2>&1; then
   install python3-venv
 fi
 # The installed (not built) tools of the tests, outside the checkout: a fresh clone finds them.
-SLUICE_TEST_TOOLS="${SLUICE_TEST_TOOLS:-$HOME/.cache/sluice-test}"
+SLUICE_TEST_TOOLS="${SLUICE_TEST_TOOLS:-${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}/.cache/sluice-test}"
 export SLUICE_TEST_TOOLS
 mkdir -p "$SLUICE_TEST_TOOLS"
 # tests/it/chart.rs renders the chart with that virtualenv: made before any test runs.
