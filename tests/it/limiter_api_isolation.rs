@@ -54,9 +54,7 @@ async fn the_native_api_is_off_unless_enabled() {
     let mut cmd = sluice_command(dir.path());
     cmd.env_remove("LIMITER_API_ENABLED")
         .env("LIMITER_API_TOKEN", "0123456789abcdef");
-    let out = cmd.output().unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (_, stderr) = refused_start(&mut cmd);
     assert!(
         stderr.contains("LIMITER_API_TOKEN") && stderr.contains("LIMITER_API_ENABLED"),
         "{stderr}"

@@ -199,12 +199,8 @@ async fn mapper_file_drops_and_maps_by_regex() {
 
     // A mapper file that does not load stops the start-up, naming the file and the reason.
     std::fs::write(mapper.path(), "mappings:\n  - match: aa.bb\n").unwrap();
-    let out = sluice_command(dir.path())
-        .env("PROMETHEUS_MAPPER_YAML", mapper.path())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (_, stderr) =
+        refused_start(sluice_command(dir.path()).env("PROMETHEUS_MAPPER_YAML", mapper.path()));
     assert!(
         stderr.contains(mapper.path().to_str().unwrap())
             && stderr.contains("didn't set a metric name"),
@@ -442,12 +438,7 @@ async fn debug_port_serves_rlconfig_and_stats() {
 #[test]
 fn two_sinks_at_once_are_refused_naming_both() {
     let dir = config_dir("domain: app\ndescriptors:\n  - key: k\n");
-    let out = sluice_command(dir.path())
-        .env("USE_PROMETHEUS", "true")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (_, stderr) = refused_start(sluice_command(dir.path()).env("USE_PROMETHEUS", "true"));
     assert!(stderr.contains("USE_STATSD and USE_PROMETHEUS"), "{stderr}");
 }
 

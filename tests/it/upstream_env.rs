@@ -46,30 +46,6 @@ async fn upstreams_redis_environment_without_backend_type_counts_in_redis() {
     assert_eq!(count, 3);
 }
 
-/// Runs `cmd` (a `serve` expected to stop on its own) and returns its stdout; a process still
-/// running after a minute is killed and fails the test rather than hanging it.
-fn stdout_of_exiting(mut cmd: Command) -> String {
-    let mut child = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "sluice kept running:\n{}",
-                String::from_utf8_lossy(&out.stdout)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn the_start_up_log_names_the_store_and_why() {
     let dir = config_dir(CONFIG);
@@ -80,7 +56,7 @@ fn the_start_up_log_names_the_store_and_why() {
         .env_remove("REDIS_TIMEOUT")
         .env("REDIS_URL", "/nonexistent/redis.sock")
         .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "1ms");
-    let stdout = stdout_of_exiting(cmd);
+    let (stdout, _) = refused_start(&mut cmd);
     let line = stdout
         .lines()
         .find(|l| l.contains("store chosen"))
@@ -90,7 +66,7 @@ fn the_start_up_log_names_the_store_and_why() {
 
     let mut cmd = sluice_command(&dir.path().join("missing"));
     cmd.env_remove("BACKEND_TYPE").env_remove("REDIS_TIMEOUT");
-    let stdout = stdout_of_exiting(cmd);
+    let (stdout, _) = refused_start(&mut cmd);
     let line = stdout.lines().find(|l| l.contains("store chosen")).unwrap();
     assert!(line.contains(r#""store":"memory""#), "{line}");
 }
@@ -145,7 +121,7 @@ fn upstream_variables_that_are_not_implemented_are_named_at_start() {
     let mut cmd = sluice_command(&dir.path().join("missing"));
     cmd.env("REDIS_PIPELINE_WINDOW", "150us")
         .env("MEMCACHE_HOST_PORT", "m:11211");
-    let stdout = stdout_of_exiting(cmd);
+    let (stdout, _) = refused_start(&mut cmd);
     for name in ["REDIS_PIPELINE_WINDOW", "MEMCACHE_HOST_PORT"] {
         assert!(
             stdout.contains(&format!("not supported: {name} (")),

@@ -11,11 +11,12 @@
 //! build of the server's package alone unifies dependency features differently from a workspace
 //! test build, and would compile the service again for nothing.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{OnceLock, mpsc};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use sluice::proto::RateLimitServiceClient;
@@ -201,18 +202,50 @@ impl Drop for Sluice {
 }
 
 /// Runs `cmd`, a `sluice serve` that must refuse to start, to its end; what it printed:
-/// standard output (the log) and standard error (the reason it gave).
+/// standard output (the log) and standard error (the reason it gave). A process that exits with
+/// success fails the test, and so does one still running after a minute (it started, and would
+/// otherwise serve until the test run is killed): it is killed first.
 pub fn refused_start(cmd: &mut Command) -> (String, String) {
-    let out = cmd.output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read while it runs: a process whose pipe is full waits for a reader, and would be taken
+    // for one that started.
+    let stdout = read_aside(child.stdout.take().unwrap());
+    let stderr = read_aside(child.stderr.take().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+    let Some(status) = status else {
+        panic!("sluice kept running for 60 s where it must refuse to start:\n{stdout}{stderr}");
+    };
     assert!(
-        !out.status.success(),
+        !status.success(),
         "sluice started where it must refuse to:\n{stdout}{stderr}"
     );
     (stdout, stderr)
+}
+
+/// Everything `pipe` gives until it closes, read on a thread of its own.
+fn read_aside(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
 }
 
 /// Runs `f` once with each store; the Redis one gets a fresh server.
