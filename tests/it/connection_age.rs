@@ -13,6 +13,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use kit::native::{self, LimiterSluice};
 use kit::raw_h2::{
     ACK, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, RST_STREAM, SETTINGS, encode_frame,
     header_block,
@@ -21,8 +22,7 @@ use kit::*;
 use prost::Message;
 use sluice::proto::sluice::v1::limiter_client::LimiterClient;
 use sluice::proto::sluice::v1::{
-    AcquireRequest, AcquireResponse, Algorithm, LimiterConfig, SetMode, SetRateRequest,
-    TryAcquireRequest,
+    AcquireRequest, AcquireResponse, Algorithm, LimiterConfig, SetMode,
 };
 use tonic::transport::Channel;
 
@@ -151,8 +151,7 @@ fn until_closed<S: Read + Write>(h2: &mut H2<S>) -> (Vec<Frame>, Duration) {
     (frames, h2.started.elapsed())
 }
 
-fn start(age: &str, grace: &str, extra: &[(&str, &str)]) -> (Sluice, tempfile::TempDir) {
-    let dir = config_dir("domain: unused\n");
+fn start(age: &str, grace: &str, extra: &[(&str, &str)]) -> LimiterSluice {
     let mut env = vec![
         ("GRPC_MAX_CONNECTION_AGE", age),
         ("GRPC_MAX_CONNECTION_AGE_GRACE", grace),
@@ -161,7 +160,7 @@ fn start(age: &str, grace: &str, extra: &[(&str, &str)]) -> (Sluice, tempfile::T
         ("HTTP_READ_HEADER_TIMEOUT", "60s"),
     ];
     env.extend_from_slice(extra);
-    (Sluice::start(dir.path(), None, &env), dir)
+    LimiterSluice::start(None, &env)
 }
 
 /// The checks shared by the plaintext and TLS listeners: a connection with a call that never
@@ -205,8 +204,8 @@ fn assert_goaway_then_hard_close<S: Read + Write>(mut h2: H2<S>, age: Duration, 
 #[test]
 fn goaway_at_the_age_and_close_after_the_grace_with_a_call_in_flight() {
     let (age, grace) = (Duration::from_secs(1), Duration::from_secs(10));
-    let (sluice, _dir) = start("1s", "10s", &[]);
-    let (tcp, started) = connect(sluice.grpc);
+    let sluice = start("1s", "10s", &[]);
+    let (tcp, started) = connect(sluice.sluice.grpc);
     assert_goaway_then_hard_close(H2::new(tcp, started), age, grace);
 }
 
@@ -216,7 +215,7 @@ fn goaway_and_hard_close_on_the_tls_listener_too() {
     let pki = Pki::new("ca");
     pki.issue("server", &["localhost"]);
     let (cert, key) = (pki.path("server.pem"), pki.path("server.key"));
-    let (sluice, _dir) = start(
+    let sluice = start(
         "1s",
         "10s",
         &[
@@ -228,7 +227,7 @@ fn goaway_and_hard_close_on_the_tls_listener_too() {
 
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
     let session = rustls::ClientConnection::new(pki.h2_client_config("ca.pem"), name).unwrap();
-    let (tcp, started) = connect(sluice.grpc);
+    let (tcp, started) = connect(sluice.sluice.grpc);
     let tls = rustls::StreamOwned::new(session, tcp);
     assert_goaway_then_hard_close(H2::new(tls, started), age, grace);
 }
@@ -236,8 +235,8 @@ fn goaway_and_hard_close_on_the_tls_listener_too() {
 #[test]
 fn an_idle_connection_is_closed_soon_after_its_goaway() {
     let (age, grace) = (Duration::from_secs(1), Duration::from_secs(10));
-    let (sluice, _dir) = start("1s", "10s", &[]);
-    let (tcp, started) = connect(sluice.grpc);
+    let sluice = start("1s", "10s", &[]);
+    let (tcp, started) = connect(sluice.sluice.grpc);
     let mut h2 = H2::new(tcp, started);
     let (frames, closed_at) = until_closed(&mut h2);
     let goaway = frames.iter().find(|f| f.kind == GOAWAY);
@@ -254,42 +253,21 @@ fn an_idle_connection_is_closed_soon_after_its_goaway() {
 
 fn limiter(name: &str, rate: u64, interval: Duration) -> LimiterConfig {
     LimiterConfig {
-        name: name.into(),
-        algorithm: Algorithm::TokenBucket as i32,
-        rate,
         burst: 1,
-        interval: Some(interval.try_into().unwrap()),
-        ..Default::default()
+        ..native::config(name, Algorithm::TokenBucket, rate, interval)
     }
 }
 
 /// Creates limiter `name` allowing one permit per `interval` and takes that permit, so the
 /// next `Acquire` waits about `interval` on the server.
-async fn drain(sluice: &Sluice, name: &str, interval: Duration) -> LimiterClient<Channel> {
-    let mut c = LimiterClient::connect(format!("http://{}", sluice.grpc))
-        .await
-        .unwrap();
-    let applied = c
-        .set_rate(SetRateRequest {
-            config: Some(limiter(name, 1, interval)),
-            set_mode: SetMode::TrySet as i32,
-        })
+async fn drain(sluice: &LimiterSluice, name: &str, interval: Duration) -> LimiterClient<Channel> {
+    let mut c = sluice.client().await;
+    let applied = native::set(&mut c, limiter(name, 1, interval), SetMode::TrySet)
         .await
         .unwrap()
-        .into_inner()
         .applied;
     assert!(applied);
-    let taken = c
-        .try_acquire(TryAcquireRequest {
-            name: name.into(),
-            permits: 1,
-            timeout: Some(Duration::ZERO.try_into().unwrap()),
-            client_id: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .acquired;
+    let taken = native::acquired(&mut c, name, "", 1).await;
     assert!(taken);
     c
 }
@@ -309,10 +287,10 @@ async fn a_call_in_flight_at_the_age_is_answered_after_the_goaway() {
     // The call waits about 5 s on the server: it starts well before the age and ends well
     // after it, well within the grace.
     let wait = Duration::from_secs(5);
-    let (sluice, _dir) = start("2s", "30s", &[]);
+    let sluice = start("2s", "30s", &[]);
     drain(&sluice, "slow", wait).await;
 
-    let addr = sluice.grpc;
+    let addr = sluice.sluice.grpc;
     let request = acquire("slow").encode_to_vec();
     let (frames, closed_at, sent_at) = tokio::task::spawn_blocking(move || {
         let (tcp, started) = connect(addr);
@@ -366,7 +344,7 @@ async fn a_call_in_flight_at_the_age_is_answered_after_the_goaway() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_grpc_client_sees_calls_within_the_grace_answered_and_longer_ones_cut() {
     // Within the grace: the waiting call spans the age and succeeds.
-    let (sluice, _dir) = start("1s", "20s", &[]);
+    let sluice = start("1s", "20s", &[]);
     let mut c = drain(&sluice, "slow", Duration::from_secs(4)).await;
     let started = Instant::now();
     let r = c.acquire(acquire("slow")).await.unwrap().into_inner();
@@ -380,7 +358,7 @@ async fn a_grpc_client_sees_calls_within_the_grace_answered_and_longer_ones_cut(
     // Longer than the grace: the call is cut when the grace ends, as the setting asks. This is
     // the expected price of a grace shorter than the longest call (here a 40 s wait, allowed by
     // LIMITER_MAX_WAIT=60s); the client gets an error, not an answer.
-    let (sluice, _dir) = start("1s", "1s", &[("LIMITER_MAX_WAIT", "60s")]);
+    let sluice = start("1s", "1s", &[("LIMITER_MAX_WAIT", "60s")]);
     let mut c = drain(&sluice, "slow", Duration::from_secs(40)).await;
     let started = Instant::now();
     let status = c.acquire(acquire("slow")).await.unwrap_err();

@@ -8,7 +8,7 @@ use sluice_test_kit as kit;
 
 use std::time::{Duration, Instant};
 
-use kit::native::{self, available, config, limiter_client, per_client, take};
+use kit::native::{self, LimiterSluice, available, config, limiter_client, per_client, take};
 use kit::*;
 use sluice::proto::Code;
 use sluice::proto::sluice::v1::limiter_client::LimiterClient;
@@ -140,9 +140,8 @@ async fn the_native_api_cannot_evict_envoys_counters() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_per_client_limiter_holds_at_most_its_cap_of_clients() {
     for_each_store(|kind, redis| async move {
-        let dir = config_dir("domain: unused\n");
-        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[("LIMITER_MAX_CLIENTS", "50")]);
-        let mut c = limiter_client(sluice.grpc).await;
+        let sluice = LimiterSluice::start(redis.as_ref(), &[("LIMITER_MAX_CLIENTS", "50")]);
+        let mut c = sluice.client().await;
         // A client that stays over its limit for the whole test, and one whose state expires
         // within seconds, to show that room comes back.
         let long = per_client(config(
@@ -240,7 +239,7 @@ async fn a_per_client_limiter_holds_at_most_its_cap_of_clients() {
             );
         }
         // Every refusal counted, on both stores (before, only the memory store's).
-        let refused = sluice.metric("sluice_limiter_clients_refused_total");
+        let refused = sluice.sluice.metric("sluice_limiter_clients_refused_total");
         assert_eq!(refused, f64::from(31 + late_refused), "{kind:?}");
     })
     .await;
@@ -253,9 +252,8 @@ async fn a_per_client_limiter_holds_at_most_its_cap_of_clients() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_late_caller_with_a_client_id_waits_behind_the_line() {
     for_each_store(|kind, redis| async move {
-        let dir = config_dir("domain: unused\n");
-        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[("LIMITER_MAX_WAIT", "60s")]);
-        let mut c = limiter_client(sluice.grpc).await;
+        let sluice = LimiterSluice::start(redis.as_ref(), &[("LIMITER_MAX_WAIT", "60s")]);
+        let mut c = sluice.client().await;
         let bucket = config("line", Algorithm::TokenBucket, 2, Duration::from_secs(1));
         set(&mut c, bucket, SetMode::UpdateResetState)
             .await
@@ -271,7 +269,7 @@ async fn a_late_caller_with_a_client_id_waits_behind_the_line() {
         let store = if redis.is_some() { "redis" } else { "memory" };
         let series =
             format!("sluice_store_call_seconds_count{{operation=\"acquire\",store=\"{store}\"}}");
-        let calls_before = sluice.metric(&series);
+        let calls_before = sluice.sluice.metric(&series);
         let clients: Vec<String> = (0..8)
             .map(|_| String::new())
             .chain(["jump".to_string()])
@@ -281,7 +279,7 @@ async fn a_late_caller_with_a_client_id_waits_behind_the_line() {
             .map(|client| take("line", client, 1, Duration::from_secs(30)))
             .collect();
         let mut done = native::acquire_in_order(&c, requests, Duration::from_millis(30)).await;
-        let calls = sluice.metric(&series) - calls_before;
+        let calls = sluice.sluice.metric(&series) - calls_before;
         assert!(done.iter().all(|(_, acquired, _)| *acquired), "{kind:?}");
         done.sort_by_key(|(_, _, at)| *at);
         let order: Vec<usize> = done.iter().map(|(i, _, _)| *i).collect();
@@ -305,9 +303,8 @@ async fn a_late_caller_with_a_client_id_waits_behind_the_line() {
 async fn a_mode_change_resets_the_state_and_says_so() {
     for_each_store(|kind, redis| async move {
         avoid_window_edge(3_600, 60).await;
-        let dir = config_dir("domain: unused\n");
-        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[]);
-        let mut c = limiter_client(sluice.grpc).await;
+        let sluice = LimiterSluice::start(redis.as_ref(), &[]);
+        let mut c = sluice.client().await;
         let overall = config(
             "modes",
             Algorithm::FixedWindow,
@@ -378,9 +375,8 @@ async fn a_mode_change_resets_the_state_and_says_so() {
 #[tokio::test(flavor = "multi_thread")]
 async fn out_of_range_numbers_and_unknown_enums_are_refused_on_both_stores() {
     for_each_store(|kind, redis| async move {
-        let dir = config_dir("domain: unused\n");
-        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[]);
-        let mut c = limiter_client(sluice.grpc).await;
+        let sluice = LimiterSluice::start(redis.as_ref(), &[]);
+        let mut c = sluice.client().await;
         let warm = |rate: u64, warmup: Duration| LimiterConfig {
             warmup_period: Some(warmup.try_into().unwrap()),
             ..config("warm", Algorithm::WarmUp, rate, Duration::from_secs(1))
@@ -465,10 +461,9 @@ async fn out_of_range_numbers_and_unknown_enums_are_refused_on_both_stores() {
 /// Item 9: the `Bearer` scheme is case-insensitive (RFC 7235, section 2.1).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_bearer_scheme_is_case_insensitive() {
-    let dir = config_dir("domain: unused\n");
     let token = "s3cret-token-for-tests";
-    let sluice = Sluice::start(dir.path(), None, &[("LIMITER_API_TOKEN", token)]);
-    let mut c = limiter_client(sluice.grpc).await;
+    let sluice = LimiterSluice::start(None, &[("LIMITER_API_TOKEN", token)]);
+    let mut c = sluice.client().await;
     let call = |header: String| {
         let mut r = tonic::Request::new(AvailablePermitsRequest {
             name: "none".into(),

@@ -5,7 +5,7 @@ use sluice_test_kit as kit;
 
 use std::time::{Duration, Instant};
 
-use kit::native::{self, config, limiter_client};
+use kit::native::{self, LimiterSluice, config};
 use kit::*;
 use sluice::proto::sluice::v1::{Algorithm, LimiterConfig, SetMode};
 
@@ -14,9 +14,8 @@ const WAITERS: usize = 40;
 #[tokio::test(flavor = "multi_thread")]
 async fn waiters_are_served_in_arrival_order_with_few_store_calls() {
     for_each_store(|kind, redis| async move {
-        let dir = config_dir("domain: unused\n");
-        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[("LIMITER_MAX_WAIT", "60s")]);
-        let mut c = limiter_client(sluice.grpc).await;
+        let sluice = LimiterSluice::start(redis.as_ref(), &[("LIMITER_MAX_WAIT", "60s")]);
+        let mut c = sluice.client().await;
         // 5 a second, one at a time.
         let line = LimiterConfig {
             burst: 1,
@@ -30,14 +29,14 @@ async fn waiters_are_served_in_arrival_order_with_few_store_calls() {
         let series = format!(
             "sluice_store_call_seconds_count{{operation=\"acquire\",store=\"{store}\"}}"
         );
-        let calls_before = sluice.metric(&series);
+        let calls_before = sluice.sluice.metric(&series);
         let started = Instant::now();
         let requests = (0..WAITERS).map(|_| take(Duration::from_secs(60))).collect();
         // Arrivals 100 ms apart (grants come every 200 ms, so a line still forms), so their
         // order is known even when a busy machine delays the server's tasks by tens of
         // milliseconds (a quiet one: well under 1 ms).
         let mut done = native::acquire_in_order(&c, requests, Duration::from_millis(100)).await;
-        let calls = sluice.metric(&series) - calls_before;
+        let calls = sluice.sluice.metric(&series) - calls_before;
         let per_grant = calls / WAITERS as f64;
         println!(
             "{kind:?}: {WAITERS} waiters granted in {:?} with {calls} store calls ({per_grant:.2} per grant)",

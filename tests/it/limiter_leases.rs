@@ -6,6 +6,7 @@ use sluice_test_kit as kit;
 
 use std::time::{Duration, Instant};
 
+use kit::native::LimiterSluice;
 use kit::*;
 use sluice::proto::sluice::v1::limiter_client::LimiterClient;
 use sluice::proto::sluice::v1::{
@@ -14,12 +15,6 @@ use sluice::proto::sluice::v1::{
 };
 use tonic::Code;
 use tonic::transport::Channel;
-
-async fn client(sluice: &Sluice) -> LimiterClient<Channel> {
-    LimiterClient::connect(format!("http://{}", sluice.grpc))
-        .await
-        .unwrap()
-}
 
 async fn create(
     c: &mut LimiterClient<Channel>,
@@ -79,9 +74,8 @@ async fn release(
 #[tokio::test(flavor = "multi_thread")]
 async fn n_leases_then_refused_until_one_is_released_on_both_stores() {
     for_each_store(|kind, redis| async move {
-        let dir = config_dir("domain: unused\n");
-        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[]);
-        let mut c = client(&sluice).await;
+        let sluice = LimiterSluice::start(redis.as_ref(), &[]);
+        let mut c = sluice.client().await;
         let ctx = format!("{kind:?}");
         let (name, minute) = ("inflight", Duration::from_secs(60));
         create(
@@ -153,12 +147,16 @@ async fn n_leases_then_refused_until_one_is_released_on_both_stores() {
         assert!(!nothing.released, "{ctx}");
         assert_eq!(nothing.remaining, 3, "{ctx}");
         assert_eq!(
-            sluice.metric("sluice_limiter_releases_total{result=\"nothing_held\"}"),
+            sluice
+                .sluice
+                .metric("sluice_limiter_releases_total{result=\"nothing_held\"}"),
             1.0,
             "{ctx}"
         );
         assert_eq!(
-            sluice.metric("sluice_limiter_releases_total{result=\"returned\"}"),
+            sluice
+                .sluice
+                .metric("sluice_limiter_releases_total{result=\"returned\"}"),
             5.0,
             "{ctx}"
         );
@@ -169,9 +167,8 @@ async fn n_leases_then_refused_until_one_is_released_on_both_stores() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lease_never_released_expires_after_the_interval_on_both_stores() {
     for_each_store(|kind, redis| async move {
-        let dir = config_dir("domain: unused\n");
-        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[]);
-        let mut c = client(&sluice).await;
+        let sluice = LimiterSluice::start(redis.as_ref(), &[]);
+        let mut c = sluice.client().await;
         let ctx = format!("{kind:?}");
         let lease = Duration::from_secs(1);
         create(
@@ -211,9 +208,8 @@ async fn a_lease_never_released_expires_after_the_interval_on_both_stores() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lease_id_gives_back_only_what_it_names_on_both_stores() {
     for_each_store(|kind, redis| async move {
-        let dir = config_dir("domain: unused\n");
-        let sluice = Sluice::start(dir.path(), redis.as_ref(), &[]);
-        let mut c = client(&sluice).await;
+        let sluice = LimiterSluice::start(redis.as_ref(), &[]);
+        let mut c = sluice.client().await;
         let ctx = format!("{kind:?}");
         let minute = Duration::from_secs(60);
         create(
