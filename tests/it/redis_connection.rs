@@ -29,7 +29,6 @@ async fn calls_on_a_killed_connection_fail_and_are_not_sent_again() {
     let sluice = Sluice::start(dir.path(), Some(&redis), &[("REDIS_TIMEOUT", "5s")]);
     let mut c = sluice.client().await;
     avoid_window_edge(60, 10).await;
-    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     let bob = || request("app", vec![descriptor(&[("user", "bob")])]);
     // A connection exists and the script is loaded.
     assert_eq!(ask(&mut c, bob()).await.statuses[0].limit_remaining, 4);
@@ -88,7 +87,6 @@ async fn a_caller_abandoned_at_its_deadline_leaves_later_replies_in_step() {
     );
     let mut c = sluice.client().await;
     avoid_window_edge(60, 10).await;
-    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     let bob = || request("app", vec![descriptor(&[("user", "bob")])]);
     // Distinct counts, so a reply handed to the wrong caller shows.
     for left in [4, 3, 2] {
@@ -125,7 +123,6 @@ async fn the_database_in_the_url_is_selected() {
     let sluice = Sluice::start(dir.path(), Some(&redis), &[("REDIS_URL", &url)]);
     let mut c = sluice.client().await;
     avoid_window_edge(60, 5).await;
-    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 4);
     assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 3);
     assert_eq!(counter(&redis, 3, "alice").as_deref(), Some("2"));
@@ -149,7 +146,6 @@ async fn an_acl_user_authenticates_on_plain_tcp() {
     let sluice = Sluice::start(dir.path(), Some(&redis), &[("REDIS_AUTH", "limiter:pw-9")]);
     let mut c = sluice.client().await;
     avoid_window_edge(60, 5).await;
-    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 4);
     let clients = redis.cli(&["CLIENT", "LIST"]).unwrap();
     assert!(
@@ -201,7 +197,6 @@ async fn a_user_denied_info_is_decided_by_the_lean_script() {
     let sluice = Sluice::start(dir.path(), Some(&redis), &[("REDIS_AUTH", "limiter:pw-9")]);
     let mut c = sluice.client().await;
     avoid_window_edge(60, 5).await;
-    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 4);
     assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 3);
     // The lean script expires the new counter once (Redis counts a script's commands too);
@@ -224,7 +219,6 @@ async fn a_connection_that_stops_answering_is_replaced() {
     );
     let mut c = sluice.client().await;
     avoid_window_edge(60, 10).await;
-    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 4);
     // The decisions' connection, and the named limiters' store's own.
     let before = redis.client_ids();
@@ -266,7 +260,6 @@ async fn a_unix_socket_is_used_as_upstream_names_it() {
     );
     let mut c = sluice.client().await;
     avoid_window_edge(60, 5).await;
-    let alice = || request("app", vec![descriptor(&[("user", "alice")])]);
     assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 4);
     assert_eq!(counter(&redis, 0, "alice").as_deref(), Some("1"));
     let clients = redis.cli(&["CLIENT", "LIST"]).unwrap();

@@ -76,8 +76,7 @@ async fn decisions_follow_upstream_on_both_stores() {
         let ctx = format!("{kind:?}");
 
         // Counting to the limit, with remaining, limit and reset.
-        let user = || request("app", vec![descriptor(&[("user", "alice")])]);
-        let first = ask(&mut c, user()).await;
+        let first = ask(&mut c, alice()).await;
         assert_eq!(codes(&first), (Code::Ok, vec![Code::Ok]), "{ctx}");
         let status = &first.statuses[0];
         assert_eq!(status.limit_remaining, 2, "{ctx}");
@@ -87,9 +86,9 @@ async fn decisions_follow_upstream_on_both_stores() {
         assert_eq!(limit.unit, ResponseUnit::Minute as i32);
         let reset = status.duration_until_reset.unwrap().seconds;
         assert!((1..=60).contains(&reset), "{ctx}: reset {reset}");
-        ask(&mut c, user()).await;
-        assert_eq!(ask(&mut c, user()).await.statuses[0].limit_remaining, 0);
-        let over = ask(&mut c, user()).await;
+        ask(&mut c, alice()).await;
+        assert_eq!(ask(&mut c, alice()).await.statuses[0].limit_remaining, 0);
+        let over = ask(&mut c, alice()).await;
         assert_eq!(
             codes(&over),
             (Code::OverLimit, vec![Code::OverLimit]),

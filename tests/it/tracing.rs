@@ -68,7 +68,7 @@ async fn spans_arrive_under_the_callers_trace(collector: &Collector, env: &[(&st
     let mut c = sluice.client().await;
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent_id = "00f067aa0ba902b7";
-    let mut req = tonic::Request::new(request("app", vec![descriptor(&[("user", "alice")])]));
+    let mut req = tonic::Request::new(alice());
     req.metadata_mut().insert(
         "traceparent",
         format!("00-{trace_id}-{parent_id}-01").parse().unwrap(),
