@@ -70,6 +70,24 @@ pub fn string_args(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
 
+/// Spawns `cmd`, a run of a Redis server binary (a server or a sentinel), its output discarded
+/// (it logs to a file, or not at all), and has it stopped when the test process ends: a server a
+/// test keeps in a `static` is never dropped.
+pub(crate) fn spawn_server(mut cmd: Command) -> Child {
+    let binary = cmd.get_program().to_string_lossy().into_owned();
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {binary} ({e}): scripts/test.sh installs the Redis servers")
+        });
+    // The name the process runs under, which the watcher checks before it kills.
+    let name = Path::new(&binary).file_name().unwrap().to_string_lossy();
+    stop_when_this_process_ends(child.id(), &name);
+    child
+}
+
 /// A `redis-server` of our own, without persistence.
 pub struct RedisServer {
     pub port: u16,
@@ -117,8 +135,7 @@ impl RedisServer {
         let _ = self.child.wait();
         let port = self.port.to_string();
         let tls = self.server_args.iter().any(|a| a == "--tls-port");
-        let binary = self.binary.clone();
-        let mut cmd = Command::new(&binary);
+        let mut cmd = Command::new(&self.binary);
         cmd.args([
             "--port",
             if tls { "0" } else { &port },
@@ -130,14 +147,8 @@ impl RedisServer {
         .arg(self.dir.path())
         .args(self.server_args.iter().map(|a| a.replace("{port}", &port)))
         .arg("--logfile")
-        .arg(self.dir.path().join("redis.log"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-        self.child = cmd.spawn().unwrap_or_else(|e| {
-            panic!("cannot run {binary} ({e}): scripts/test.sh installs the Redis servers")
-        });
-        let name = Path::new(&binary).file_name().unwrap().to_string_lossy();
-        stop_when_this_process_ends(self.child.id(), &name);
+        .arg(self.dir.path().join("redis.log"));
+        self.child = spawn_server(cmd);
     }
 
     /// Kills the server (as a crash would) and leaves it down.

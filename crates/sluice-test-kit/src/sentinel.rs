@@ -6,10 +6,12 @@
 //! failover under load through Envoy, measured).
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use crate::redis_servers::{redis_pki, string_args, tls_cli_args, tls_server_args};
+use crate::redis_servers::{
+    redis_pki, redis_server_binary, spawn_server, string_args, tls_cli_args, tls_server_args,
+};
 use crate::{Pki, RedisServer, free_port, sluice_command};
 
 /// The master's (and replica's) password with [`SentinelOptions::passwords`]: `REDIS_AUTH`.
@@ -29,7 +31,8 @@ pub struct SentinelOptions {
     pub passwords: bool,
 }
 
-/// One `redis-server --sentinel` process watching the master named `app`.
+/// One sentinel ([`redis_server_binary`] with `--sentinel`, as the master and replica run it)
+/// watching the master named `app`.
 pub struct Sentinel {
     pub port: u16,
     child: Child,
@@ -68,13 +71,9 @@ impl Sentinel {
         }
         let path = dir.path().join("sentinel.conf");
         std::fs::write(&path, conf).unwrap();
-        let child = Command::new("redis-server")
-            .arg(&path)
-            .arg("--sentinel")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut cmd = Command::new(redis_server_binary());
+        cmd.arg(&path).arg("--sentinel");
+        let child = spawn_server(cmd);
         Sentinel {
             port,
             child,
