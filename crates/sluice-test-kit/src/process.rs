@@ -39,9 +39,14 @@ impl Drop for CpuHog {
 /// keeps in a `static` (shared by several tests) is never dropped, so `Drop` alone would leave
 /// it running after the test binary exits; a one-line shell watcher ends it instead.
 pub fn stop_when_this_process_ends(pid: u32, name: &str) {
+    // The kernel keeps the first 15 bytes of a process's name in /proc/PID/comm.
+    let name: String = name.bytes().take(15).map(char::from).collect();
+    // The watcher also ends with the server: one started by each of hundreds of tests would
+    // otherwise each wake every second until the whole test binary ends.
     let script = format!(
-        "while kill -0 {test} 2>/dev/null; do sleep 1; done; \
-         [ \"$(cat /proc/{pid}/comm 2>/dev/null)\" = {name} ] && kill {pid}",
+        "while kill -0 {test} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 1; done; \
+         kill -0 {test} 2>/dev/null || \
+         {{ [ \"$(cat /proc/{pid}/comm 2>/dev/null)\" = {name} ] && kill {pid}; }}",
         test = std::process::id(),
     );
     let _ = Command::new("sh")

@@ -101,6 +101,10 @@ impl Sluice {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
+        // A test binary killed (or one that panics past its drops) leaves no server behind.
+        if let Some(name) = Path::new(cmd.get_program()).file_name() {
+            crate::stop_when_this_process_ends(child.id(), &name.to_string_lossy());
+        }
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         // SLUICE_TEST_ECHO=1 copies the server's log to the test output, for debugging.
