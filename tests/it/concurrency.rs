@@ -21,12 +21,7 @@ const CLIENTS: usize = 64;
 /// minute of the test command's CPU across its three servers for no other race: the admissions
 /// race at the limit, within the first few hundred calls).
 const CASES: &[(&str, &str, usize, usize)] = &[
-    (
-        "fixed",
-        "{unit: day, requests_per_unit: 300}",
-        LIMIT,
-        5_000,
-    ),
+    ("fixed", "{unit: day, requests_per_unit: 300}", LIMIT, 5_000),
     (
         "log",
         "{unit: day, requests_per_unit: 300, algorithm: sliding_window_log}",
