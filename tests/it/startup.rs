@@ -6,12 +6,10 @@ use std::process::Command;
 
 use kit::*;
 
-fn serve(dir: &std::path::Path) -> (bool, String) {
-    let out = sluice_command(dir).output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+/// What `sluice serve` on `dir` printed on standard error as it refused to start (the kit's
+/// `refused_start` fails the test when it starts, or keeps running).
+fn refusal(dir: &std::path::Path) -> String {
+    refused_start(&mut sluice_command(dir)).1
 }
 
 #[test]
@@ -36,8 +34,7 @@ fn bad_configs_stop_the_service_with_file_line_and_reason() {
     for (name, text, want) in cases {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(name), text).unwrap();
-        let (ok, stderr) = serve(dir.path());
-        assert!(!ok, "{name} was accepted");
+        let stderr = refusal(dir.path());
         assert!(stderr.contains(want), "{name}: want {want:?} in\n{stderr}");
     }
 
@@ -45,8 +42,7 @@ fn bad_configs_stop_the_service_with_file_line_and_reason() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.yaml"), "domain: d\n").unwrap();
     std::fs::write(dir.path().join("b.yaml"), "domain: d\n").unwrap();
-    let (ok, stderr) = serve(dir.path());
-    assert!(!ok);
+    let stderr = refusal(dir.path());
     assert!(
         stderr.contains("b.yaml:1: duplicate domain 'd' in config file"),
         "{stderr}"
@@ -56,14 +52,12 @@ fn bad_configs_stop_the_service_with_file_line_and_reason() {
     let dir = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(dir.path().join("missing"), dir.path().join("gone.yaml")).unwrap();
     std::fs::write(dir.path().join("binary.yaml"), [0xff, 0xfe, 0x00]).unwrap();
-    let (ok, stderr) = serve(dir.path());
-    assert!(!ok);
+    let stderr = refusal(dir.path());
     assert!(stderr.contains("gone.yaml: cannot read file"), "{stderr}");
     assert!(stderr.contains("binary.yaml: cannot read file"), "{stderr}");
 
     // A missing directory.
-    let (ok, stderr) = serve(&dir.path().join("nope"));
-    assert!(!ok);
+    let stderr = refusal(&dir.path().join("nope"));
     assert!(stderr.contains("cannot read config directory"), "{stderr}");
 }
 

@@ -276,15 +276,12 @@ async fn files_follow_the_same_start_and_health_rules() {
 /// Runs `sluice` (no subcommand) with only `env`; it must fail, and its stderr must contain
 /// `message`.
 fn refuses_to_start(env: &[(&str, &str)], message: &str) {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .env_clear()
+    let mut cmd = std::process::Command::new(sluice_binary());
+    cmd.env_clear()
         .envs(env.iter().copied())
         .env("GRPC_PORT", "0")
-        .env("PORT", "0")
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+        .env("PORT", "0");
+    let (_, stderr) = refused_start(&mut cmd);
     assert!(stderr.contains(message), "{stderr}");
 }
 
