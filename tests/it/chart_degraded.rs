@@ -4,7 +4,7 @@
 //!
 //! The chart renders `FAILURE_POLICY=local_share` with `DEGRADED_REPLICAS` from the
 //! Deployment's replica count, and `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true`. With Redis down
-//! the pod keeps deciding (a limit of 3 an hour: 3 admitted, then refused, each answer marked)
+//! the pod keeps deciding (a limit of 3 a day: 3 admitted, then refused, each answer marked)
 //! and its readiness probe, run as the kubelet runs it from the spec (`failureThreshold + 1`
 //! probes `periodSeconds` apart, enough to take it out of its Service), answers 200 every time,
 //! while `sluice_serving_degraded` and the log say it is degraded; liveness is untouched.
@@ -28,7 +28,7 @@ const LIMITS: &str = "\
 domain: chart
 descriptors:
   - key: user
-    rate_limit: { unit: hour, requests_per_unit: 3 }
+    rate_limit: { unit: day, requests_per_unit: 3 }
 ";
 
 /// The container's environment as rendered: name → value (a `valueFrom` as its JSON).
@@ -87,7 +87,8 @@ fn readiness_as_the_kubelet_runs_it(deployment: &Value, ports: PodPorts) -> Vec<
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_charts_default_keeps_a_pod_ready_while_it_decides_without_redis() {
-    avoid_window_edge(3600, 300).await;
+    // A day's window: the margin is kept before midnight only, not before every hour.
+    avoid_window_edge(86_400, 300).await;
     let mut redis = RedisServer::start_with(
         &["--requirepass".to_string(), PASSWORD.to_string()],
         &[
