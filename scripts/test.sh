@@ -129,7 +129,18 @@ if ! clippy-driver --version >/dev/null 2>&1; then
   rustup component add clippy
 fi
 export RUSTC_WORKSPACE_WRAPPER=clippy-driver
+# CLIPPY_ARGS is how cargo-clippy hands its arguments to clippy-driver (joined by that marker).
 export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+# The lints must be able to fail the build: a file clippy denies must not compile this way, or
+# the build would pass unlinted (a toolchain that changed how the arguments are passed, say).
+lint_probe=$(mktemp -d)
+printf 'pub fn empty(v: &[u8]) -> bool {\n    v.len() == 0\n}\n' >"$lint_probe/probe.rs"
+if clippy-driver rustc --edition 2021 --crate-type lib --emit metadata \
+  -o "$lint_probe/probe.rmeta" "$lint_probe/probe.rs" >/dev/null 2>&1; then
+  echo "scripts/test.sh: clippy-driver with CLIPPY_ARGS let clippy::len_zero through: the build would not lint" >&2
+  exit 1
+fi
+rm -rf "$lint_probe"
 
 # One build of every target of the workspace (all targets: tests, examples and the fuzz crate's
 # plain runner, which its own integration test makes cargo build), listed as
