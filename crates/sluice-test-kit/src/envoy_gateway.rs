@@ -259,21 +259,30 @@ fn get_limited(envoy: &Envoy) -> (u16, String) {
 }
 
 /// Every call Envoy made to Sluice got Sluice's answer, or ran out of time: on Envoy's side,
-/// or on Sluice's, which answers UNAVAILABLE when a store call outlives the caller's deadline.
-fn assert_only_envoy_timeouts(envoy: &Envoy, debug: SocketAddr) {
+/// or on Sluice's, which answers when a store call outlives the caller's deadline.
+fn assert_only_envoy_timeouts(envoy: &Envoy, observers: &Observers) {
     // EG's 20 ms is short for a busy test machine: a call Envoy gave up on is let through
     // (EG fails open) and counted as an error with an Envoy-made 504. Sluice, bounding its
-    // store calls by the caller's deadline (`grpc-timeout`, #28), may answer UNAVAILABLE just
-    // before that, counted as a failed store call (upstream's `redis_error`; Redis stays up in
-    // this test, so each is a late one). Those are the machine's; any other error would be
-    // Sluice's (another status, a reset), and there must be none.
+    // store calls by the caller's deadline (`grpc-timeout`, #28), may answer just before that:
+    // `DEADLINE_EXCEEDED` since #40 (`sluice_calls_deadline_too_short_total`: the deadline was
+    // below its floor, or ran out while the store answered), `UNAVAILABLE` counted as a failed
+    // store call before (upstream's `redis_error`; Redis stays up in this test, so each is a late
+    // one). Those are the machine's; any other error would be Sluice's (another status, a
+    // reset), and there must be none.
     let rl = envoy.ratelimit_stats();
     let timed_out = envoy.stat("cluster.ratelimit_cluster.internal.upstream_rq_504");
-    let (_, stats) = http_request(debug, "GET", "/stats", "");
+    let (_, stats) = http_request(observers.debug, "GET", "/stats", "");
+    let (_, metrics) = http_request(observers.prometheus, "GET", "/metrics", "");
     let late_in_sluice: u64 = stats
         .lines()
         .filter_map(|l| l.strip_prefix("ratelimit.service.call.should_rate_limit.redis_error: "))
-        .map(|v| v.trim().parse::<u64>().unwrap())
+        .chain(
+            metrics
+                .lines()
+                .filter(|l| l.starts_with("sluice_calls_deadline_too_short_total"))
+                .filter_map(|l| l.rsplit(' ').next()),
+        )
+        .map(|v| v.trim().parse::<f64>().unwrap() as u64)
         .sum();
     let cluster: Vec<String> = envoy
         .stats()
@@ -458,7 +467,7 @@ pub fn run_scenario<S: Borrow<Sluice>>(start: impl FnOnce(&EgLaunch) -> S) {
                 > 0
         );
     });
-    assert_only_envoy_timeouts(&envoy, observers.debug);
+    assert_only_envoy_timeouts(&envoy, observers);
 
     // A bad snapshot is NACKed and v2 stays.
     xds.set(eg_snapshot("3", 5, U::Unknown));
@@ -484,7 +493,7 @@ pub fn run_scenario<S: Borrow<Sluice>>(start: impl FnOnce(&EgLaunch) -> S) {
     xds.restart();
     xds.wait_for_request(|r| r.version_info == "4" && r.error_detail.is_none());
     wait_until("v4 in force", || get_limited(&envoy).0 == 429);
-    assert_only_envoy_timeouts(&envoy, observers.debug);
+    assert_only_envoy_timeouts(&envoy, observers);
 
     // ----- Observability, as EG reads it: `egctl x config ratelimit` reads `/rlconfig` on the
     // debug port (upstream's line format), EG's dashboards read `ratelimit_service_rate_limit_*`
